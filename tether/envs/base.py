@@ -58,6 +58,11 @@ class TextEnv(gym.Env, abc.ABC):
         """The current state as text (what the agent observes)."""
         ...
 
+    def demonstration(self, rng: np.random.Generator, noise: float = 0.0) -> tuple[str, str]:
+        """A short (reasoning, answer) pair for the current state, used to warm-start
+        a policy.  With probability ``noise`` the answer is deliberately imperfect."""
+        raise NotImplementedError(f"{type(self).__name__} has no demonstrations")
+
     # -- shared helpers ----------------------------------------------------------------
     def _seed_level_rng(self, seed: int | None) -> np.random.Generator:
         """Level generation uses its own generator so that a seed names a level,
@@ -70,7 +75,7 @@ class TextEnv(gym.Env, abc.ABC):
 
     def _invalid(self, reason: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         info = {"action_is_valid": False, "invalid_reason": reason, "success": False,
-                "executed_actions": []}
+                "executed_actions": [], "requested_actions": []}
         return self.render(), self.format_penalty, False, False, info
 
 
@@ -91,6 +96,12 @@ class MultiTurnTextEnv(TextEnv):
         self.max_actions_per_turn = int(max_actions_per_turn or type(self).max_actions_per_turn)
         self.max_actions = int(max_actions or type(self).max_actions)
         self.actions_taken = 0
+        # No episode until reset(): a step before it is invalid rather than a crash.
+        self.done = True
+
+    def _start_episode(self) -> None:
+        """Subclasses call this from reset() once the new level is in place."""
+        self.actions_taken = 0
         self.done = False
 
     def parse_actions(self, answer: str) -> list[str] | None:
@@ -110,15 +121,16 @@ class MultiTurnTextEnv(TextEnv):
         return max(0, self.max_actions - self.actions_taken)
 
     def step(self, action: str):  # type: ignore[override]
-        if self.done:
+        if self.done or self.actions_left() <= 0:
             return self._invalid("episode is over")
         names = self.parse_actions(action)
         if names is None:
             return self._invalid(f"not 1..{self.max_actions_per_turn} of {list(self.action_names)}")
-        total, executed, success = 0.0, [], False
+        total, executed, requested, success = 0.0, [], [], False
         for name in names:
             if self.actions_left() <= 0 or self.done:
                 break
+            requested.append(name)
             if self.stochasticity > 0.0 and self.np_random.random() < self.stochasticity:
                 name = self.action_names[int(self.np_random.integers(len(self.action_names)))]
             reward, self.done, success = self._apply(name)
@@ -126,7 +138,8 @@ class MultiTurnTextEnv(TextEnv):
             total += reward
             executed.append(name)
         truncated = (not self.done) and self.actions_left() <= 0
-        info = {"action_is_valid": True, "success": bool(success), "executed_actions": executed}
+        info = {"action_is_valid": True, "success": bool(success), "executed_actions": executed,
+                "requested_actions": requested}
         return self.render(), float(total), bool(self.done), bool(truncated), info
 
     @abc.abstractmethod

@@ -1,0 +1,71 @@
+"""Tether's text environments, registered with gymnasium and made by id.
+
+    from tether.envs import make
+    env = make("sokoban", stochasticity=0.1)      # or "tether/Sokoban-v0"
+    obs, info = env.reset(seed=0)
+    obs, reward, terminated, truncated, info = env.step("Up || Left")
+
+``make`` returns the *unwrapped* env (no gymnasium wrappers), because the agent
+loop needs the env's own methods (``rules``, ``solve``, ``demonstration``) and
+must not have its text actions type-checked by a wrapper.  The same ids work
+with plain ``gymnasium.make``.
+
+This package imports neither torch nor Ray.
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+
+from .base import MultiTurnTextEnv, SingleTurnTextEnv, TextEnv
+from .countdown import CountdownEnv
+from .frozenlake import FrozenLakeEnv
+from .sokoban import SokobanEnv
+
+#: short name -> (gymnasium id, entry point).  Add new envs here.
+_ENVS: dict[str, tuple[str, str]] = {
+    "sokoban": ("tether/Sokoban-v0", "tether.envs.sokoban:SokobanEnv"),
+    "frozenlake": ("tether/FrozenLake-v0", "tether.envs.frozenlake:FrozenLakeEnv"),
+    "countdown": ("tether/Countdown-v0", "tether.envs.countdown:CountdownEnv"),
+}
+ENV_IDS: tuple[str, ...] = tuple(env_id for env_id, _ in _ENVS.values())
+#: Every accepted spelling, normalised (see ``_normalise``) -> gymnasium id.
+SHORT_NAMES: dict[str, str] = {}
+for _short, (_env_id, _) in _ENVS.items():
+    SHORT_NAMES[_short] = _env_id
+
+
+def _normalise(name: str) -> str:
+    """``"tether/Frozen_Lake-v0"``, ``"FrozenLake"`` and ``"frozenlake"`` all -> ``"frozenlake"``."""
+    key = name.strip().lower()
+    if key.startswith("tether/"):
+        key = key[len("tether/"):]
+    if key.endswith("-v0"):
+        key = key[:-3]
+    return key.replace("_", "").replace("-", "").replace(" ", "")
+
+
+def register_all() -> None:
+    """Register every env with gymnasium; safe to call any number of times."""
+    for env_id, entry_point in _ENVS.values():
+        if env_id not in gym.registry:
+            gym.register(id=env_id, entry_point=entry_point)
+
+
+def make(env_id: str, **kwargs) -> TextEnv:
+    """Build an env by gymnasium id or short name, passing ``kwargs`` to its
+    constructor.  Raises ValueError for an unknown id, listing the valid ones."""
+    key = _normalise(env_id) if isinstance(env_id, str) else ""
+    if key not in SHORT_NAMES:
+        raise ValueError(f"unknown environment {env_id!r}; valid ids: {', '.join(ENV_IDS)} "
+                         f"(or short names {', '.join(sorted(SHORT_NAMES))})")
+    register_all()
+    env = gym.make(SHORT_NAMES[key], disable_env_checker=True, **kwargs).unwrapped
+    assert isinstance(env, TextEnv)
+    return env
+
+
+register_all()
+
+__all__ = ["ENV_IDS", "SHORT_NAMES", "CountdownEnv", "FrozenLakeEnv", "MultiTurnTextEnv",
+           "SingleTurnTextEnv", "SokobanEnv", "TextEnv", "make", "register_all"]
