@@ -1,0 +1,241 @@
+"""SNR filter (SPEC §4): known kept sets, loss scaling, drop breakdown, properties.
+
+Most cases use groups [−a, a] with ddof=0 so the group score (std) is exactly a.
+"""
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tether.algos.filters import FILTER_STRATEGIES, FilterConfig, group_scores, snr_filter
+
+
+def spread(*stds):
+    """Groups whose population std (ddof=0) is exactly each given value."""
+    return [np.array([-s, s]) for s in stds]
+
+
+def kept(groups, **cfg):
+    return snr_filter(groups, FilterConfig(ddof=0, **cfg)).kept_groups
+
+
+def test_group_scores_std_var_ddof():
+    groups = [np.array([1.0, 0.0, 1.0, 0.0]), np.array([3.0]), np.array([])]
+    # {1,0,1,0}: mean .5, Σ(dev²) = 1; ddof 1 -> var 1/3, std 0.5773503; ddof 0 -> std 0.5
+    np.testing.assert_allclose(group_scores(groups), [1 / math.sqrt(3), 0.0, 0.0])
+    np.testing.assert_allclose(group_scores(groups, "var"), [1 / 3, 0.0, 0.0])
+    np.testing.assert_allclose(group_scores(groups, ddof=0), [0.5, 0.0, 0.0])
+    with pytest.raises(ValueError, match="non-finite"):
+        group_scores([np.array([1.0, np.nan])])
+
+
+def test_linear_top_p_keeps_the_group_that_crosses_the_threshold():
+    # scores by group: [2, 4, 1, 3]; Σ = 10; ρ = 0.7 -> threshold 7 − 0.01 = 6.99
+    # ranking g1(4), g3(3), g0(2), g2(1); cumulative before adding: 0 < 6.99 keep g1;
+    # 4 < 6.99 keep g3; 7 ≥ 6.99 stop -> {1, 3} (mass 7, the shortest prefix reaching 6.99)
+    assert kept(spread(2, 4, 1, 3), strategy="top_p", value=0.7) == [1, 3]
+
+
+def test_linear_top_p_selection_eps():
+    # scores [5, 3, 2], Σ = 10, ρ = 0.8005 -> ρΣ = 8.005
+    # eps 0.01: threshold 7.995; before g2: 8 ≥ 7.995 stop -> {0, 1}
+    assert kept(spread(5, 3, 2), strategy="top_p", value=0.8005) == [0, 1]
+    # eps 0: threshold 8.005; before g2: 8 < 8.005 -> keep it too
+    assert kept(spread(5, 3, 2), strategy="top_p", value=0.8005, selection_eps=0.0) == [0, 1, 2]
+    # ρ = 0.5: threshold 4.99; before g1: 5 ≥ 4.99 -> only the top group
+    assert kept(spread(5, 3, 2), strategy="top_p", value=0.5) == [0]
+
+
+def test_linear_top_p_zero_groups():
+    groups = spread(0, 1, 0, 2)  # groups 0 and 2 have zero variance
+    # include_zero False: candidates g3(2), g1(1), Σ = 3, ρ = .9 -> 2.69: keep g3 (0<2.69), g1 (2<2.69)
+    result = snr_filter(groups, FilterConfig(strategy="top_p", value=0.9, ddof=0))
+    assert result.kept_groups == [1, 3]
+    assert result.metrics["filter/zero_variance_groups"] == 2.0
+    # ρ < 1 with include_zero: the walk stops at the first s ≤ 0, zeros are still dropped
+    assert kept(groups, strategy="top_p", value=0.99, include_zero=True) == [1, 3]
+    # ρ = 1 keeps every candidate: all groups with include_zero, the nonzero ones without
+    assert kept(groups, strategy="top_p", value=1.0, include_zero=True) == [0, 1, 2, 3]
+    assert kept(groups, strategy="top_p", value=1.0, include_zero=False) == [1, 3]
+
+
+def test_all_zero_variance_is_empty_and_counted():
+    result = snr_filter([np.ones(4), np.zeros(4)], FilterConfig(strategy="top_p", value=0.9, loss_scaling="linear"))
+    assert result.kept_groups == []
+    assert result.metrics["filter/empty"] == 1.0
+    assert result.metrics["filter/kept_ratio"] == 0.0
+    assert result.loss_scale == 0.0
+
+
+def test_softmax_top_p():
+    # s = [2, 1, 0.5]: e² = 7.389056, e = 2.718282, e^.5 = 1.648721, Σ = 11.756059
+    # p = 0.628532, 0.231224, 0.140244; cumulative 0.628532, 0.859756, 1.0
+    groups = spread(1, 2, 0.5)  # group order: s=1 is g0, s=2 is g1, s=0.5 is g2
+    assert kept(groups, strategy="top_p", mode="softmax", value=0.6) == [1]  # 0.6285 ≥ 0.6
+    assert kept(groups, strategy="top_p", mode="softmax", value=0.8) == [0, 1]  # 0.8598 ≥ 0.8
+    assert kept(groups, strategy="top_p", mode="softmax", value=0.9) == [0, 1, 2]
+
+
+FIVE = spread(0.5, 3, 1, 2, 0)  # scores by group: 0.5, 3, 1, 2, 0 (g4 zero variance)
+
+
+@pytest.mark.parametrize("cfg, expected", [
+    (dict(strategy="none"), [0, 1, 2, 3, 4]),                    # keeps everything, zeros too
+    (dict(strategy="top_k", value=0.5), [1, 3]),                 # int(0.5·5) = 2 -> s=3, s=2
+    (dict(strategy="top_k", value=0.1), [1]),                    # max(1, int(0.5)) = 1
+    (dict(strategy="top_k", value=1.0), [0, 1, 2, 3]),           # 5 asked, 4 nonzero candidates
+    (dict(strategy="top_k", value=1.0, include_zero=True), [0, 1, 2, 3, 4]),
+    (dict(strategy="top_k_abs", value=2), [1, 3]),
+    (dict(strategy="top_k_abs", value=2.7), [1, 3]),             # int(2.7) = 2
+    (dict(strategy="min_p", value=0.5), [1, 3]),                 # s ≥ 0.5·3 = 1.5
+    (dict(strategy="min_p", value=0.3), [1, 2, 3]),              # s ≥ 0.9
+    (dict(strategy="min_p", value=0.0, include_zero=True), [0, 1, 2, 3, 4]),
+])
+def test_strategies_known_kept_sets(cfg, expected):
+    assert kept(FIVE, **cfg) == expected
+
+
+def test_ties_are_broken_by_original_index():
+    groups = spread(1, 1, 1, 1)
+    assert kept(groups, strategy="top_k_abs", value=2) == [0, 1]
+    assert kept(groups, strategy="top_p", value=0.5) == [0, 1]  # threshold 1.99: keep g0 (0), g1 (1), stop at 2
+
+
+def test_top_k_fraction_is_not_lost_to_float_rounding():
+    groups = spread(*range(1, 101))  # 0.29·100 = 28.999999999999996 in floating point
+    assert len(kept(groups, strategy="top_k", value=0.29)) == 29
+
+
+@pytest.mark.parametrize("scaling, expected", [("none", 1.0), ("linear", 0.4), ("sqrt", math.sqrt(0.4))])
+def test_loss_scaling(scaling, expected):
+    result = snr_filter(FIVE, FilterConfig(strategy="top_k", value=0.5, ddof=0, loss_scaling=scaling))
+    assert result.kept_groups == [1, 3]  # 2 of 5 groups -> kept ratio 0.4
+    assert result.loss_scale == pytest.approx(expected)
+    assert result.metrics["filter/loss_scale"] == pytest.approx(expected)
+    assert result.metrics["filter/kept_ratio"] == pytest.approx(0.4)
+    assert result.metrics["filter/kept_trajectories"] == 4.0
+
+
+BREAKDOWN = [
+    np.array([0.0, 0.0, 0.0]),  # g0 all failed (too hard)
+    np.array([1.0, 1.0, 1.0]),  # g1 all succeeded (too easy)
+    np.array([0.5, 0.5, 0.5]),  # g2 equal, non-extreme (uninformative)
+    np.array([0.0, 1.0, 1.0]),  # g3 high variance: kept
+    np.array([0.0, 0.0, 0.1]),  # g4 low but nonzero variance: dropped by the cut
+]
+
+
+def test_breakdown_from_reward_range():
+    result = snr_filter(BREAKDOWN, FilterConfig(strategy="top_k_abs", value=1), reward_range=(0.0, 1.0))
+    m = result.metrics
+    assert result.kept_groups == [3]
+    assert (m["filter/dropped_all_failed"], m["filter/dropped_all_succeeded"],
+            m["filter/dropped_uninformative"], m["filter/dropped_nonzero_variance"],
+            m["filter/dropped_unclassified"]) == (1.0, 1.0, 1.0, 1.0, 0.0)
+    assert m["filter/zero_variance_groups"] == 3.0
+
+
+def test_breakdown_from_success_flags_takes_precedence():
+    success = [np.zeros(3, bool), np.ones(3, bool), np.ones(3, bool), np.array([0, 1, 1], bool),
+               np.array([0, 0, 1], bool)]
+    # g2 reward 0.5 everywhere but every trajectory flagged successful -> "all succeeded"
+    m = snr_filter(BREAKDOWN, FilterConfig(strategy="top_k_abs", value=1), success=success,
+                   reward_range=(0.0, 1.0)).metrics
+    assert (m["filter/dropped_all_failed"], m["filter/dropped_all_succeeded"],
+            m["filter/dropped_uninformative"]) == (1.0, 2.0, 0.0)
+    success[2] = np.array([1, 0, 0], bool)  # mixed flags under equal rewards -> uninformative
+    m = snr_filter(BREAKDOWN, FilterConfig(strategy="top_k_abs", value=1), success=success).metrics
+    assert m["filter/dropped_uninformative"] == 1.0
+
+
+def test_breakdown_without_success_information_is_unclassified():
+    m = snr_filter(BREAKDOWN, FilterConfig(strategy="top_k_abs", value=1)).metrics
+    assert m["filter/dropped_unclassified"] == 3.0
+    assert m["filter/dropped_all_failed"] == m["filter/dropped_all_succeeded"] == 0.0
+
+
+def test_config_errors_name_the_field_and_valid_values():
+    with pytest.raises(ValueError, match="top_k_abs"):
+        FilterConfig(strategy="top_q")
+    with pytest.raises(ValueError, match="softmax"):
+        FilterConfig(mode="cosine")
+    with pytest.raises(ValueError, match="group count"):
+        FilterConfig(strategy="top_k_abs", value=0.5)
+    with pytest.raises(ValueError, match="stratgy"):
+        snr_filter(FIVE, stratgy="none")  # typo in an override
+    assert snr_filter(FIVE, strategy="none").kept_groups == [0, 1, 2, 3, 4]
+
+
+# --------------------------------------------------------------------------- properties
+
+rewards_st = st.lists(
+    st.lists(st.sampled_from([0.0, 0.1, 0.5, 1.0]) | st.floats(-100, 100, allow_nan=False), max_size=6),
+    max_size=12,
+)
+
+
+def _config(strategy, value, **rest):
+    # top_k_abs takes a group count ≥ 1; the others a fraction/ratio in [0, 1.5]
+    return FilterConfig(strategy=strategy, value=1 + 4 * value if strategy == "top_k_abs" else value, **rest)
+
+
+config_st = st.builds(
+    _config,
+    strategy=st.sampled_from(sorted(FILTER_STRATEGIES)),
+    value=st.floats(0.0, 1.5),
+    mode=st.sampled_from(["linear", "softmax"]),
+    score=st.sampled_from(["std", "var"]),
+    ddof=st.integers(0, 2),
+    include_zero=st.booleans(),
+    loss_scaling=st.sampled_from(["none", "linear", "sqrt"]),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(rewards_st, config_st, st.booleans())
+def test_filter_invariants(rewards, cfg, with_range):
+    groups = [np.array(r) for r in rewards]
+    result = snr_filter(groups, cfg, reward_range=(0.0, 1.0) if with_range else None)
+    n = len(groups)
+    m = result.metrics
+    assert result.kept_groups == sorted(set(result.kept_groups))
+    assert all(0 <= g < n for g in result.kept_groups)
+    assert m["filter/kept_groups"] == len(result.kept_groups)
+    assert m["filter/empty"] == float(not result.kept_groups)
+    assert 0.0 <= result.loss_scale <= 1.0
+    dropped = sum(m[k] for k in ("filter/dropped_all_failed", "filter/dropped_all_succeeded",
+                                 "filter/dropped_uninformative", "filter/dropped_unclassified",
+                                 "filter/dropped_nonzero_variance"))
+    assert dropped + len(result.kept_groups) == n
+    # ranking strategies keep a prefix: no dropped candidate outscores a kept group
+    candidates = [g for g in range(n) if cfg.include_zero or result.scores[g] > cfg.zero_tol]
+    if cfg.strategy != "none" and result.kept_groups:
+        lowest_kept = min(result.scores[g] for g in result.kept_groups)
+        assert all(result.scores[g] <= lowest_kept for g in candidates if g not in result.kept_groups)
+    if not cfg.include_zero and cfg.strategy != "none":
+        assert all(result.scores[g] > cfg.zero_tol for g in result.kept_groups)
+
+
+@settings(max_examples=100, deadline=None)
+@given(rewards_st, st.sampled_from(["linear", "softmax"]), st.booleans())
+def test_top_p_rho_one_keeps_all_nonzero_groups(rewards, mode, include_zero):
+    groups = [np.array(r) for r in rewards]
+    result = snr_filter(groups, FilterConfig(strategy="top_p", value=1.0, mode=mode, include_zero=include_zero))
+    nonzero = [g for g in range(len(groups)) if result.scores[g] > 1e-10]
+    assert result.kept_groups == (list(range(len(groups))) if include_zero else nonzero)
+
+
+@settings(max_examples=100, deadline=None)
+@given(rewards_st, st.floats(0.0, 1.0), st.floats(0.0, 1.0))
+def test_linear_top_p_is_monotone_and_reaches_its_mass(rewards, rho_a, rho_b):
+    groups = [np.array(r) for r in rewards]
+    low, high = sorted((rho_a, rho_b))
+    small = snr_filter(groups, FilterConfig(strategy="top_p", value=low))
+    large = snr_filter(groups, FilterConfig(strategy="top_p", value=high))
+    assert set(small.kept_groups) <= set(large.kept_groups)
+    total = small.scores.sum()
+    if large.kept_groups and high < 1.0:
+        assert large.scores[large.kept_groups].sum() >= high * total - 0.01 - 1e-9

@@ -1,0 +1,266 @@
+"""SNR-aware group filter (SPEC §4): keep whole prompt groups whose rewards vary.
+
+A group's task gradient scales with the spread of its rewards, while the KL and
+entropy regularisers do not; groups with near-zero reward variance (RV) feed the
+update only input-agnostic regulariser gradient.  The filter scores each group by
+its reward std (or variance) and keeps the high-score groups.
+
+    result = snr_filter(group_rewards, FilterConfig(strategy="top_p", value=0.9))
+    result.kept_groups   # original group indices, ascending
+    result.loss_scale    # multiply advantages (or the task loss) by this
+    result.metrics       # filter/* keys, see below
+
+Strategies (registry ``FILTER_STRATEGIES``), on the candidate groups (all groups,
+or only those with score > ``zero_tol`` when ``include_zero`` is False), ranked by
+score descending with ties broken by original index (stable sort):
+  - ``none``: keep every group (``include_zero`` is ignored: no filtering at all).
+  - ``top_p``, ``mode="linear"`` (RAGEN's rule): ρ = value.  If ρ ≥ 1 keep all
+    candidates.  Otherwise threshold = ρ·Σs − selection_eps (selection_eps = 0.01);
+    walk the ranking and add a group while the cumulative score *before adding it*
+    is below the threshold, stopping at the first s ≤ 0.  The kept set is thus the
+    shortest prefix whose score mass reaches ρ·Σs − eps: the group that crosses the
+    threshold is kept, the one after it is not.  If the walk stops on s ≤ 0 before
+    reaching the threshold (only possible with negative scores) nothing is kept.
+    E.g. s = [4,3,2,1], ρ = 0.7: threshold 6.99; before 4: 0 < 6.99 keep; before 3:
+    4 < 6.99 keep; before 2: 7 ≥ 6.99 stop -> keep the groups scoring 4 and 3.
+  - ``top_p``, ``mode="softmax"``: p = softmax(s); keep the shortest prefix whose
+    cumulative p reaches ρ (ρ ≥ 1 keeps all candidates).
+  - ``top_k``: keep max(1, int(value·n_groups)) best candidates (n_groups counts all
+    groups; never more than there are candidates).
+  - ``top_k_abs``: keep int(value) best candidates (value ≥ 1).
+  - ``min_p``: keep candidates with s ≥ value·max(s).
+``int(value·n)`` is evaluated with a 1e-9 guard so 0.29·100 gives 29, not 28.
+
+Group score: std (``score="std"``) or variance (``"var"``) with ``ddof`` (default 1).
+A group with ≤ ddof trajectories has an undefined spread; it scores 0.
+
+Loss scaling after filtering (``loss_scaling``): ``none`` -> 1, ``linear`` -> kept
+ratio, ``sqrt`` -> √(kept ratio); kept ratio = kept groups / all groups.
+
+Metrics (all floats):
+  filter/kept_groups, filter/kept_ratio, filter/kept_trajectories,
+  filter/zero_variance_groups (score ≤ zero_tol), filter/empty (1 -> skip update),
+  filter/loss_scale, filter/score_mean, filter/kept_score_mean, and the breakdown of
+  *dropped* groups:
+    filter/dropped_all_failed      zero-variance, every trajectory failed (too hard)
+    filter/dropped_all_succeeded   zero-variance, every trajectory succeeded (too easy)
+    filter/dropped_uninformative   zero-variance, equal non-extreme rewards
+    filter/dropped_unclassified    zero-variance, but no success flags / reward range given
+    filter/dropped_nonzero_variance  had reward spread but ranked below the cut
+  Failure/success comes from ``success`` (per group, one bool per trajectory) when
+  given; otherwise from ``reward_range=(min, max)`` of the env (all rewards == min ->
+  failed, all == max -> succeeded, compared with np.isclose); otherwise unclassified.
+  A zero-variance group whose success flags are mixed counts as uninformative.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Callable, Sequence
+
+import numpy as np
+
+_VALID = {
+    "strategy": ("none", "top_p", "top_k", "top_k_abs", "min_p"),
+    "mode": ("linear", "softmax"),
+    "score": ("std", "var"),
+    "loss_scaling": ("none", "linear", "sqrt"),
+}
+
+
+@dataclass(frozen=True)
+class FilterConfig:
+    """SNR filter settings (SPEC §4); field names mirror ``filter.*`` in the config."""
+
+    strategy: str = "top_p"  # none | top_p | top_k | top_k_abs | min_p
+    value: float = 0.9  # ρ for top_p, fraction for top_k, count for top_k_abs, ratio for min_p
+    mode: str = "linear"  # top_p only: linear (score mass) | softmax (probability mass)
+    score: str = "std"  # std | var of each group's rewards
+    ddof: int = 1  # delta degrees of freedom of the std/var
+    include_zero: bool = False  # keep zero-score groups as candidates
+    loss_scaling: str = "none"  # none | linear | sqrt of the kept ratio
+    selection_eps: float = 0.01  # linear top_p threshold = ρ·Σs − selection_eps
+    zero_tol: float = 1e-10  # score ≤ zero_tol counts as zero variance
+
+    def __post_init__(self) -> None:
+        for name, valid in _VALID.items():
+            if getattr(self, name) not in valid:
+                raise ValueError(f"filter.{name}={getattr(self, name)!r} is not one of {list(valid)}")
+        if not math.isfinite(self.value) or self.value < 0:
+            raise ValueError(f"filter.value must be a finite number ≥ 0 (got {self.value})")
+        if self.strategy == "top_k_abs" and self.value < 1:
+            raise ValueError(f"filter.value for top_k_abs is a group count and must be ≥ 1 (got {self.value})")
+        if self.ddof < 0:
+            raise ValueError(f"filter.ddof must be ≥ 0 (got {self.ddof})")
+
+
+@dataclass
+class FilterResult:
+    kept_groups: list[int]  # original group indices, ascending
+    loss_scale: float
+    metrics: dict[str, float]
+    scores: np.ndarray = field(default_factory=lambda: np.zeros(0))  # [G] score of every group
+
+
+def group_scores(group_rewards: Sequence[np.ndarray], score: str = "std", ddof: int = 1) -> np.ndarray:
+    """Std or variance of each group's rewards -> [G]; groups with ≤ ddof members score 0."""
+    out = np.zeros(len(group_rewards), dtype=np.float64)
+    for g, rewards in enumerate(group_rewards):
+        r = np.asarray(rewards, dtype=np.float64).reshape(-1)
+        if not np.all(np.isfinite(r)):
+            raise ValueError(f"group {g} has non-finite rewards {r.tolist()}")
+        if r.size > ddof:
+            var = float(np.var(r, ddof=ddof))
+            out[g] = math.sqrt(var) if score == "std" else var
+    return out
+
+
+# --------------------------------------------------------------------------- strategies
+# Each takes the candidates' scores already sorted descending, the total group count
+# and the config, and returns how many of the leading candidates to keep.
+
+
+def _keep_none(sorted_scores: np.ndarray, n_groups: int, cfg: FilterConfig) -> int:
+    return len(sorted_scores)
+
+
+def _keep_top_p(sorted_scores: np.ndarray, n_groups: int, cfg: FilterConfig) -> int:
+    if cfg.value >= 1.0:
+        return len(sorted_scores)
+    if cfg.mode == "softmax":
+        if len(sorted_scores) == 0:
+            return 0
+        p = np.exp(sorted_scores - sorted_scores.max())  # stable softmax, already in descending order
+        cumulative = np.cumsum(p / p.sum())
+        return min(int(np.searchsorted(cumulative, cfg.value, side="left")) + 1, len(sorted_scores))
+    threshold = cfg.value * float(sorted_scores.sum()) - cfg.selection_eps
+    cumulative, kept = 0.0, 0
+    for s in sorted_scores:
+        if cumulative >= threshold or s <= 0:
+            break
+        cumulative += float(s)
+        kept += 1
+    return kept if cumulative >= threshold else 0
+
+
+def _int_guarded(x: float) -> int:
+    return int(x + 1e-9)
+
+
+def _keep_top_k(sorted_scores: np.ndarray, n_groups: int, cfg: FilterConfig) -> int:
+    return min(max(1, _int_guarded(cfg.value * n_groups)), len(sorted_scores))
+
+
+def _keep_top_k_abs(sorted_scores: np.ndarray, n_groups: int, cfg: FilterConfig) -> int:
+    return min(_int_guarded(cfg.value), len(sorted_scores))
+
+
+def _keep_min_p(sorted_scores: np.ndarray, n_groups: int, cfg: FilterConfig) -> int:
+    if len(sorted_scores) == 0:
+        return 0
+    threshold = cfg.value * float(sorted_scores[0])
+    return int(np.count_nonzero(sorted_scores >= threshold - 1e-12))  # sorted, so a prefix
+
+
+FILTER_STRATEGIES: dict[str, Callable[[np.ndarray, int, FilterConfig], int]] = {
+    "none": _keep_none,
+    "top_p": _keep_top_p,
+    "top_k": _keep_top_k,
+    "top_k_abs": _keep_top_k_abs,
+    "min_p": _keep_min_p,
+}
+
+LOSS_SCALINGS: dict[str, Callable[[float], float]] = {
+    "none": lambda kept_ratio: 1.0,
+    "linear": lambda kept_ratio: kept_ratio,
+    "sqrt": math.sqrt,
+}
+
+
+# --------------------------------------------------------------------------- breakdown
+
+
+def _zero_variance_kind(g: int, rewards: np.ndarray, success: Sequence[np.ndarray] | None,
+                        reward_range: tuple[float, float] | None) -> str:
+    """failed | succeeded | uninformative | unclassified for a zero-variance group."""
+    if rewards.size == 0:
+        return "unclassified"
+    if success is not None:
+        flags = np.asarray(success[g], dtype=bool).reshape(-1)
+        if flags.size == 0:
+            return "unclassified"
+        if not flags.any():
+            return "failed"
+        if flags.all():
+            return "succeeded"
+        return "uninformative"
+    if reward_range is not None:
+        low, high = reward_range
+        if np.all(np.isclose(rewards, low)):
+            return "failed"
+        if np.all(np.isclose(rewards, high)):
+            return "succeeded"
+        return "uninformative"
+    return "unclassified"
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def snr_filter(group_rewards: Sequence[np.ndarray], config: FilterConfig | None = None, *,
+               success: Sequence[np.ndarray] | None = None,
+               reward_range: tuple[float, float] | None = None, **overrides) -> FilterResult:
+    """Select the groups to train on.  ``group_rewards[g]`` = rewards of group g's trajectories.
+
+    ``config`` defaults to ``FilterConfig()``; keyword ``overrides`` replace its fields
+    (``snr_filter(r, strategy="top_k", value=0.5)``).  ``success[g]`` (optional) holds
+    one bool per trajectory of group g; ``reward_range`` is the env's (min, max) reward.
+    """
+    cfg = config or FilterConfig()
+    if overrides:
+        unknown = sorted(set(overrides) - set(FilterConfig.__dataclass_fields__))
+        if unknown:
+            raise ValueError(f"unknown filter option(s) {unknown}; valid: {sorted(FilterConfig.__dataclass_fields__)}")
+        cfg = replace(cfg, **overrides)
+    groups = [np.asarray(r, dtype=np.float64).reshape(-1) for r in group_rewards]
+    n_groups = len(groups)
+    if success is not None and len(success) != n_groups:
+        raise ValueError(f"success has {len(success)} entries for {n_groups} groups")
+    scores = group_scores(groups, cfg.score, cfg.ddof)  # [G]
+    zero = scores <= cfg.zero_tol  # [G]
+
+    order = np.argsort(-scores, kind="stable")  # descending, ties by original index
+    if cfg.strategy != "none" and not cfg.include_zero:
+        order = order[~zero[order]]
+    n_keep = FILTER_STRATEGIES[cfg.strategy](scores[order], n_groups, cfg)
+    kept = sorted(int(g) for g in order[:n_keep])
+
+    kept_mask = np.zeros(n_groups, dtype=bool)
+    kept_mask[kept] = True
+    breakdown = {"failed": 0, "succeeded": 0, "uninformative": 0, "unclassified": 0}
+    dropped_nonzero = 0
+    for g in np.flatnonzero(~kept_mask):
+        if zero[g]:
+            breakdown[_zero_variance_kind(int(g), groups[g], success, reward_range)] += 1
+        else:
+            dropped_nonzero += 1
+
+    kept_ratio = len(kept) / n_groups if n_groups else 0.0
+    loss_scale = float(LOSS_SCALINGS[cfg.loss_scaling](kept_ratio))
+    metrics = {
+        "filter/kept_groups": float(len(kept)),
+        "filter/kept_ratio": float(kept_ratio),
+        "filter/kept_trajectories": float(sum(groups[g].size for g in kept)),
+        "filter/zero_variance_groups": float(np.count_nonzero(zero)),
+        "filter/empty": float(len(kept) == 0),
+        "filter/loss_scale": loss_scale,
+        "filter/score_mean": float(scores.mean()) if n_groups else 0.0,
+        "filter/kept_score_mean": float(scores[kept].mean()) if kept else 0.0,
+        "filter/dropped_all_failed": float(breakdown["failed"]),
+        "filter/dropped_all_succeeded": float(breakdown["succeeded"]),
+        "filter/dropped_uninformative": float(breakdown["uninformative"]),
+        "filter/dropped_unclassified": float(breakdown["unclassified"]),
+        "filter/dropped_nonzero_variance": float(dropped_nonzero),
+    }
+    return FilterResult(kept_groups=kept, loss_scale=loss_scale, metrics=metrics, scores=scores)
