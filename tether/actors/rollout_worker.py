@@ -1,0 +1,53 @@
+"""Rollout-worker actor: an engine, a chat formatter and its own environment-pool actor."""
+
+from __future__ import annotations
+
+import math
+
+import ray
+import torch
+
+from ..agent.chat import ChatFormatter
+from ..agent.episode import EpisodeSpec, run_episodes
+from ..agent.types import Trajectory
+from ..policy.load import load_model_and_tokenizer
+from ..rollout import make_engine
+from ..rollout.base import SamplingParams
+from .env_pool import EnvPoolActor, RemoteEnvBatch
+
+
+@ray.remote(max_restarts=-1, max_task_retries=0)
+class RolloutWorker:
+    def __init__(self, model_path: str, env_id: str, env_kwargs: dict, engine: str,
+                 threads: float, dtype: str = "float32") -> None:
+        torch.set_num_threads(max(1, math.ceil(threads)))
+        model, self.tokenizer = load_model_and_tokenizer(model_path, dtype)
+        self.formatter = ChatFormatter(self.tokenizer)
+        self.engine = make_engine(engine, model, pad_token_id=self.tokenizer.pad_token_id,
+                                  eos_token_ids=[self.tokenizer.eos_token_id],
+                                  tokenizer=self.tokenizer)
+        self.env_pool = EnvPoolActor.options(num_cpus=0).remote(env_id, env_kwargs)
+        self.envs = RemoteEnvBatch(self.env_pool)
+        self.weights_version = -1
+
+    def stop_token_ids(self) -> tuple[int, ...]:
+        from ..agent.format import ANSWER_CLOSE
+
+        ids = self.formatter.encode(ANSWER_CLOSE)
+        stops = [self.tokenizer.eos_token_id]
+        if len(ids) == 1:
+            stops.append(ids[0])
+        return tuple(i for i in stops if i is not None)
+
+    def set_weights(self, state_dict: dict, version: int) -> int:
+        self.engine.load_state_dict(state_dict)
+        self.weights_version = version
+        return version
+
+    def collect(self, specs: list[EpisodeSpec], sampling: SamplingParams, seed: int,
+                max_turns: int | None = None) -> list[Trajectory]:
+        return run_episodes(self.engine, self.formatter, self.envs, specs, sampling, seed,
+                            max_turns=max_turns)
+
+    def env_pool_handle(self):
+        return self.env_pool

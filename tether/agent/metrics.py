@@ -1,0 +1,64 @@
+"""Rollout metrics from trajectories (pure; names follow SPEC.md)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+
+from .types import Trajectory
+
+
+def group_trajectories(trajectories: list[Trajectory]) -> dict[int, list[Trajectory]]:
+    """Trajectories by group id, groups and members in a stable order."""
+    groups: dict[int, list[Trajectory]] = defaultdict(list)
+    for traj in trajectories:
+        groups[traj.group_id].append(traj)
+    return {g: sorted(ts, key=lambda t: t.sample_index) for g, ts in sorted(groups.items())}
+
+
+def rollout_metrics(trajectories: list[Trajectory], prefix: str = "rollout",
+                    reasoning_tokens=None) -> dict[str, float]:
+    """Success, reward statistics, in-group reward spread, lengths and format rates.
+
+    ``reasoning_tokens(text) -> int`` counts reasoning tokens (default: words).
+    """
+    if not trajectories:
+        return {}
+    count = reasoning_tokens or (lambda text: len(text.split()))
+    rewards = np.array([t.reward for t in trajectories])
+    turns = [turn for t in trajectories for turn in t.turns]
+    groups = group_trajectories(trajectories)
+    group_std = np.array([np.std([t.reward for t in ts], ddof=1) if len(ts) > 1 else 0.0
+                          for ts in groups.values()])
+    reasoning = [count(turn.reasoning) for turn in turns if turn.reasoning is not None]
+    reply_lengths = [turn.reply_end - turn.reply_start for turn in turns]
+    out = {
+        "success": float(np.mean([t.success for t in trajectories])),
+        "reward_mean": float(rewards.mean()),
+        "reward_std": float(rewards.std()),
+        "in_group_reward_std": float(group_std.mean()),
+        "zero_variance_groups": float(np.sum(group_std <= 1e-10)),
+        "turns": float(np.mean([len(t.turns) for t in trajectories])),
+        "response_length": float(np.mean(reply_lengths)) if reply_lengths else 0.0,
+        "reasoning_length": float(np.mean(reasoning)) if reasoning else 0.0,
+        "format_ok_rate": float(np.mean([turn.format_ok for turn in turns])) if turns else 0.0,
+        "action_valid_rate": float(np.mean([turn.action_valid for turn in turns])) if turns else 0.0,
+        "length_truncated_rate": float(np.mean([turn.finish_reason == "length" for turn in turns]))
+        if turns else 0.0,
+        "context_truncated": float(np.mean([t.context_truncated for t in trajectories])),
+        "trajectories": float(len(trajectories)),
+        "generated_tokens": float(sum(reply_lengths)),
+    }
+    return {f"{prefix}/{k}": v for k, v in out.items()}
+
+
+def transcript(trajectory: Trajectory, decode) -> str:
+    """A readable transcript with the per-turn outcome, for sample artifacts."""
+    lines = [f"=== group {trajectory.group_id} sample {trajectory.sample_index} "
+             f"(env seed {trajectory.env_seed}) reward {trajectory.reward:+.2f} "
+             f"success {trajectory.success}", decode(trajectory.token_ids)]
+    for k, turn in enumerate(trajectory.turns, 1):
+        lines.append(f"--- turn {k}: format_ok={turn.format_ok} valid={turn.action_valid} "
+                     f"executed={turn.executed_actions} reward={turn.reward:+.2f}")
+    return "\n".join(lines)

@@ -1,0 +1,64 @@
+"""What a multi-turn episode records: per-turn text and the token masks the learner needs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Turn:
+    """One agent turn."""
+
+    #: Offset of this turn's prompt end (the forced ``<think>``) in the trajectory's ids.
+    prompt_end: int
+    #: Token span [start, end) of the sampled reply in the trajectory's ids.
+    reply_start: int
+    reply_end: int
+    state: str
+    reply_text: str
+    reasoning: str | None
+    answer: str | None
+    format_ok: bool
+    action_valid: bool
+    reward: float
+    executed_actions: list[str] = field(default_factory=list)
+    finish_reason: str = "stop"
+
+
+@dataclass
+class Trajectory:
+    """One episode of one prompt (group) sample, as one token sequence."""
+
+    group_id: int
+    env_seed: int
+    sample_index: int
+    token_ids: list[int] = field(default_factory=list)
+    #: 1 on tokens the agent sampled, 0 on prompt/environment tokens.
+    loss_mask: list[int] = field(default_factory=list)
+    #: log-prob of each sampled token under the sampling distribution (0 elsewhere).
+    sampling_logprobs: list[float] = field(default_factory=list)
+    turns: list[Turn] = field(default_factory=list)
+    success: bool = False
+    #: The episode stopped because the next prompt would not fit the model window.
+    context_truncated: bool = False
+
+    @property
+    def reward(self) -> float:
+        """Trajectory score: sum of turn rewards (format penalties included)."""
+        return float(sum(t.reward for t in self.turns))
+
+    @property
+    def first_prompt_len(self) -> int:
+        return self.turns[0].prompt_end if self.turns else len(self.token_ids)
+
+    def token_rewards(self) -> list[float]:
+        """Each turn's reward placed on the last token of that turn's reply."""
+        rewards = [0.0] * len(self.token_ids)
+        for turn in self.turns:
+            if turn.reply_end > turn.reply_start:
+                rewards[turn.reply_end - 1] += turn.reward
+        return rewards
+
+    def render(self, tokenizer_decode) -> str:
+        """Human-readable transcript, for sample artifacts."""
+        return tokenizer_decode(self.token_ids)

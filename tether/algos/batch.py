@@ -1,0 +1,80 @@
+"""Trajectories -> padded tensors, and the policy's per-token log-probs and entropy.
+
+Row b of a batch is one trajectory (a whole multi-turn conversation); position t
+holds token t.  ``response_mask[b, t]`` is 1 where the agent sampled token t.
+Log-probs at position t are of token t given tokens < t (position 0 gets 0).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+import torch
+
+
+@dataclass
+class TrajectoryBatch:
+    input_ids: torch.Tensor          # [B, T] long, right-padded
+    attention_mask: torch.Tensor     # [B, T] long
+    response_mask: torch.Tensor      # [B, T] float, agent tokens
+    token_rewards: torch.Tensor      # [B, T] float, turn rewards on each reply's last token
+    scores: torch.Tensor             # [B] float, trajectory rewards
+    group_index: torch.Tensor        # [B] long
+    sampling_logprobs: torch.Tensor  # [B, T] float
+    old_logprobs: torch.Tensor | None = None    # [B, T]
+    ref_logprobs: torch.Tensor | None = None    # [B, T]
+    values: torch.Tensor | None = None          # [B, T]
+    advantages: torch.Tensor | None = None      # [B, T]
+    returns: torch.Tensor | None = None         # [B, T]
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def size(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    def select(self, rows) -> "TrajectoryBatch":
+        rows = torch.as_tensor(rows, dtype=torch.long)
+        kw = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            kw[f.name] = value.index_select(0, rows) if isinstance(value, torch.Tensor) else value
+        return TrajectoryBatch(**kw)
+
+
+def collate(trajectories, pad_id: int) -> TrajectoryBatch:
+    """Pad trajectories into one batch (rows in the given order)."""
+    width = max(len(t.token_ids) for t in trajectories)
+    n = len(trajectories)
+    input_ids = torch.full((n, width), pad_id, dtype=torch.long)
+    attention = torch.zeros((n, width), dtype=torch.long)
+    response = torch.zeros((n, width))
+    rewards = torch.zeros((n, width))
+    sampling = torch.zeros((n, width))
+    for row, traj in enumerate(trajectories):
+        length = len(traj.token_ids)
+        input_ids[row, :length] = torch.tensor(traj.token_ids)
+        attention[row, :length] = 1
+        response[row, :length] = torch.tensor(traj.loss_mask, dtype=torch.float32)
+        rewards[row, :length] = torch.tensor(traj.token_rewards())
+        sampling[row, :length] = torch.tensor(traj.sampling_logprobs)
+    groups = {g: k for k, g in enumerate(dict.fromkeys(t.group_id for t in trajectories))}
+    return TrajectoryBatch(
+        input_ids=input_ids, attention_mask=attention, response_mask=response,
+        token_rewards=rewards, scores=torch.tensor([t.reward for t in trajectories]),
+        group_index=torch.tensor([groups[t.group_id] for t in trajectories]),
+        sampling_logprobs=sampling)
+
+
+def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                   temperature: float = 1.0, with_entropy: bool = False):
+    """log p(token_t | tokens_<t) at ``temperature`` (and the entropy of that distribution)."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1]  # [B,T-1,V]
+    if temperature > 0 and temperature != 1.0:
+        logits = logits / temperature
+    log_probs = torch.log_softmax(logits.float(), dim=-1)                              # [B,T-1,V]
+    picked = log_probs.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)         # [B,T-1]
+    picked = torch.nn.functional.pad(picked, (1, 0))                                   # [B,T]
+    if not with_entropy:
+        return picked, None
+    entropy = -(log_probs.exp() * log_probs).sum(-1)                                   # [B,T-1]
+    return picked, torch.nn.functional.pad(entropy, (1, 0))                            # [B,T]

@@ -1,0 +1,297 @@
+"""One config tree for a Tether run, validated before anything starts.
+
+Loaded from YAML with dotted command-line overrides::
+
+    tether run experiments/quickstart.yaml algo.kl_coef=0.01 rollout.group_size=8
+
+Every field has a default and a description (the CLI's help); a wrong key or value
+fails at once with the field's dotted path in the message.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from ..algos.presets import PRESETS
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ExperimentConfig(Section):
+    name: str = Field("tether", description="MLflow experiment name.")
+    run_name: str | None = Field(None, description="MLflow run name (default: env-algo-seed).")
+    seed: int = Field(0, description="Global seed: env levels, sampling and init derive from it.")
+    output_dir: Path = Field(Path("tether_runs"), description="Where checkpoints, the default "
+                             "MLflow database and artifacts are written.")
+
+
+class EnvConfig(Section):
+    id: str = Field("tether/FrozenLake-v0", description="Environment id, e.g. tether/Sokoban-v0, "
+                    "tether/FrozenLake-v0, tether/Countdown-v0 (short names work too).")
+    stochasticity: float = Field(0.0, ge=0.0, le=1.0, description="SPEC §5 noise p in [0, 1]: "
+                                 "random action replacement (multi-turn) or reward replacement "
+                                 "(single-turn).")
+    format_penalty: float = Field(-0.1, le=0.0, description="Reward for an unparseable or "
+                                  "invalid reply (no env step).")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra constructor "
+                                   "arguments of the env (e.g. size, frozen_fraction, dim).")
+    val_seed_offset: int = Field(1_000_000, ge=1, description="Held-out validation levels use "
+                                 "seeds from this offset on; training seeds stay below it.")
+
+
+class WarmStartConfig(Section):
+    episodes: int = Field(3000, ge=0, description="Demonstration episodes written by the env's "
+                          "solver for supervised warm start (0 = no warm start).")
+    noise: float = Field(0.3, ge=0.0, le=1.0, description="Share of imperfect demonstration "
+                         "turns (random actions), so the warm policy succeeds only sometimes.")
+    epochs: int = Field(2, ge=1, description="Passes over the demonstrations.")
+    batch_size: int = Field(16, ge=1, description="Episodes per SFT step.")
+    lr: float = Field(2e-3, gt=0.0, description="AdamW learning rate of the warm start.")
+    vocab_size: int = Field(512, ge=300, description="BPE vocabulary of the project tokenizer.")
+
+
+class ModelConfig(Section):
+    path: str | None = Field(None, description="A Hugging Face causal LM directory or hub id "
+                             "(None: the tiny CPU model that Tether builds and warm-starts).")
+    size: Literal["tiny", "small", "micro"] = Field("tiny", description="Tiny model size: tiny "
+                                                    "4.3M, small 0.59M, micro 0.16M params.")
+    max_context: int = Field(1024, ge=64, description="Model window in tokens (tiny model).")
+    cache_dir: Path = Field(Path.home() / ".cache" / "tether" / "models", description="Where "
+                            "the warm-started tiny model is saved and reused.")
+    warm_start: WarmStartConfig = Field(default_factory=WarmStartConfig)
+    dtype: Literal["float32", "bfloat16"] = Field("float32", description="Parameter dtype.")
+
+    @model_validator(mode="after")
+    def _path_exists(self):
+        if self.path is not None and ("/" not in self.path or self.path.startswith((".", "/", "~"))):
+            p = Path(self.path).expanduser()
+            if not p.exists():
+                raise ValueError(f"model path {self.path!r} does not exist")
+        return self
+
+
+class RolloutConfig(Section):
+    engine: Literal["hf", "vllm"] = Field("hf", description="Sampler: hf (transformers, CPU) or "
+                                          "vllm (GPU).")
+    num_workers: int = Field(2, ge=1, description="Rollout-worker actors (each owns an "
+                             "environment-pool actor and an engine).")
+    groups: int = Field(8, ge=1, description="Prompts (env levels) per iteration (paper: 8).")
+    group_size: int = Field(16, ge=1, description="Samples per prompt (paper: 16).")
+    temperature: float = Field(1.0, ge=0.0, description="Sampling temperature (0 = greedy).")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
+    max_reply_tokens: int = Field(48, ge=4, description="Token limit of one reply.")
+    max_turns: int | None = Field(None, ge=1, description="Cap on turns (default: the env's).")
+    num_cpus_per_worker: float = Field(1.0, gt=0.0, description="Ray CPUs per rollout worker "
+                                       "(also its torch threads, rounded up).")
+    num_gpus_per_worker: float = Field(0.0, ge=0.0, description="Ray GPUs per rollout worker.")
+
+    @property
+    def batch_size(self) -> int:
+        """Trajectories per iteration."""
+        return self.groups * self.group_size
+
+
+class AlgoConfig(Section):
+    preset: Literal["ppo", "grpo", "drgrpo", "dapo"] | None = Field(
+        "grpo", description="Algorithm preset; explicitly set fields override it.")
+    advantage: Literal["gae", "grpo", "drgrpo", "rloo", "reinforce_pp"] = Field(
+        "grpo", description="Advantage estimator (SPEC §7).")
+    gamma: float = Field(1.0, ge=0.0, le=1.0, description="Discount (gae, reinforce_pp).")
+    lam: float = Field(1.0, ge=0.0, le=1.0, description="GAE lambda.")
+    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = Field(
+        "seq-mean-token-mean", description="Loss aggregation mode.")
+    clip_low: float = Field(0.2, ge=0.0, le=1.0, description="PPO lower clip ε_low.")
+    clip_high: float = Field(0.28, ge=0.0, le=10.0, description="PPO upper clip ε_high "
+                             "(0.28 = DAPO clip-higher).")
+    kl_coef: float = Field(0.0, ge=0.0, description="KL-to-reference coefficient (0 = no "
+                           "reference model).")
+    kl_estimator: Literal["k1", "k3"] = Field("k3", description="KL estimator.")
+    entropy_coef: float = Field(0.001, ge=0.0, description="Entropy bonus (paper: 0.001).")
+    lr: float = Field(1e-4, gt=0.0, description="Policy learning rate (tiny model; paper 1e-6 "
+                      "for 3B).")
+    critic_lr: float = Field(5e-4, gt=0.0, description="Critic learning rate (gae).")
+    ppo_epochs: int = Field(1, ge=1, description="Passes over each batch.")
+    minibatches: int = Field(1, ge=1, description="Optimiser steps per epoch.")
+    micro_batch_size: int = Field(16, ge=1, description="Trajectories per forward/backward "
+                                  "(gradient accumulation; memory only).")
+    max_grad_norm: float = Field(1.0, gt=0.0, description="Gradient clipping norm.")
+    dynamic_sampling: bool = Field(False, description="DAPO: drop zero-variance groups and "
+                                   "re-collect until the batch is full.")
+    max_resample_rounds: int = Field(3, ge=0, description="Re-collection rounds (dynamic "
+                                     "sampling).")
+    use_critic: bool = Field(False, description="Train a value model (gae).")
+    num_cpus: float = Field(1.0, ge=0.0, description="Ray CPUs of the learner.")
+    num_gpus: float = Field(0.0, ge=0.0, description="Ray GPUs of the learner.")
+    threads: int = Field(2, ge=1, description="torch threads of the learner.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_preset(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        preset = data.get("preset", "grpo")
+        if preset is None:
+            return data
+        if preset not in PRESETS:
+            return data  # the Literal check reports it
+        merged = dict(PRESETS[preset])
+        merged.update(data)
+        return {k: v for k, v in merged.items() if k in cls.model_fields}
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        if self.advantage == "gae" and not self.use_critic:
+            raise ValueError("advantage 'gae' needs use_critic: true")
+        return self
+
+
+class FilterConfig(Section):
+    strategy: Literal["none", "top_p", "top_k", "top_k_abs", "min_p"] = Field(
+        "top_p", description="SNR-aware filter (SPEC §4): which prompt groups train.")
+    value: float = Field(0.9, ge=0.0, description="ρ for top_p, fraction for top_k, count for "
+                         "top_k_abs, ratio for min_p.")
+    mode: Literal["linear", "softmax"] = Field("linear", description="top_p mode.")
+    score: Literal["std", "var"] = Field("std", description="Group score: reward std or var.")
+    ddof: int = Field(1, ge=0, description="Degrees of freedom of the group std/var.")
+    include_zero: bool = Field(False, description="Keep zero-score groups eligible (top_p).")
+    loss_scaling: Literal["none", "linear", "sqrt"] = Field("none", description="Scale "
+                                                            "advantages by the kept ratio.")
+
+    @model_validator(mode="after")
+    def _value_range(self):
+        if self.strategy in ("top_p", "top_k", "min_p") and not 0.0 <= self.value <= 1.0:
+            raise ValueError(f"value must be in [0, 1] for strategy {self.strategy!r}")
+        if self.strategy == "top_k_abs" and (self.value < 1 or self.value != int(self.value)):
+            raise ValueError("value must be a whole number ≥ 1 for strategy 'top_k_abs'")
+        return self
+
+
+class TrainerConfig(Section):
+    iterations: int = Field(30, ge=1, description="Training iterations.")
+    val_every: int = Field(10, ge=1, description="Validate on held-out seeds every N "
+                           "iterations (and at the start and end).")
+    val_episodes: int = Field(128, ge=1, description="Held-out episodes per validation.")
+    val_temperature: float | None = Field(None, ge=0.0, description="Validation temperature "
+                                          "(default: the rollout temperature).")
+    checkpoint_every: int = Field(10, ge=1, description="Checkpoint every N iterations.")
+    samples_every: int = Field(5, ge=1, description="Log sample transcripts every N iterations.")
+    samples_per_log: int = Field(4, ge=0, description="Transcripts per sample artifact.")
+
+
+class TrackingConfig(Section):
+    uri: str | None = Field(None, description="MLflow tracking URI (default: a SQLite file in "
+                            "experiment.output_dir).")
+    log_model: bool = Field(True, description="Log the final policy as an artifact.")
+
+
+class RayConfig(Section):
+    address: str | None = Field(None, description="Ray cluster address (None: start a local "
+                                "Ray on 127.0.0.1).")
+    num_cpus: int | None = Field(None, ge=1, description="CPUs of a local Ray (default: enough "
+                                 "for the actors asked for).")
+
+
+class TetherConfig(Section):
+    experiment: ExperimentConfig = Field(default_factory=ExperimentConfig)
+    env: EnvConfig = Field(default_factory=EnvConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    algo: AlgoConfig = Field(default_factory=AlgoConfig)
+    filter: FilterConfig = Field(default_factory=FilterConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    ray: RayConfig = Field(default_factory=RayConfig)
+
+    @model_validator(mode="after")
+    def _cross_field(self):
+        if self.rollout.group_size < 2 and self.algo.advantage in ("grpo", "drgrpo", "rloo"):
+            raise ValueError("rollout.group_size must be ≥ 2 for group-relative advantages")
+        return self
+
+    def flat(self) -> dict[str, Any]:
+        """The resolved config as dotted keys (MLflow params, sweep spaces)."""
+        out: dict[str, Any] = {}
+
+        def walk(prefix: str, value: Any) -> None:
+            if isinstance(value, dict) and value and prefix not in ("env.kwargs",):
+                for k, v in value.items():
+                    walk(f"{prefix}.{k}" if prefix else k, v)
+            else:
+                out[prefix] = value
+
+        walk("", self.model_dump(mode="json"))
+        return out
+
+
+class ConfigError(ValueError):
+    """A config that cannot run; the message names the field's dotted path."""
+
+
+def _format_validation_error(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        path = ".".join(str(p) for p in e["loc"]) or "<root>"
+        msg = e["msg"].removeprefix("Value error, ")
+        lines.append(f"{path}: {msg}" + (" (unknown key)" if e["type"] == "extra_forbidden" else ""))
+    return "; ".join(lines)
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} is not of the form section.key=value")
+    key, raw = text.split("=", 1)
+    path = [p for p in key.strip().split(".") if p]
+    if not path:
+        raise ConfigError(f"override {text!r} has an empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw
+    return path, value
+
+
+def set_dotted(tree: dict, path: list[str], value: Any) -> None:
+    node = tree
+    for part in path[:-1]:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = {}
+            node[part] = child
+        node = child
+    node[path[-1]] = value
+
+
+def build_config(data: dict | None = None, overrides: list[str] | None = None) -> TetherConfig:
+    """Validate a config tree plus dotted overrides; raise ConfigError with field paths."""
+    tree = dict(data or {})
+    for text in overrides or []:
+        path, value = parse_override(text)
+        set_dotted(tree, path, value)
+    try:
+        return TetherConfig.model_validate(tree)
+    except ValidationError as err:
+        raise ConfigError(_format_validation_error(err)) from None
+
+
+def load_config(path: str | Path | None, overrides: list[str] | None = None) -> TetherConfig:
+    """Read a YAML experiment file (or none: the embedded defaults) plus overrides."""
+    data: dict = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {str(p)!r} not found")
+        try:
+            loaded = yaml.safe_load(p.read_text())
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{p}: not valid YAML ({exc})") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"{p}: the top level must be a mapping of sections")
+        data = loaded or {}
+        data.pop("sweep", None)  # a sweep spec is a run config plus a sweep section
+    return build_config(data, overrides)

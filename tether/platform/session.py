@@ -1,0 +1,40 @@
+"""Starting (or joining) Ray, with local services on 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+
+import ray
+
+
+class ClusterError(RuntimeError):
+    """Ray cannot be started or reached (the message says what to do)."""
+
+
+def start_ray(address: str | None, num_cpus: int | None, required_cpus: float) -> bool:
+    """Join ``address`` or start a fresh local Ray; return True if this call started it.
+
+    ``address="local"`` always starts a new local instance, so a stale
+    ``ray_current_cluster`` file from an earlier ``ray stop`` is never joined.
+    """
+    if ray.is_initialized():
+        return False
+    runtime_env = {"env_vars": {"TOKENIZERS_PARALLELISM": "false",
+                                "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}}
+    try:
+        if address:
+            ray.init(address=address, runtime_env=runtime_env, log_to_driver=False)
+        else:
+            cpus = num_cpus or max(os.cpu_count() or 1, int(-(-required_cpus // 1)))
+            ray.init(address="local", num_cpus=cpus, include_dashboard=False,
+                     _node_ip_address="127.0.0.1", runtime_env=runtime_env,
+                     log_to_driver=bool(os.environ.get("TETHER_RAY_LOGS")))
+    except Exception as exc:  # Ray raises several types (ConnectionError, RuntimeError, ...)
+        where = f"the Ray cluster at {address}" if address else "a local Ray instance"
+        raise ClusterError(f"could not start or join {where}: {exc}".splitlines()[0]) from None
+    return True
+
+
+def stop_ray(started: bool) -> None:
+    if started and ray.is_initialized():
+        ray.shutdown()

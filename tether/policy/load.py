@@ -1,0 +1,94 @@
+"""Where the policy comes from: a user's Hugging Face model, or the tiny model that
+Tether builds, warm-starts and caches on first use."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from filelock import FileLock
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from .tiny import build_tiny_model, tiny_config
+from .warmstart import (build_tokenizer, demonstration_episodes, encode_episode,
+                        supervised_finetune)
+
+#: Bump when the recipe changes so stale caches are not reused.
+RECIPE_VERSION = 1
+
+
+def recipe(model_cfg, env_cfg, seed: int, max_reply_tokens: int) -> dict:
+    ws = model_cfg.warm_start
+    return {"version": RECIPE_VERSION, "env": env_cfg.id, "env_kwargs": env_cfg.kwargs,
+            "size": model_cfg.size, "max_context": model_cfg.max_context,
+            "max_reply_tokens": max_reply_tokens, "seed": seed,
+            "warm_start": ws.model_dump(mode="json")}
+
+
+def recipe_key(spec: dict) -> str:
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def resolve_policy(model_cfg, env_cfg, seed: int, max_reply_tokens: int, progress=None) -> Path:
+    """A directory holding a HF model + tokenizer: ``model.path`` or the cached tiny model."""
+    if model_cfg.path is not None:
+        return Path(model_cfg.path).expanduser() if Path(model_cfg.path).expanduser().exists() \
+            else model_cfg.path  # a hub id, resolved by transformers
+    spec = recipe(model_cfg, env_cfg, seed, max_reply_tokens)
+    target = Path(model_cfg.cache_dir).expanduser() / f"{spec['size']}-{recipe_key(spec)}"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(target) + ".lock"):
+        if (target / "recipe.json").exists():
+            return target
+        tmp = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
+        try:
+            stats = build_warm_model(spec, tmp, progress)
+            (tmp / "recipe.json").write_text(json.dumps({**spec, "stats": stats}, indent=1))
+            os.replace(tmp, target)  # atomic: a crash never leaves a half-written cache entry
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def build_warm_model(spec: dict, out_dir: Path, progress=None) -> dict:
+    """Tokenizer + tiny model + supervised warm start on demonstrations, saved to ``out_dir``."""
+    ws = spec["warm_start"]
+    n_demo = max(ws["episodes"], 64)
+    episodes = demonstration_episodes(spec["env"], spec["env_kwargs"], n_demo, ws["noise"],
+                                      seed=spec["seed"] + 10_000_000,
+                                      max_reply_tokens=spec["max_reply_tokens"])
+    tokenizer = build_tokenizer(episodes, ws["vocab_size"])
+    from ..agent.chat import ChatFormatter
+
+    formatter = ChatFormatter(tokenizer)
+    sequences = [encode_episode(formatter, e) for e in episodes]
+    sequences = [s for s in sequences if len(s[0]) <= spec["max_context"]]
+    vocab = max(ws["vocab_size"], len(tokenizer))
+    config = tiny_config(spec["size"], vocab_size=vocab, max_context=spec["max_context"],
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    model = build_tiny_model(config, seed=spec["seed"])
+    stats = {"demo_success": float(sum(e.success for e in episodes) / len(episodes)),
+             "demo_episodes": len(sequences)}
+    if ws["episodes"] > 0:
+        stats.update(supervised_finetune(model, sequences, tokenizer.pad_token_id, ws["epochs"],
+                                         ws["batch_size"], ws["lr"], spec["seed"], progress))
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    return stats
+
+
+def load_model_and_tokenizer(path, dtype: str = "float32"):
+    """Load a causal LM and its tokenizer from a directory or hub id, in eval mode."""
+    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
+    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model.eval(), tokenizer
