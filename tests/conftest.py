@@ -1,0 +1,55 @@
+"""Shared fixtures: a micro warm-started model (built once per session) and local Ray."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+
+def micro_config_dict(tmp_dir, **sections) -> dict:
+    """A seconds-scale config: micro model, small batches, local outputs."""
+    base = {
+        "experiment": {"name": "tether-tests", "output_dir": str(tmp_dir / "runs"), "seed": 0},
+        "env": {"id": "tether/FrozenLake-v0"},
+        "model": {"size": "micro", "cache_dir": str(tmp_dir / "models"),
+                  "warm_start": {"episodes": 64, "epochs": 1, "batch_size": 16}},
+        "rollout": {"num_workers": 2, "groups": 2, "group_size": 4, "max_reply_tokens": 24},
+        "algo": {"preset": "grpo", "kl_coef": 0.01, "micro_batch_size": 4},
+        "trainer": {"iterations": 2, "val_every": 2, "val_episodes": 4, "checkpoint_every": 1,
+                    "samples_every": 1},
+    }
+    for name, values in sections.items():
+        base.setdefault(name, {}).update(values)
+    return base
+
+
+@pytest.fixture(scope="session")
+def models_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("models")
+
+
+@pytest.fixture(scope="session")
+def micro_policy(models_dir):
+    """Path of a warm-started micro model + tokenizer (built once)."""
+    from tether.platform.config import build_config
+    from tether.policy.load import resolve_policy
+
+    cfg = build_config(micro_config_dict(models_dir.parent))
+    cfg.model.cache_dir = models_dir
+    return resolve_policy(cfg.model, cfg.env, cfg.experiment.seed, cfg.rollout.max_reply_tokens)
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    import ray
+
+    from tether.platform.session import start_ray
+
+    started = start_ray(None, 4, 4)
+    yield ray
+    if started:
+        ray.shutdown()

@@ -28,10 +28,17 @@ class Learner:
                                  if self.critic is not None else None)
         self.updates = 0
 
-    def prepare(self, batch: TrajectoryBatch) -> TrajectoryBatch:
-        """Old-policy log-probs (and critic values) before the update."""
+    def prepare(self, batch: TrajectoryBatch, recompute_old_logprobs: bool) -> TrajectoryBatch:
+        """Old-policy log-probs (and critic values) before the update.
+
+        The sampler ran on exactly these weights, so its log-probs are the old
+        policy's; recomputing them is a full forward pass spent on the same numbers.
+        """
         s = self.settings
-        batch.old_logprobs = batch_logprobs(self.model, batch, s.temperature, s.micro_batch_size)
+        if recompute_old_logprobs:
+            batch.old_logprobs = batch_logprobs(self.model, batch, s.temperature, s.micro_batch_size)
+        else:
+            batch.old_logprobs = batch.sampling_logprobs.clone()
         if self.critic is not None:
             batch.values = batch_values(self.critic, batch, s.micro_batch_size)
         return batch

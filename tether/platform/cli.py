@@ -49,6 +49,9 @@ def run(config: Optional[Path] = typer.Argument(None, help="Experiment YAML (def
                                               "(default: start a local Ray on 127.0.0.1).")):
     """Train an agent: warm start (cached), Ray actors, MLflow tracking."""
     cfg = _load(config, overrides or [], address)
+    from .session import quiet_libraries
+
+    quiet_libraries()
     from .driver import Trainer
     from .session import ClusterError
     from .tracking import TrackingError
@@ -58,8 +61,17 @@ def run(config: Optional[Path] = typer.Argument(None, help="Experiment YAML (def
         TextColumn("{task.fields[info]}"), console=console, transient=False)
     tasks: dict[str, int] = {}
 
+    plain = not console.is_terminal  # logs (ray job logs, CI): one line per event instead of bars
+
     def on_event(kind: str, data: dict) -> None:
-        if kind == "warm_start":
+        if plain and kind == "warm_start":
+            if data["step"] % max(1, data["total"] // 10) == 0 or data["step"] == data["total"]:
+                console.print(f"warm start {data['step']}/{data['total']} loss {data['loss']:.3f}")
+        elif plain and kind == "iteration":
+            info = "  ".join(f"{label} {data[key]:.3f}" for key, label in KEY_METRICS if key in data)
+            console.print(f"iteration {data['iteration']}/{data['total']}  {info}  "
+                          f"({data.get('timing/iteration', 0):.1f} s)", highlight=False)
+        elif kind == "warm_start":
             if "warm" not in tasks:
                 tasks["warm"] = progress.add_task("warm start", total=data["total"], info="")
             progress.update(tasks["warm"], completed=data["step"], info=f"loss {data['loss']:.3f}")

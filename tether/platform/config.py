@@ -87,6 +87,8 @@ class RolloutConfig(Section):
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
     max_reply_tokens: int = Field(48, ge=4, description="Token limit of one reply.")
     max_turns: int | None = Field(None, ge=1, description="Cap on turns (default: the env's).")
+    max_collect_attempts: int = Field(5, ge=1, description="Collection attempts of a worker's "
+                                      "share before the iteration fails (workers restart).")
     num_cpus_per_worker: float = Field(1.0, gt=0.0, description="Ray CPUs per rollout worker "
                                        "(also its torch threads, rounded up).")
     num_gpus_per_worker: float = Field(0.0, ge=0.0, description="Ray GPUs per rollout worker.")
@@ -125,6 +127,10 @@ class AlgoConfig(Section):
                                    "re-collect until the batch is full.")
     max_resample_rounds: int = Field(3, ge=0, description="Re-collection rounds (dynamic "
                                      "sampling).")
+    recompute_old_logprobs: bool = Field(False, description="Recompute old-policy log-probs "
+                                         "in the learner instead of reusing the sampler's (they "
+                                         "agree when weights sync every iteration; recompute "
+                                         "when the engine's numerics differ, e.g. vLLM).")
     use_critic: bool = Field(False, description="Train a value model (gae).")
     num_cpus: float = Field(1.0, ge=0.0, description="Ray CPUs of the learner.")
     num_gpus: float = Field(0.0, ge=0.0, description="Ray GPUs of the learner.")
@@ -140,9 +146,9 @@ class AlgoConfig(Section):
             return data
         if preset not in PRESETS:
             return data  # the Literal check reports it
-        merged = dict(PRESETS[preset])
-        merged.update(data)
-        return {k: v for k, v in merged.items() if k in cls.model_fields}
+        merged = {k: v for k, v in PRESETS[preset].items() if k in cls.model_fields}
+        merged.update(data)  # explicit values (and unknown keys, for the error) win
+        return merged
 
     @model_validator(mode="after")
     def _consistent(self):

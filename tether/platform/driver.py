@@ -87,6 +87,8 @@ class Trainer:
         self.started_ray = False
         self.tracker: Tracker | None = None
         self.iteration_done = 0
+        self.worker_failures = 0
+        self.weights_ref, self.weights_version = None, 0
 
     # -- setup ------------------------------------------------------------------------
     def setup(self) -> None:
@@ -123,12 +125,39 @@ class Trainer:
 
     # -- stages -----------------------------------------------------------------------
     def collect(self, specs: list[EpisodeSpec], sampling: SamplingParams, seed: int):
-        """Episodes spread over the workers (contiguous shares), gathered in order."""
-        shares = np.array_split(np.arange(len(specs)), len(self.workers))
-        refs = [w.collect.remote([specs[i] for i in share], sampling, seed * 131 + k,
-                                 self.cfg.rollout.max_turns)
-                for k, (w, share) in enumerate(zip(self.workers, shares)) if len(share)]
-        return [t for part in ray.get(refs) for t in part]
+        """Episodes spread over the workers (contiguous shares), gathered in order.
+
+        A share whose worker (or its environment pool) died is collected again once
+        Ray has restarted the actor and it has the current weights, so no trajectory
+        is lost or counted twice.
+        """
+        shares = [s for s in np.array_split(np.arange(len(specs)), len(self.workers)) if len(s)]
+        results: dict[int, list] = {}
+        for attempt in range(self.cfg.rollout.max_collect_attempts):
+            refs = {k: self.workers[k].collect.remote([specs[i] for i in share], sampling,
+                                                      seed * 131 + k, self.cfg.rollout.max_turns)
+                    for k, share in enumerate(shares) if k not in results}
+            for k, ref in refs.items():
+                try:
+                    results[k] = ray.get(ref)
+                except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as exc:
+                    self.worker_failures += 1
+                    self.emit("worker_failed", {"worker": k, "attempt": attempt,
+                                                "error": str(exc).splitlines()[0]})
+                    self.restore_worker(k)
+            if len(results) == len(shares):
+                return [t for k in range(len(shares)) for t in results[k]]
+        raise RuntimeError(f"rollout workers failed {self.cfg.rollout.max_collect_attempts} "
+                           f"times in a row; giving up on this iteration")
+
+    def restore_worker(self, k: int) -> None:
+        """Give a (restarted) worker the current weights before it collects again."""
+        if self.weights_ref is None:
+            return
+        try:
+            ray.get(self.workers[k].set_weights.remote(self.weights_ref, self.weights_version))
+        except ray.exceptions.RayError:
+            pass  # still restarting: the next attempt will fail and come back here
 
     def training_specs(self, n_groups: int, first_group_id: int) -> list[EpisodeSpec]:
         seeds = self.sampler.take(n_groups)
@@ -180,8 +209,13 @@ class Trainer:
         return batch
 
     def sync_weights(self, version: int) -> None:
-        weights = self.learner.state_dict.remote()
-        ray.get([w.set_weights.remote(weights, version) for w in self.workers])
+        self.weights_ref, self.weights_version = self.learner.state_dict.remote(), version
+        for k, worker in enumerate(self.workers):
+            try:
+                ray.get(worker.set_weights.remote(self.weights_ref, version))
+            except ray.exceptions.RayActorError:
+                self.worker_failures += 1
+                self.restore_worker(k)
 
     # -- one iteration ----------------------------------------------------------------
     def iteration(self, it: int) -> dict[str, float]:
@@ -194,7 +228,8 @@ class Trainer:
         if kept:
             with timers("prepare"):
                 batch = collate(kept, self.tokenizer.pad_token_id)
-                batch = ray.get(self.learner.prepare.remote(batch))
+                batch = ray.get(self.learner.prepare.remote(
+                    batch, self.cfg.algo.recompute_old_logprobs))
                 if self.reference is not None:
                     batch.ref_logprobs = ray.get(self.reference.logprobs.remote(
                         batch, self.settings.temperature, self.settings.micro_batch_size))
@@ -205,6 +240,7 @@ class Trainer:
             with timers("sync"):
                 self.sync_weights(it)
         metrics["filter/update_skipped"] = float(not kept)
+        metrics["rollout/worker_failures"] = float(self.worker_failures)
         metrics.update(timers)
         metrics["timing/iteration"] = sum(timers.values())
         self.last_collected = collected

@@ -7,6 +7,18 @@ import os
 import ray
 
 
+#: Keeps library progress bars and chatter out of the console and the job logs.
+QUIET_ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error",
+             "PYTHONWARNINGS": "ignore::UserWarning"}
+
+
+def quiet_libraries() -> None:
+    """Apply QUIET_ENV to this process (call before importing transformers)."""
+    for key, value in QUIET_ENV.items():
+        os.environ.setdefault(key, value)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
 class ClusterError(RuntimeError):
     """Ray cannot be started or reached (the message says what to do)."""
 
@@ -19,7 +31,7 @@ def start_ray(address: str | None, num_cpus: int | None, required_cpus: float) -
     """
     if ray.is_initialized():
         return False
-    runtime_env = {"env_vars": {"TOKENIZERS_PARALLELISM": "false",
+    runtime_env = {"env_vars": {"TOKENIZERS_PARALLELISM": "false", **QUIET_ENV,
                                 "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}}
     try:
         if address:

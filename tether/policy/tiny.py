@@ -50,6 +50,8 @@ def tiny_config(size: str = "tiny", vocab_size: int = 512, max_context: int = 10
         eos_token_id=eos_token_id,
         pad_token_id=pad_token_id,
         use_cache=True,
+        # Measured on 2 CPU cores: eager attention trains ~1.6x faster than SDPA at this size.
+        attn_implementation="eager",
     )
 
 

@@ -124,7 +124,7 @@ def supervised_finetune(model, sequences: list[tuple[list[int], list[int]]], pad
             losses.append(loss.item())
             tokens += int(attention.sum())
             if progress is not None:
-                progress(len(losses), total_steps, float(loss))
+                progress(len(losses), total_steps, losses[-1])
     model.eval()
     elapsed = time.perf_counter() - started
     return {"sft_loss": float(np.mean(losses[-20:])) if losses else float("nan"),

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Create .venv and install Tether with its test tools.
+#
+# torch is installed first and pinned to 2.13.0, so pip never picks a newer
+# (multi-GB CUDA) build.  On a machine without a GPU, point TETHER_TORCH_INDEX at
+# PyTorch's CPU wheel index to get the small CPU build; where pip already finds
+# a CPU build of 2.13.0 (as on Tether's dev and CI machines) nothing is needed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${TETHER_VENV:-.venv}
+PYTHON=${PYTHON:-python3}
+
+if [ ! -x "$VENV/bin/python" ]; then
+  "$PYTHON" -m venv "$VENV"
+fi
+"$VENV/bin/python" -m pip install -q --upgrade pip
+if ! "$VENV/bin/python" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '2.13.0')" 2>/dev/null; then
+  "$VENV/bin/python" -m pip install -q "torch==2.13.0" ${TETHER_TORCH_INDEX:+--index-url "$TETHER_TORCH_INDEX"}
+fi
+"$VENV/bin/python" -m pip install -q -e ".[test]"
+"$VENV/bin/python" -c "import torch, tether; print(f'tether {tether.__version__} ready: torch {torch.__version__}, CUDA {torch.version.cuda}')"

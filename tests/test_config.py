@@ -1,0 +1,88 @@
+import pytest
+import yaml
+
+from tether.platform.config import ConfigError, build_config, load_config
+
+
+def test_defaults_are_the_paper_batch():
+    cfg = build_config({})
+    assert cfg.rollout.groups == 8 and cfg.rollout.group_size == 16
+    assert cfg.rollout.batch_size == 128
+
+
+def test_dotted_overrides_parse_yaml_values():
+    cfg = build_config({}, ["algo.kl_coef=0.01", "rollout.group_size=4", "env.kwargs={size: 5}",
+                            "filter.strategy=top_k"])
+    assert cfg.algo.kl_coef == pytest.approx(0.01)
+    assert cfg.rollout.group_size == 4
+    assert cfg.env.kwargs == {"size": 5}
+    assert cfg.filter.strategy == "top_k"
+
+
+@pytest.mark.parametrize("overrides, path", [
+    (["algo.kl_cofe=0.1"], "algo.kl_cofe"),
+    (["rollout.group_size=-2"], "rollout.group_size"),
+    (["filter.value=1.5"], "filter"),
+    (["filter.strategy=top_q"], "filter.strategy"),
+    (["model.path=/nonexistent/model"], "model"),
+    (["nosuchsection.x=1"], "nosuchsection"),
+    (["env.stochasticity=1.2"], "env.stochasticity"),
+])
+def test_bad_config_names_the_field(overrides, path):
+    with pytest.raises(ConfigError) as err:
+        build_config({}, overrides)
+    assert path in str(err.value)
+
+
+def test_unknown_key_says_unknown():
+    with pytest.raises(ConfigError, match=r"algo\.kl_cofe.*unknown key"):
+        build_config({}, ["algo.kl_cofe=0.1"])
+
+
+def test_preset_fills_fields_and_explicit_values_win():
+    dapo = build_config({"algo": {"preset": "dapo"}})
+    assert dapo.algo.dynamic_sampling is True and dapo.algo.kl_coef == 0.0
+    assert dapo.algo.loss_agg == "token-mean" and dapo.algo.clip_high == pytest.approx(0.28)
+    dr = build_config({"algo": {"preset": "drgrpo", "loss_agg": "token-mean"}})
+    assert dr.algo.advantage == "drgrpo" and dr.algo.loss_agg == "token-mean"
+    ppo = build_config({"algo": {"preset": "ppo"}})
+    assert ppo.algo.advantage == "gae" and ppo.algo.use_critic is True
+
+
+def test_gae_without_critic_is_refused():
+    with pytest.raises(ConfigError, match="use_critic"):
+        build_config({"algo": {"preset": None, "advantage": "gae", "use_critic": False}})
+
+
+def test_group_size_one_refused_for_group_relative_advantage():
+    with pytest.raises(ConfigError, match="group_size"):
+        build_config({}, ["rollout.group_size=1"])
+
+
+def test_load_yaml_with_sweep_section(tmp_path):
+    spec = tmp_path / "exp.yaml"
+    spec.write_text(yaml.safe_dump({"algo": {"lr": 0.001}, "sweep": {"anything": 1}}))
+    cfg = load_config(spec, ["trainer.iterations=3"])
+    assert cfg.algo.lr == pytest.approx(0.001) and cfg.trainer.iterations == 3
+
+
+def test_load_missing_or_malformed_file(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("- a list\n- not a mapping\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_config(bad)
+
+
+def test_flat_config_has_dotted_keys():
+    flat = build_config({}).flat()
+    assert flat["algo.kl_coef"] == build_config({}).algo.kl_coef
+    assert "rollout.group_size" in flat and "filter.strategy" in flat
+
+
+def test_shipped_experiments_validate():
+    from pathlib import Path
+
+    for path in sorted(Path(__file__).parent.parent.glob("experiments/*.yaml")):
+        load_config(path)
