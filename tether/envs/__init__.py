@@ -27,6 +27,8 @@ _ENVS: dict[str, tuple[str, str]] = {
     "sokoban": ("tether/Sokoban-v0", "tether.envs.sokoban:SokobanEnv"),
     "frozenlake": ("tether/FrozenLake-v0", "tether.envs.frozenlake:FrozenLakeEnv"),
     "countdown": ("tether/Countdown-v0", "tether.envs.countdown:CountdownEnv"),
+    "metamathqa": ("tether/MetaMathQA-v0", "tether.envs.metamath:MetaMathQAEnv"),
+    "searchqa": ("tether/SearchQA-v0", "tether.envs.searchqa:SearchQAEnv"),
 }
 ENV_IDS: tuple[str, ...] = tuple(env_id for env_id, _ in _ENVS.values())
 #: Every accepted spelling, normalised (see ``_normalise``) -> gymnasium id.
