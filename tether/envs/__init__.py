@@ -29,6 +29,8 @@ _ENVS: dict[str, tuple[str, str]] = {
     "countdown": ("tether/Countdown-v0", "tether.envs.countdown:CountdownEnv"),
     "metamathqa": ("tether/MetaMathQA-v0", "tether.envs.metamath:MetaMathQAEnv"),
     "searchqa": ("tether/SearchQA-v0", "tether.envs.searchqa:SearchQAEnv"),
+    "webshop": ("tether/WebShop-v0", "tether.envs.webshop:WebShopEnv"),
+    "deepcoder": ("tether/DeepCoder-v0", "tether.envs.deepcoder:DeepCoderEnv"),
 }
 ENV_IDS: tuple[str, ...] = tuple(env_id for env_id, _ in _ENVS.values())
 #: Every accepted spelling, normalised (see ``_normalise``) -> gymnasium id.
