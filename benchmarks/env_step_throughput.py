@@ -1,0 +1,89 @@
+"""Env step throughput (steps/s) of WebShop and DeepCoder, side by side with baselines.
+
+Every row times ``env.step`` only (reset and the choice of answer are outside the
+timer), over episodes whose answers come from the env's own demonstrator with
+noise 0.3 -- the mix a warm-started policy produces -- or from a fixed answer kind:
+
+- ``webshop``: demonstrator actions on the default generated catalogue; baseline
+  ``frozenlake`` (4x4) with its demonstrator, in the same run;
+- ``deepcoder``: the reference solution (every test runs in the sandbox), with
+  tests judged in parallel over all cores and, as the baseline, one at a time
+  (``max_workers=1``); and an answer that does not compile (format penalty, no
+  process), which is what most of an untrained policy's answers cost.
+
+    python benchmarks/env_step_throughput.py            # ~1 min on 2 cores
+    python benchmarks/env_step_throughput.py --quick    # fewer steps
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import time
+
+import numpy as np
+
+from tether.envs import make
+
+
+def demonstrator_rate(env_id: str, steps: int, noise: float = 0.3, **kwargs) -> float:
+    """Steps/s of ``env.step`` on demonstrator answers."""
+    env = make(env_id, **kwargs)
+    rng = np.random.default_rng(0)
+    seed, done, elapsed = 0, 0, 0.0
+    while done < steps:
+        env.reset(seed=seed)
+        seed += 1
+        for _ in range(env.max_turns):
+            _, answer = env.demonstration(rng, noise)
+            started = time.perf_counter()
+            _, _, terminated, truncated, _ = env.step(answer)
+            elapsed += time.perf_counter() - started
+            done += 1
+            if terminated or truncated or done >= steps:
+                break
+    return done / elapsed
+
+
+def fixed_answer_rate(steps: int, kind: str, **kwargs) -> float:
+    """Steps/s of DeepCoder on the reference solution or on non-compiling text."""
+    env = make("deepcoder", **kwargs)
+    elapsed = 0.0
+    for seed in range(steps):
+        env.reset(seed=seed)
+        answer = env.solve() if kind == "reference" else "def broken(:"
+        started = time.perf_counter()
+        env.step(answer)
+        elapsed += time.perf_counter() - started
+    return steps / elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer steps")
+    args = parser.parse_args()
+    scale = 0.25 if args.quick else 1.0
+    cores = os.cpu_count() or 1
+    print(f"python {platform.python_version()}, {cores} cores, {platform.machine()}")
+    rows = []
+    webshop = demonstrator_rate("webshop", int(4000 * scale))
+    frozenlake = demonstrator_rate("frozenlake", int(4000 * scale))
+    rows.append(("webshop, demonstrator (noise 0.3)", webshop, "frozenlake 4x4", frozenlake))
+    parallel = fixed_answer_rate(int(120 * scale), "reference")
+    serial = fixed_answer_rate(int(120 * scale), "reference", max_workers=1)
+    rows.append((f"deepcoder, reference solution, {cores} workers", parallel, "1 worker", serial))
+    noisy = demonstrator_rate("deepcoder", int(120 * scale))
+    rows.append(("deepcoder, demonstrator (noise 0.3)", noisy, "-", float("nan")))
+    broken = fixed_answer_rate(int(2000 * scale), "broken")
+    rows.append(("deepcoder, non-compiling answer", broken, "-", float("nan")))
+    print(f"| {'scenario':44s} | steps/s | {'baseline':16s} | steps/s | ratio |")
+    print(f"|{'-' * 46}|---------|{'-' * 18}|---------|-------|")
+    for name, rate, base_name, base in rows:
+        ratio = f"{rate / base:5.2f}" if base == base else "    -"
+        base_text = f"{base:7.1f}" if base == base else "      -"
+        print(f"| {name:44s} | {rate:7.1f} | {base_name:16s} | {base_text} | {ratio} |")
+
+
+if __name__ == "__main__":
+    main()
