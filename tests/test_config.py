@@ -86,3 +86,12 @@ def test_shipped_experiments_validate():
 
     for path in sorted(Path(__file__).parent.parent.glob("experiments/*.yaml")):
         load_config(path)
+
+
+def test_vllm_engine_without_vllm_is_refused_at_start():
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vllm is installed here")
+    with pytest.raises(ConfigError, match=r"rollout\.engine: .*vllm package"):
+        build_config({}, ["rollout.engine=vllm"])

@@ -48,6 +48,45 @@ def test_run_finishes_and_logs_to_mlflow(finished_run):
     assert "samples/iter_0001.txt" in samples
 
 
+def test_collapse_diagnostics_are_logged(finished_run):
+    cfg, summary = finished_run
+    client = MlflowClient(summary.tracking_uri)
+    metrics = client.get_run(summary.run_id).data.metrics
+    for sampling in ("first_turn", "trajectory"):
+        assert f"collapse/{sampling}/num_pairs" in metrics
+        assert f"collapse/{sampling}/conditional_entropy_est" in metrics
+        # Iteration 1 always runs the diagnostics (default cadence 5 + iteration 1).
+        steps = set(_history(client, summary.run_id, f"collapse/{sampling}/num_pairs"))
+        assert 1 in steps and 2 not in steps
+    # Two groups -> two distinct first-turn prompts: the MI proxies exist and are bounded.
+    mi = _history(client, summary.run_id, "collapse/first_turn/mi_estimate")
+    if mi:
+        assert abs(mi[1]) <= 10.0
+        chance = _history(client, summary.run_id, "collapse/first_turn/retrieval_chance")[1]
+        assert 0.0 < chance <= 1.0
+    images = [a.path for a in client.list_artifacts(summary.run_id, "diagnostics")]
+    assert any(p.endswith("cross_scores_first_turn_0001.png") for p in images)
+
+
+def test_alarm_in_stop_mode_ends_the_run_cleanly(micro_policy, models_dir, ray_local, tmp_path):
+    # top_p with rho = 0 keeps no group, so empty_after_filter trips after 2 iterations.
+    cfg = build_config(micro_config_dict(
+        tmp_path, trainer={"iterations": 4, "val_every": 4}, filter={"strategy": "top_p",
+                                                                    "value": 0.0},
+        alarms={"empty_after_filter": {"mode": "stop", "patience": 2}},
+        diagnostics={"enabled": False}))
+    cfg.model.cache_dir = models_dir
+    summary = Trainer(cfg).run()
+    assert summary.status == "FINISHED" and summary.iterations == 2
+    assert summary.stop_reason == "alarm empty_after_filter at iteration 2"
+    run = MlflowClient(summary.tracking_uri).get_run(summary.run_id)
+    assert run.data.tags["alarm.empty_after_filter"] == "2"
+    assert run.data.tags["tether.stop_reason"] == summary.stop_reason
+    assert run.info.status == "FINISHED"
+    skipped = _history(MlflowClient(summary.tracking_uri), summary.run_id, "filter/update_skipped")
+    assert skipped == {1: 1.0, 2: 1.0}
+
+
 def test_updates_happen_when_groups_are_kept(finished_run):
     cfg, summary = finished_run
     client = MlflowClient(summary.tracking_uri)

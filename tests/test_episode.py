@@ -17,7 +17,7 @@ def _setup(path):
     engine = make_engine("hf", model, pad_token_id=tok.pad_token_id,
                          eos_token_ids=[tok.eos_token_id], tokenizer=tok)
     [answer_close] = formatter.encode(ANSWER_CLOSE)
-    sampling = SamplingParams(max_new_tokens=24, temperature=1.0,
+    sampling = SamplingParams(max_new_tokens=48, temperature=1.0,
                               stop_token_ids=(answer_close, tok.eos_token_id))
     return model, tok, formatter, engine, sampling
 

@@ -27,6 +27,7 @@ class Learner:
         self.critic_optimizer = (torch.optim.AdamW(self.critic.parameters(), lr=critic_lr)
                                  if self.critic is not None else None)
         self.updates = 0
+        self.extractor = None
 
     def prepare(self, batch: TrajectoryBatch, recompute_old_logprobs: bool) -> TrajectoryBatch:
         """Old-policy log-probs (and critic values) before the update.
@@ -49,6 +50,26 @@ class Learner:
                                 critic_optimizer=self.critic_optimizer)
         self.updates += 1
         return metrics
+
+    def diagnose(self, trajectories, diagnostics_cfg, ema_state: dict | None, seed: int,
+                 keep_matrices: bool):
+        """Cross-score MI proxies with the current (pre-update) policy."""
+        from ..agent.chat import ChatFormatter
+        from ..agent.pairs import SpanExtractor
+        from ..diagnostics.runner import collapse_diagnostics
+
+        if self.extractor is None:
+            self.extractor = SpanExtractor(ChatFormatter(self.tokenizer))
+        with torch.no_grad():
+            return collapse_diagnostics(
+                self.model, trajectories, self.extractor, diagnostics_cfg.samplings,
+                diagnostics_cfg.max_pairs, self.settings.temperature, ema_state, seed,
+                diagnostics_cfg.information_chain, diagnostics_cfg.method, keep_matrices)
+
+    def grad_snr(self, batch: TrajectoryBatch, n_buckets: int) -> dict[str, float]:
+        from ..diagnostics.runner import gradient_snr
+
+        return gradient_snr(self.model, batch, self.settings, n_buckets)
 
     def state_dict(self) -> dict:
         return {k: v.detach().clone() for k, v in self.model.state_dict().items()}

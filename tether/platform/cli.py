@@ -46,9 +46,30 @@ def run(config: Optional[Path] = typer.Argument(None, help="Experiment YAML (def
         overrides: Optional[list[str]] = typer.Argument(None, help="Dotted overrides, e.g. "
                                                         "algo.kl_coef=0.01 rollout.groups=4."),
         address: Optional[str] = typer.Option(None, "--address", help="Join this Ray cluster "
-                                              "(default: start a local Ray on 127.0.0.1).")):
+                                              "(default: start a local Ray on 127.0.0.1)."),
+        resume: Optional[str] = typer.Option(None, "--resume", help="Continue a run from its "
+                                             "last checkpoint: a checkpoint file or directory, "
+                                             "or an MLflow run id (same MLflow run).")):
     """Train an agent: warm start (cached), Ray actors, MLflow tracking."""
-    cfg = _load(config, overrides or [], address)
+    resume_from = resume_run_id = None
+    if resume:
+        from .checkpoint import ResumeError, resolve_resume
+        from .config import ConfigError, build_config
+        from .tracking import default_tracking_uri
+
+        base = _load(config, overrides or [], address)
+        uri = base.tracking.uri or default_tracking_uri(base.experiment.output_dir)
+        try:
+            resume_from, resume_run_id, saved = resolve_resume(resume, uri)
+        except ResumeError as exc:
+            fail(f"resume: {exc}")
+        try:  # the run's own config, with this command's overrides on top
+            cfg = build_config(saved, list(overrides or []) +
+                               ([f"ray.address={address}"] if address else []))
+        except ConfigError as exc:
+            fail(f"config: {exc}")
+    else:
+        cfg = _load(config, overrides or [], address)
     from .session import quiet_libraries
 
     quiet_libraries()
@@ -77,6 +98,14 @@ def run(config: Optional[Path] = typer.Argument(None, help="Experiment YAML (def
             progress.update(tasks["warm"], completed=data["step"], info=f"loss {data['loss']:.3f}")
         elif kind == "started":
             console.print(f"MLflow run [cyan]{data['run_id']}[/]  model {data['model_path']}")
+            if data.get("first_iteration", 1) > 1:
+                console.print(f"resuming at iteration {data['first_iteration']}")
+        elif kind == "alarm":
+            style = "bold red" if data["mode"] == "stop" else "yellow"
+            console.print(f"[{style}]ALARM[/] {data['message']}", highlight=False)
+        elif kind == "worker_failed":
+            console.print(f"[yellow]rollout worker {data['worker']} died "
+                          f"({data['error']}); re-collecting its share[/]", highlight=False)
         elif kind == "validation":
             console.print(f"validation before training: success {data['val/success']:.3f}")
         elif kind == "iteration":
@@ -87,7 +116,8 @@ def run(config: Optional[Path] = typer.Argument(None, help="Experiment YAML (def
 
     try:
         with progress:
-            summary = Trainer(cfg, on_event).run()
+            summary = Trainer(cfg, on_event, resume_from=resume_from,
+                              resume_run_id=resume_run_id).run()
     except (ClusterError, TrackingError) as exc:
         fail(str(exc))
     except KeyboardInterrupt:
@@ -102,6 +132,9 @@ def run(config: Optional[Path] = typer.Argument(None, help="Experiment YAML (def
     table.add_column("value", justify="right")
     table.add_row("status", summary.status)
     table.add_row("iterations", str(summary.iterations))
+    if summary.stop_reason:
+        table.add_row("stopped by", summary.stop_reason)
+    table.add_row("alarms", ", ".join(sorted({a["name"] for a in summary.alarms})) or "none")
     table.add_row("wall time", f"{summary.seconds:.0f} s")
     for step, value in sorted(summary.val_history.items()):
         table.add_row(f"val/success @ {step}", f"{value:.3f}")
@@ -115,10 +148,22 @@ def run(config: Optional[Path] = typer.Argument(None, help="Experiment YAML (def
 
 @app.command("config")
 def show_config(config: Optional[Path] = typer.Argument(None, help="Experiment YAML."),
-                overrides: Optional[list[str]] = typer.Argument(None, help="Dotted overrides.")):
+                overrides: Optional[list[str]] = typer.Argument(None, help="Dotted overrides."),
+                fields: bool = typer.Option(False, "--fields", help="List every field with its "
+                                            "default and description instead.")):
     """Validate a config and print the resolved tree (nothing starts)."""
     import yaml
 
+    if fields:
+        from .config import describe_fields
+
+        table = Table(title="Tether config fields (override as section.key=value)")
+        for column in ("field", "default", "description"):
+            table.add_column(column)
+        for path, default, description in describe_fields():
+            table.add_row(path, str(default), description)
+        console.print(table)
+        return
     cfg = _load(config, overrides or [], None)
     console.print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), highlight=False)
 
@@ -130,6 +175,57 @@ def envs():
 
     for env_id in ENV_IDS:
         console.print(env_id)
+
+
+@app.command()
+def sweep(spec: Path = typer.Argument(..., help="Sweep spec YAML: a run config plus a "
+                                      "sweep: section (experiments/*_smoke.yaml)."),
+          overrides: Optional[list[str]] = typer.Argument(None, help="Dotted overrides of the "
+                                                          "run config or the sweep, e.g. "
+                                                          "sweep.num_samples=8 algo.lr=1e-4."),
+          resume: bool = typer.Option(False, "--resume", help="Continue an interrupted sweep: "
+                                      "only unfinished trials run, in the same MLflow parent."),
+          address: Optional[str] = typer.Option(None, "--address", help="Join this Ray cluster "
+                                                "(default: RAY_ADDRESS, else a local Ray).")):
+    """Ray Tune sweep: one training run per trial, nested under one MLflow parent run."""
+    from .config import ConfigError
+    from .session import quiet_libraries
+
+    quiet_libraries()
+    from .sweep_spec import load_sweep_spec
+
+    try:
+        sweep_spec = load_sweep_spec(spec, overrides or [])
+    except ConfigError as exc:
+        fail(f"sweep spec: {exc}")
+    from .session import ClusterError
+    from .sweep import SweepError, results_table, run_sweep
+    from .tracking import TrackingError
+
+    try:
+        outcome = run_sweep(sweep_spec, resume=resume, address=address,
+                            echo=lambda line: console.print(line, highlight=False))
+    except (SweepError, ClusterError, TrackingError) as exc:
+        fail(str(exc))
+    except KeyboardInterrupt:
+        fail("interrupted; continue with `tether sweep SPEC --resume`", code=130)
+    except Exception as exc:  # a bug or a dead cluster: one line here, details in the log
+        if os.environ.get("TETHER_DEBUG"):
+            raise
+        fail(f"sweep failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+             f" (set TETHER_DEBUG=1 for the traceback)", code=1)
+    console.print(results_table(outcome.rows, sweep_spec.sweep.metric,
+                                f"Sweep {outcome.name}: trials ranked by {sweep_spec.sweep.metric}"),
+                  width=None if console.is_terminal else 160)
+    console.print(f"{outcome.status}: {outcome.trials} trials in {outcome.seconds:.0f} s; "
+                  f"MLflow parent run [cyan]{outcome.parent_run_id}[/] (results: "
+                  f"sweep_results.csv)", highlight=False)
+    console.print(f"Look at it: [green]{outcome.ui_command}[/]")
+    if outcome.status == "KILLED":
+        console.print(f"interrupted: continue with `tether sweep {spec} --resume`")
+        raise typer.Exit(130)
+    if outcome.status == "FAILED":
+        raise typer.Exit(1)
 
 
 def main() -> None:  # pragma: no cover - console entry point

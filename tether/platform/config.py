@@ -14,9 +14,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator,
+                      model_validator)
 
 from ..algos.presets import PRESETS
+from ..diagnostics.alarms import AlarmsConfig
 
 
 class Section(BaseModel):
@@ -92,6 +94,17 @@ class RolloutConfig(Section):
     num_cpus_per_worker: float = Field(1.0, gt=0.0, description="Ray CPUs per rollout worker "
                                        "(also its torch threads, rounded up).")
     num_gpus_per_worker: float = Field(0.0, ge=0.0, description="Ray GPUs per rollout worker.")
+
+    @field_validator("engine")
+    @classmethod
+    def _engine_available(cls, engine: str) -> str:
+        if engine == "vllm":
+            import importlib.util
+
+            if importlib.util.find_spec("vllm") is None:
+                raise ValueError("engine 'vllm' needs the vllm package (pip install "
+                                 "'tether[vllm]' on a CUDA machine); use engine: hf on CPU")
+        return engine
 
     @property
     def batch_size(self) -> int:
@@ -178,6 +191,28 @@ class FilterConfig(Section):
         return self
 
 
+class DiagnosticsConfig(Section):
+    every: int = Field(5, ge=1, description="Cross-score MI diagnostics every N iterations "
+                       "(and at iteration 1), SPEC §2.")
+    samplings: list[Literal["first_turn", "trajectory"]] = Field(
+        default_factory=lambda: ["first_turn", "trajectory"],
+        description="Pair samplings: first_turn (turn 1, prompts repeat within a group) and "
+                    "trajectory (one random turn per trajectory).")
+    max_pairs: int = Field(32, ge=2, description="Pairs M cross-scored per sampling (cost "
+                           "grows with M x distinct prompts).")
+    information_chain: bool = Field(True, description="Also log I(Z;A) and I(X;A) beside "
+                                    "I(X;Z).")
+    method: Literal["auto", "shared_prefix", "prefix", "naive"] = Field(
+        "auto", description="Cross-scoring implementation (prefix KV reuse unless naive).")
+    heatmap_every: int = Field(10, ge=1, description="Log the cross-score matrix as a heatmap "
+                               "every N iterations.")
+    grad_snr_every: int = Field(10, ge=0, description="Gradient SNR by reward-variance bucket "
+                                "every N iterations (0 = off), SPEC §8.")
+    grad_snr_buckets: int = Field(6, ge=1, description="RV quantile buckets of the gradient-SNR "
+                                  "analysis.")
+    enabled: bool = Field(True, description="Run the collapse diagnostics at all.")
+
+
 class TrainerConfig(Section):
     iterations: int = Field(30, ge=1, description="Training iterations.")
     val_every: int = Field(10, ge=1, description="Validate on held-out seeds every N "
@@ -211,6 +246,8 @@ class TetherConfig(Section):
     algo: AlgoConfig = Field(default_factory=AlgoConfig)
     filter: FilterConfig = Field(default_factory=FilterConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    diagnostics: DiagnosticsConfig = Field(default_factory=DiagnosticsConfig)
+    alarms: AlarmsConfig = Field(default_factory=AlarmsConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
 
@@ -301,3 +338,17 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
         data = loaded or {}
         data.pop("sweep", None)  # a sweep spec is a run config plus a sweep section
     return build_config(data, overrides)
+
+
+def describe_fields(model: type[BaseModel] = TetherConfig, prefix: str = ""):
+    """(dotted path, default, description) of every leaf field: the config's help."""
+    rows = []
+    for name, field in model.model_fields.items():
+        path = f"{prefix}{name}"
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            rows += describe_fields(annotation, path + ".")
+        else:
+            default = field.get_default(call_default_factory=True)
+            rows.append((path, default, field.description or ""))
+    return rows

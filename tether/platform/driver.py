@@ -27,9 +27,10 @@ from ..algos.advantages import AdvantageInputs, compute_advantages
 from ..algos.batch import collate
 from ..algos.filters import FilterConfig, snr_filter
 from ..algos.update import UpdateSettings
+from ..diagnostics.alarms import AlarmMonitor
 from ..policy.load import load_model_and_tokenizer, resolve_policy
 from ..rollout.base import SamplingParams
-from .checkpoint import save_checkpoint
+from .checkpoint import load_checkpoint, save_checkpoint
 from .config import TetherConfig
 from .session import start_ray, stop_ray
 from .tracking import Tracker, default_tracking_uri
@@ -45,6 +46,8 @@ class RunSummary:
     seconds: float
     model_path: str
     val_history: dict[int, float] = field(default_factory=dict)
+    stop_reason: str | None = None
+    alarms: list[dict] = field(default_factory=list)
     last_metrics: dict[str, float] = field(default_factory=dict)
 
 
@@ -69,8 +72,16 @@ class Timers(dict):
 
 
 class Trainer:
-    def __init__(self, cfg: TetherConfig, on_event: Callable[[str, dict], None] | None = None):
+    def __init__(self, cfg: TetherConfig, on_event: Callable[[str, dict], None] | None = None,
+                 parent_run_id: str | None = None, run_tags: dict[str, str] | None = None,
+                 resume_from: Path | None = None, resume_run_id: str | None = None):
+        """``on_event(kind, data)`` receives progress ("warm_start", "started", "validation",
+        "iteration" with the iteration's metrics, "alarm", "worker_failed"); a sweep
+        passes ``parent_run_id`` (the MLflow run is nested under it) and ``run_tags``."""
         self.cfg = cfg
+        self.parent_run_id, self.run_tags = parent_run_id, dict(run_tags or {})
+        #: A checkpoint to continue from, and the MLflow run it belongs to (same run, same steps).
+        self.resume_from, self.resume_run_id = resume_from, resume_run_id
         self.emit = on_event or (lambda kind, data: None)
         self.output_dir = Path(cfg.experiment.output_dir).expanduser().resolve()
         self.sampler = LevelSampler(cfg.experiment.seed, cfg.env.val_seed_offset)
@@ -89,6 +100,11 @@ class Trainer:
         self.iteration_done = 0
         self.worker_failures = 0
         self.weights_ref, self.weights_version = None, 0
+        self.mi_ema_state: dict = {}
+        self.alarms = AlarmMonitor(cfg.alarms)
+        self.stop_reason: str | None = None
+        self.val_history: dict[int, float] = {}
+        self.last_metrics: dict[str, float] = {}
 
     # -- setup ------------------------------------------------------------------------
     def setup(self) -> None:
@@ -102,8 +118,11 @@ class Trainer:
         uri = cfg.tracking.uri or default_tracking_uri(self.output_dir)
         self.tracker = Tracker(uri, cfg.experiment.name, self.output_dir / "artifacts",
                                run_name=cfg.experiment.run_name or
-                               f"{cfg.env.id.split('/')[-1]}-{cfg.algo.preset}-s{cfg.experiment.seed}")
-        self.tracker.log_params(cfg.flat())
+                               f"{cfg.env.id.split('/')[-1]}-{cfg.algo.preset}-s{cfg.experiment.seed}",
+                               parent_run_id=self.parent_run_id, tags=self.run_tags,
+                               run_id=self.resume_run_id)
+        if self.resume_run_id is None:
+            self.tracker.log_params(cfg.flat())
         self.tracker.set_tags({"tether.model_path": self.model_path, "tether.env": cfg.env.id})
         required = cfg.rollout.num_workers * cfg.rollout.num_cpus_per_worker + cfg.algo.num_cpus
         self.started_ray = start_ray(cfg.ray.address, cfg.ray.num_cpus, required)
@@ -164,40 +183,71 @@ class Trainer:
         return [EpisodeSpec(first_group_id + g, seed, k) for g, seed in enumerate(seeds)
                 for k in range(self.cfg.rollout.group_size)]
 
-    def select_groups(self, trajectories):
-        """SNR-aware filter over whole groups (SPEC §4)."""
+    def filter_groups(self, iteration: int, collected):
+        """SNR-aware filter over whole groups (SPEC §4).  With DAPO's dynamic sampling,
+        re-collect fresh groups until the batch is full of groups with reward spread.
+
+        Returns every trajectory collected this iteration, the ids of the groups that
+        train, and the filter's result (its metrics describe the first round)."""
+        pool = list(collected)
+        result, kept = self.snr_select(collected)
+        if self.cfg.algo.dynamic_sampling:
+            kept = {g for g in kept if self.group_spread(pool, g) > 0}
+            rounds = 0
+            while len(kept) < self.cfg.rollout.groups and rounds < self.cfg.algo.max_resample_rounds:
+                rounds += 1
+                more = self.collect(self.training_specs(self.cfg.rollout.groups, 1000 * rounds),
+                                    self.sampling, self.cfg.experiment.seed * 100_003 + iteration
+                                    + 7 * rounds)
+                pool += more
+                _, extra = self.snr_select(more)
+                kept |= {g for g in extra if self.group_spread(more, g) > 0}
+            kept = set(sorted(kept)[:self.cfg.rollout.groups])
+            result.metrics["filter/resample_rounds"] = float(rounds)
+        return pool, kept, result
+
+    @staticmethod
+    def group_spread(trajectories, group_id: int) -> float:
+        return float(np.ptp([t.reward for t in trajectories if t.group_id == group_id]))
+
+    def snr_select(self, trajectories):
+        """The filter's result and the ids of the groups it keeps."""
         groups = group_trajectories(trajectories)
         result = snr_filter([np.array([t.reward for t in ts]) for ts in groups.values()],
                             self.filter_cfg,
                             success=[np.array([t.success for t in ts]) for ts in groups.values()])
         ids = list(groups)
-        kept = [t for g in result.kept_groups for t in groups[ids[g]]]
-        return kept, result
+        return result, {ids[g] for g in result.kept_groups}
 
-    def collect_and_filter(self, iteration: int):
-        """Collect a batch; with dynamic sampling, re-collect until it is full of signal."""
-        cfg = self.cfg
-        seed = cfg.experiment.seed * 100_003 + iteration
-        collected = self.collect(self.training_specs(cfg.rollout.groups, 0), self.sampling, seed)
-        kept, result = self.select_groups(collected)
-        if cfg.algo.dynamic_sampling:
-            informative = [t for ts in group_trajectories(kept).values()
-                           if np.ptp([t.reward for t in ts]) > 0 for t in ts]
-            rounds = 0
-            while (len(group_trajectories(informative)) < cfg.rollout.groups
-                   and rounds < cfg.algo.max_resample_rounds):
-                rounds += 1
-                more = self.collect(self.training_specs(cfg.rollout.groups, 1000 * rounds),
-                                    self.sampling, seed + 7 * rounds)
-                extra, _ = self.select_groups(more)
-                informative += [t for ts in group_trajectories(extra).values()
-                                if np.ptp([t.reward for t in ts]) > 0 for t in ts]
-            keep_ids = list(group_trajectories(informative))[:cfg.rollout.groups]
-            kept = [t for t in informative if t.group_id in keep_ids]
-            result.metrics["filter/resample_rounds"] = float(rounds)
-        return collected, kept, result
+    def diagnose(self, it: int, collected) -> dict[str, float]:
+        """Cross-score MI proxies with the pre-update policy (SPEC §2), at the cadence."""
+        d = self.cfg.diagnostics
+        if not d.enabled or not (it == 1 or it % d.every == 0):
+            return {}
+        heatmap = it % d.heatmap_every == 0 or it == 1
+        result = ray.get(self.learner.diagnose.remote(collected, d, self.mi_ema_state,
+                                                      self.cfg.experiment.seed + it, heatmap))
+        self.mi_ema_state = result.ema_state
+        for sampling, (scores, column) in result.matrices.items():
+            from ..diagnostics.plots import cross_score_heatmap
 
-    def advantages(self, batch, loss_scale: float):
+            figure = cross_score_heatmap(scores, column, f"{sampling} cross-scores, iteration {it}")
+            self.tracker.log_figure(figure, f"diagnostics/cross_scores_{sampling}_{it:04d}.png")
+            import matplotlib.pyplot as plt
+
+            plt.close(figure)
+        return result.metrics
+
+    def prepare(self, trajectories):
+        """Padded batch with old-policy (and reference) log-probs and critic values."""
+        batch = collate(trajectories, self.tokenizer.pad_token_id)
+        batch = ray.get(self.learner.prepare.remote(batch, self.cfg.algo.recompute_old_logprobs))
+        if self.reference is not None:
+            batch.ref_logprobs = ray.get(self.reference.logprobs.remote(
+                batch, self.settings.temperature, self.settings.micro_batch_size))
+        return batch
+
+    def advantages(self, batch):
         a = self.cfg.algo
         params = {"gae": {"gamma": a.gamma, "lam": a.lam},
                   "reinforce_pp": {"gamma": a.gamma}}.get(a.advantage, {})
@@ -205,7 +255,6 @@ class Trainer:
                                  response_mask=batch.response_mask,
                                  token_rewards=batch.token_rewards, values=batch.values)
         batch.advantages, batch.returns = compute_advantages(a.advantage, inputs, **params)
-        batch.advantages = batch.advantages * loss_scale
         return batch
 
     def sync_weights(self, version: int) -> None:
@@ -219,24 +268,29 @@ class Trainer:
 
     # -- one iteration ----------------------------------------------------------------
     def iteration(self, it: int) -> dict[str, float]:
-        timers = Timers()
+        timers, d = Timers(), self.cfg.diagnostics
         with timers("collect"):
-            collected, kept, filtered = self.collect_and_filter(it)
+            collected = self.collect(self.training_specs(self.cfg.rollout.groups, 0),
+                                     self.sampling, self.cfg.experiment.seed * 100_003 + it)
         metrics = rollout_metrics(collected, reasoning_tokens=self.count_tokens)
         metrics["rollout/tokens_per_s"] = metrics["rollout/generated_tokens"] / timers["timing/collect"]
+        with timers("filter"):
+            pool, kept, filtered = self.filter_groups(it, collected)
         metrics.update(filtered.metrics)
+        with timers("diagnose"):
+            metrics.update(self.diagnose(it, collected))
         if kept:
             with timers("prepare"):
-                batch = collate(kept, self.tokenizer.pad_token_id)
-                batch = ray.get(self.learner.prepare.remote(
-                    batch, self.cfg.algo.recompute_old_logprobs))
-                if self.reference is not None:
-                    batch.ref_logprobs = ray.get(self.reference.logprobs.remote(
-                        batch, self.settings.temperature, self.settings.micro_batch_size))
+                batch = self.prepare(pool)
             with timers("advantages"):
-                batch = self.advantages(batch, filtered.loss_scale)
+                batch = self.advantages(batch)
+            if d.grad_snr_every and it % d.grad_snr_every == 0:
+                with timers("grad_snr"):
+                    metrics.update(ray.get(self.learner.grad_snr.remote(batch, d.grad_snr_buckets)))
+            train = batch.select([i for i, t in enumerate(pool) if t.group_id in kept])
+            train.advantages = train.advantages * filtered.loss_scale
             with timers("update"):
-                metrics.update(ray.get(self.learner.update.remote(batch)))
+                metrics.update(ray.get(self.learner.update.remote(train)))
             with timers("sync"):
                 self.sync_weights(it)
         metrics["filter/update_skipped"] = float(not kept)
@@ -264,31 +318,18 @@ class Trainer:
     def run(self) -> RunSummary:
         started = time.perf_counter()
         status = "FAILED"
-        val_history: dict[int, float] = {}
-        metrics: dict[str, float] = {}
         try:
             self.setup()
-            self.emit("started", {"run_id": self.tracker.run_id, "model_path": self.model_path})
-            val = self.validate()
-            val_history[0] = val["val/success"]
-            self.tracker.log_metrics(val, step=0)
-            self.emit("validation", {"iteration": 0, **val})
-            t = self.cfg.trainer
-            for it in range(1, t.iterations + 1):
+            first = self.restore(self.resume_from) + 1 if self.resume_from else 1
+            self.emit("started", {"run_id": self.tracker.run_id, "model_path": self.model_path,
+                                  "first_iteration": first})
+            if first == 1:
+                self.log_validation(0, {})
+                self.emit("validation", {"iteration": 0, "val/success": self.val_history[0]})
+            for it in range(first, self.cfg.trainer.iterations + 1):
                 metrics = self.iteration(it)
-                if it % t.val_every == 0 or it == t.iterations:
-                    val = self.validate()
-                    val_history[it] = val["val/success"]
-                    metrics.update(val)
-                self.tracker.log_metrics(metrics, step=it)
-                if t.samples_per_log and (it % t.samples_every == 0 or it == 1):
-                    text = "\n\n".join(transcript(tr, self.tokenizer.decode)
-                                       for tr in self.last_collected[:t.samples_per_log])
-                    self.tracker.log_text(text, f"samples/iter_{it:04d}.txt")
-                if it % t.checkpoint_every == 0 or it == t.iterations:
-                    self.checkpoint(it)
-                self.iteration_done = it
-                self.emit("iteration", {"iteration": it, "total": t.iterations, **metrics})
+                if self.after_iteration(it, metrics):
+                    break
             if self.cfg.tracking.log_model:
                 final_dir = self.output_dir / "models" / self.tracker.run_id
                 ray.get(self.learner.save.remote(str(final_dir)))
@@ -300,18 +341,84 @@ class Trainer:
         finally:
             if self.tracker is not None:
                 self.tracker.set_tags({"tether.status": status,
-                                       "tether.iterations_done": self.iteration_done})
+                                       "tether.iterations_done": self.iteration_done,
+                                       "tether.stop_reason": self.stop_reason or "completed"
+                                       if status == "FINISHED" else status.lower()})
                 self.tracker.finish(status)
             stop_ray(self.started_ray)
-        return RunSummary(self.tracker.run_id, self.tracker.uri, self.tracker.ui_command(),
-                          self.iteration_done, status, time.perf_counter() - started,
-                          self.model_path, val_history, metrics)
+        return RunSummary(
+            run_id=self.tracker.run_id, tracking_uri=self.tracker.uri,
+            ui_command=self.tracker.ui_command(), iterations=self.iteration_done, status=status,
+            seconds=time.perf_counter() - started, model_path=self.model_path,
+            val_history=self.val_history, last_metrics=self.last_metrics,
+            stop_reason=self.stop_reason, alarms=[e.to_dict() for e in self.alarms.events])
+
+    def log_validation(self, it: int, metrics: dict[str, float]) -> None:
+        val = self.validate()
+        self.val_history[it] = val["val/success"]
+        metrics.update(val)
+        if it == 0:
+            self.tracker.log_metrics(val, step=0)
+
+    def after_iteration(self, it: int, metrics: dict[str, float]) -> bool:
+        """Validate, log, keep samples, check alarms, checkpoint; True ends the run."""
+        t = self.cfg.trainer
+        if it % t.val_every == 0 or it == t.iterations:
+            self.log_validation(it, metrics)
+        self.tracker.log_metrics(metrics, step=it)
+        if t.samples_per_log and (it % t.samples_every == 0 or it == 1):
+            text = "\n\n".join(transcript(tr, self.tokenizer.decode)
+                                for tr in self.last_collected[:t.samples_per_log])
+            self.tracker.log_text(text, f"samples/iter_{it:04d}.txt")
+        self.iteration_done, self.last_metrics = it, metrics
+        self.emit("iteration", {"iteration": it, "total": t.iterations, **metrics})
+        for event in self.alarms.update(it, metrics):
+            self.record_alarm(event)
+        if self.alarms.stop_requested:
+            stop = next(e for e in self.alarms.events if e.mode == "stop")
+            self.stop_reason = f"alarm {stop.name} at iteration {stop.iteration}"
+            self.checkpoint(it)
+            return True
+        if it % t.checkpoint_every == 0 or it == t.iterations:
+            self.checkpoint(it)
+        return False
+
+    def restore(self, path: Path) -> int:
+        """Load a checkpoint into the learner, workers and driver; return its iteration."""
+        state = load_checkpoint(path)
+        driver = state["driver"]
+        ray.get(self.learner.load_full_state.remote(state["learner"]))
+        self.sampler.position = driver["sampler_position"]
+        self.mi_ema_state = driver["mi_ema_state"]
+        self.alarms.load_state_dict(driver["alarms"])
+        self.worker_failures = driver["worker_failures"]
+        self.val_history = dict(driver.get("val_history", {}))
+        np.random.set_state(driver["numpy_rng"])
+        torch.set_rng_state(driver["torch_rng"])
+        self.sync_weights(driver["iteration"])
+        resumes = int(self.tracker.client.get_run(self.tracker.run_id).data.tags.get(
+            "tether.resume_count", "0")) + 1
+        self.tracker.set_tags({"tether.resumed_from": driver["iteration"],
+                               "tether.resume_count": resumes,
+                               f"tether.resume_{resumes}": f"iteration {driver['iteration']} "
+                                                           f"from {path}"})
+        self.iteration_done = driver["iteration"]
+        return driver["iteration"]
+
+    def record_alarm(self, event) -> None:
+        """Console line, MLflow tag ``alarm.<name>`` = iteration, and the alarms.json artifact."""
+        self.emit("alarm", {"name": event.name, "iteration": event.iteration, "mode": event.mode,
+                            "message": event.message})
+        self.tracker.set_tags({f"alarm.{event.name}": event.iteration})
+        self.tracker.log_json([e.to_dict() for e in self.alarms.events], "alarms.json")
 
     def checkpoint(self, it: int) -> Path:
         learner_state = ray.get(self.learner.full_state.remote())
         driver_state = {"iteration": it, "sampler_position": self.sampler.position,
                         "run_id": self.tracker.run_id, "numpy_rng": np.random.get_state(),
-                        "torch_rng": torch.get_rng_state(), "config": self.cfg.model_dump(mode="json")}
+                        "torch_rng": torch.get_rng_state(), "config": self.cfg.model_dump(mode="json"),
+                        "mi_ema_state": self.mi_ema_state, "alarms": self.alarms.state_dict(),
+                        "worker_failures": self.worker_failures, "val_history": self.val_history}
         path = save_checkpoint(self.output_dir / "checkpoints" / self.tracker.run_id, it,
                                {"learner": learner_state, "driver": driver_state})
         self.tracker.set_tags({"tether.last_checkpoint": str(path)})

@@ -1,0 +1,160 @@
+"""Collapse alarms: each tripped by a stream built for it, silent on a healthy stream."""
+
+import json
+
+import numpy as np
+import pytest
+from pydantic import BaseModel, ValidationError
+
+from tether.diagnostics.alarms import (ALARMS, AlarmMonitor, AlarmsConfig, EmptyAfterFilterConfig,
+                                       TemplateCollapseConfig)
+
+MI = "collapse/first_turn/mi_zscore_ema"
+H = "collapse/first_turn/conditional_entropy_est"
+RV = "rollout/in_group_reward_std"
+LEN = "rollout/reasoning_length"
+EMPTY = "filter/empty"
+
+
+def healthy(n=60, seed=0):
+    rng = np.random.default_rng(seed)
+    return [{MI: 1.0 + 0.05 * rng.standard_normal(), H: 2.0 + 0.05 * rng.standard_normal(),
+             RV: 0.5 + 0.05 * rng.standard_normal(), LEN: 40 + rng.standard_normal(), EMPTY: 0.0}
+            for _ in range(n)]
+
+
+def run(monitor, stream, start=1):
+    events = []
+    for it, metrics in enumerate(stream, start=start):
+        events += monitor.update(it, metrics)
+    return events
+
+
+def fake_clock():
+    ticks = iter(range(10_000))
+    return lambda: float(next(ticks))
+
+
+def test_healthy_stream_is_silent():
+    monitor = AlarmMonitor(AlarmsConfig())
+    assert run(monitor, healthy()) == []
+    assert not monitor.stop_requested
+
+
+def test_template_collapse_fires_once_when_mi_falls_and_entropy_holds():
+    mi = [1.0] * 5 + [0.9, 0.8, 0.72, 0.68, 0.6, 0.5, 0.45, 0.4]     # 0.68 is the first > 30 % fall
+    stream = [{MI: v, H: 2.0 + 0.01 * k} for k, v in enumerate(mi)]  # entropy drifts up
+    monitor = AlarmMonitor(AlarmsConfig(), clock=fake_clock())
+    events = run(monitor, stream)
+    assert [(e.name, e.iteration, e.mode) for e in events] == [("template_collapse", 9, "warn")]
+    event = events[0]
+    assert "\n" not in event.message and "template_collapse" in event.message
+    assert event.evidence["iteration"] == [float(i) for i in range(1, 10)]
+    assert event.evidence[MI] == mi[:9]
+    assert len(event.evidence[H]) == 9
+    assert event.time == 8.0                                          # one clock tick per update
+
+
+def test_low_entropy_collapse_fires_when_both_fall():
+    stream = [{MI: 1.0 - 0.12 * k, H: 2.0 - 0.1 * k} for k in range(8)]
+    events = run(AlarmMonitor(AlarmsConfig()), stream)
+    # MI falls > 30 % at k = 3 (0.64); entropy has then fallen 15 % (> 10 %).
+    assert [(e.name, e.iteration) for e in events] == [("low_entropy_collapse", 4)]
+
+
+def test_small_entropy_fall_is_neither_regime():
+    # MI falls 36-48 % while entropy falls 6-8 %: more than "flat" (5 %), less than "falling" (10 %).
+    stream = [{MI: 1.0 - 0.12 * k, H: 2.0 - 0.04 * k} for k in range(5)]
+    assert run(AlarmMonitor(AlarmsConfig()), stream) == []
+
+
+def test_reward_variance_collapse_needs_ten_consecutive_below_a_tenth_of_baseline():
+    stream = [{RV: 0.5}] * 10 + [{RV: 0.01}] * 9 + [{RV: 0.3}] + [{RV: 0.01}] * 10
+    events = run(AlarmMonitor(AlarmsConfig()), stream)
+    # The breach at 11..19 is broken at 20; the streak 21..30 reaches 10 at 30.
+    assert [(e.name, e.iteration) for e in events] == [("reward_variance_collapse", 30)]
+    assert events[0].evidence["baseline"] == [pytest.approx(0.5)]
+    assert events[0].evidence[RV] == [0.01] * 10
+
+
+def test_output_length_collapse():
+    lengths = [40, 41, 39, 40, 35, 30, 25, 19, 15, 15]
+    events = run(AlarmMonitor(AlarmsConfig()), [{LEN: v} for v in lengths])
+    assert [(e.name, e.iteration) for e in events] == [("output_length_collapse", 8)]   # 19 < 41 / 2
+
+
+def test_empty_after_filter_counts_consecutive_observations_and_rearms():
+    flags = [1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1]
+    events = run(AlarmMonitor(AlarmsConfig()), [{EMPTY: float(f)} for f in flags])
+    # 6..10 fires at 10; still breaching at 11, 12 (no repeat); recovers at 13; 14..18 fires at 18.
+    assert [(e.name, e.iteration) for e in events] == [("empty_after_filter", 10), ("empty_after_filter", 18)]
+
+
+def test_missing_and_nan_metrics_do_not_advance_an_alarm():
+    stream = []
+    for _ in range(5):
+        stream += [{EMPTY: 1.0}, {}, {EMPTY: float("nan")}, {"other": 3.0}]
+    events = run(AlarmMonitor(AlarmsConfig()), stream)
+    assert [(e.name, e.iteration) for e in events] == [("empty_after_filter", 17)]   # the 5th observation
+
+
+def test_stop_mode_and_off_mode():
+    config = AlarmsConfig(empty_after_filter=EmptyAfterFilterConfig(mode="stop", patience=2),
+                          template_collapse=TemplateCollapseConfig(mode="off"))
+    monitor = AlarmMonitor(config)
+    assert "template_collapse" not in monitor.alarms
+    mi = [{MI: 1.0, H: 2.0}, {MI: 0.1, H: 2.0}]
+    assert run(monitor, mi) == []                                  # template alarm switched off
+    events = run(monitor, [{EMPTY: 1}, {EMPTY: 1}], start=3)
+    assert [(e.name, e.mode) for e in events] == [("empty_after_filter", "stop")]
+    assert monitor.stop_requested
+
+
+def test_warn_mode_does_not_request_stop():
+    monitor = AlarmMonitor(AlarmsConfig(empty_after_filter=EmptyAfterFilterConfig(patience=1)))
+    assert [e.mode for e in run(monitor, [{EMPTY: 1}])] == ["warn"]
+    assert not monitor.stop_requested
+
+
+def test_state_round_trip_resumes_exactly():
+    rng = np.random.default_rng(1)
+    stream = healthy(15)
+    for k in range(15):       # every alarm collapses in the second half
+        stream.append({MI: 1.0 * 0.85 ** (k + 1), H: 2.0 + 0.01 * k, RV: 0.01, LEN: 40 * 0.9 ** (k + 1),
+                       EMPTY: 1.0, "noise": rng.normal()})
+    uninterrupted = AlarmMonitor(AlarmsConfig(), clock=lambda: 0.0)
+    expected = run(uninterrupted, stream)
+    assert {e.name for e in expected} == set(ALARMS) - {"low_entropy_collapse"}
+
+    first = AlarmMonitor(AlarmsConfig(), clock=lambda: 0.0)
+    before = run(first, stream[:20])
+    state = json.loads(json.dumps(first.state_dict()))            # JSON-safe
+    resumed = AlarmMonitor(AlarmsConfig(), clock=lambda: 0.0)
+    resumed.load_state_dict(state)
+    after = run(resumed, stream[20:], start=21)
+    assert [e.to_dict() for e in before + after] == [e.to_dict() for e in expected]
+    assert [e.to_dict() for e in resumed.events] == [e.to_dict() for e in expected]
+    assert resumed.state_dict() == uninterrupted.state_dict()
+
+
+def _fields(model_cls, path=""):
+    for name, info in model_cls.model_fields.items():
+        yield f"{path}{name}", info
+        if isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel):
+            yield from _fields(info.annotation, f"{path}{name}.")
+
+
+def test_config_fields_are_documented_and_strict():
+    fields = list(_fields(AlarmsConfig))
+    assert len(fields) > 20
+    for path, info in fields:
+        assert info.description, f"{path} has no description"
+        assert not info.is_required(), f"{path} has no default"
+    with pytest.raises(ValidationError):
+        AlarmsConfig(template_collapse={"mode": "loud"})
+    with pytest.raises(ValidationError):
+        AlarmsConfig(template_collapse={"drop_fraction": 1.5})
+    with pytest.raises(ValidationError):
+        AlarmsConfig(typo_alarm={"mode": "warn"})
+    config = AlarmsConfig.model_validate({"template_collapse": {"mode": "stop", "window": 5}})
+    assert config.template_collapse.mode == "stop" and config.template_collapse.window == 5

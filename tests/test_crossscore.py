@@ -1,0 +1,181 @@
+"""Cross-scoring with the micro model: naive vs prefix reuse, truncation, sampling, chain."""
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+import torch
+
+from tether.diagnostics.crossscore import (ScoringPair, chain_inputs, cross_score_pairs, information_chain,
+                                           sample_pairs, supports_shared_prefix)
+from tether.diagnostics.mi import mi_proxies
+from tether.policy.tiny import build_tiny_model, tiny_config
+
+
+@pytest.fixture(scope="module")
+def micro():
+    return build_tiny_model(tiny_config("micro", max_context=256), seed=0)
+
+
+def random_ids(rng, n, low, high):
+    return [[int(t) for t in rng.integers(0, 512, size=rng.integers(low, high))] for _ in range(n)]
+
+
+def manual_score(model, context, continuation, temperature):
+    """One pair, one forward, no batching or padding: the reference."""
+    ids = torch.tensor([context + continuation])
+    with torch.no_grad():
+        logp = torch.log_softmax(model(input_ids=ids).logits[0].double() / temperature, dim=-1)
+    p = len(context)
+    return float(sum(logp[p - 1 + t, tok] for t, tok in enumerate(continuation)))
+
+
+@pytest.mark.parametrize("kv_heads", [2, 1])            # 1: grouped-query attention
+def test_all_methods_agree(kv_heads):
+    config = tiny_config("micro", max_context=256)
+    config.num_key_value_heads = kv_heads
+    model = build_tiny_model(config, seed=1)
+    attention_before = model.config._attn_implementation
+    rng = np.random.default_rng(kv_heads)
+    contexts = random_ids(rng, 5, 3, 40)
+    continuations = random_ids(rng, 11, 1, 25) + [[7]]     # includes a one-token continuation
+    results = {method: cross_score_pairs(model, contexts, continuations, 0.7, method=method, batch_size=bs)
+               for method, bs in (("naive", 9), ("prefix", 4), ("shared_prefix", 5))}
+    naive = results["naive"]
+    assert naive.S.shape == (12, 5)
+    for method in ("prefix", "shared_prefix"):
+        np.testing.assert_allclose(results[method].S, naive.S, atol=1e-4, rtol=0)
+        np.testing.assert_allclose(results[method].L, naive.L, atol=1e-4, rtol=0)
+    lengths = np.array([len(c) for c in continuations])
+    np.testing.assert_allclose(naive.L, naive.S / lengths[:, None])
+    for i, j in ((0, 0), (3, 4), (11, 2)):
+        assert naive.S[i, j] == pytest.approx(manual_score(model, contexts[j], continuations[i], 0.7), abs=1e-4)
+    assert model.config._attn_implementation == attention_before   # restored after shared_prefix
+
+
+def test_temperature_changes_the_scores(micro):
+    rng = np.random.default_rng(5)
+    contexts, continuations = random_ids(rng, 2, 5, 10), random_ids(rng, 3, 5, 10)
+    hot = cross_score_pairs(micro, contexts, continuations, 2.0)
+    assert hot.S[1, 1] == pytest.approx(manual_score(micro, contexts[1], continuations[1], 2.0), abs=1e-4)
+    cold = cross_score_pairs(micro, contexts, continuations, 0.5)
+    assert not np.allclose(hot.S, cold.S)
+
+
+def test_long_reasoning_is_truncated_and_counted():
+    model = build_tiny_model(tiny_config("micro", max_context=64), seed=0)
+    rng = np.random.default_rng(2)
+    contexts = [random_ids(rng, 1, 40, 41)[0], random_ids(rng, 1, 20, 21)[0]]   # longest leaves 24 tokens
+    continuations = [random_ids(rng, 1, 30, 31)[0], random_ids(rng, 1, 10, 11)[0]]
+    for method in ("prefix", "naive", "shared_prefix"):
+        res = cross_score_pairs(model, contexts, continuations, method=method)
+        assert res.info["truncated_reasoning"] == 1
+        assert res.lengths.tolist() == [24, 10]
+        ref = cross_score_pairs(model, contexts, [continuations[0][:24], continuations[1]], method="naive")
+        np.testing.assert_allclose(res.S, ref.S, atol=1e-4)
+        np.testing.assert_allclose(res.L[0], res.S[0] / 24)
+    capped = cross_score_pairs(model, contexts, continuations, max_continuation_tokens=5)
+    assert capped.info["truncated_reasoning"] == 2 and capped.lengths.tolist() == [5, 5]
+
+
+def test_bad_inputs_raise(micro):
+    with pytest.raises(ValueError, match="empty continuation"):
+        cross_score_pairs(micro, [[1, 2]], [[3], []])
+    with pytest.raises(ValueError, match="no room"):
+        cross_score_pairs(micro, [list(range(256))], [[3]])
+    with pytest.raises(ValueError, match="unknown cross-scoring method"):
+        cross_score_pairs(micro, [[1]], [[2]], method="fast")
+    empty = cross_score_pairs(micro, [[1, 2]], [])
+    assert empty.S.shape == (0, 1)
+    assert supports_shared_prefix(micro)
+
+
+@dataclass
+class Turn:
+    prompt_ids: list
+    reasoning_ids: list
+    action_ids: list
+
+
+def make_batch(n_groups=3, group_size=4, turns=3):
+    batch = []
+    for g in range(n_groups):
+        for s in range(group_size):
+            batch.append([Turn([g, 100 + t], [g, s, t], [t]) for t in range(turns)])
+    return batch
+
+
+def test_first_turn_sampling_takes_turn_one_and_caps():
+    batch = make_batch() + [[]]                              # an empty trajectory is skipped
+    pairs = sample_pairs(batch, "first_turn", max_pairs=100, rng=np.random.default_rng(0))
+    assert len(pairs) == 12
+    assert all(p.prompt_ids[1] == 100 for p in pairs)         # turn 1 only
+    assert [p.prompt_ids[0] for p in pairs] == [0] * 4 + [1] * 4 + [2] * 4
+    capped = sample_pairs(batch, "first_turn", max_pairs=5, rng=np.random.default_rng(0))
+    assert len(capped) == 5 and len(set(capped)) == 5
+    again = sample_pairs(batch, "first_turn", max_pairs=5, rng=np.random.default_rng(0))
+    assert capped == again                                    # deterministic for a seed
+
+
+def test_trajectory_sampling_takes_one_random_turn_per_trajectory():
+    batch = make_batch(n_groups=4, group_size=8, turns=3)
+    pairs = sample_pairs(batch, "trajectory", max_pairs=32, rng=np.random.default_rng(1))
+    assert len(pairs) == 32
+    assert [(p.prompt_ids[0], p.reasoning_ids[1]) for p in pairs] == [(g, s) for g in range(4) for s in range(8)]
+    turns = [p.reasoning_ids[2] for p in pairs]
+    assert set(turns) == {0, 1, 2}                            # not always the first turn
+    assert all(p.prompt_ids[1] == 100 + p.reasoning_ids[2] for p in pairs)
+    with pytest.raises(ValueError, match="unknown sampling"):
+        sample_pairs(batch, "random", 4, np.random.default_rng(0))
+
+
+def test_chain_inputs_columns():
+    pairs = [ScoringPair((1, 2), (5,), (9,)), ScoringPair((1, 2), (6,), (9,)), ScoringPair((3,), (5,), (8,))]
+    links = chain_inputs(pairs, answer_prefix_ids=[50, 51])
+    contexts, continuations, column = links["xz"]
+    assert contexts == [(1, 2), (3,)] and continuations == [(5,), (6,), (5,)] and column.tolist() == [0, 0, 1]
+    contexts, continuations, column = links["za"]
+    assert contexts == [(1, 2, 5, 50, 51), (1, 2, 6, 50, 51), (3, 5, 50, 51)] and column.tolist() == [0, 1, 2]
+    assert continuations == [(9,), (9,), (8,)]
+    contexts, _, column = links["xa"]
+    assert contexts == [(1, 2, 50, 51), (3, 50, 51)] and column.tolist() == [0, 0, 1]
+    assert set(chain_inputs(pairs)) == {"xz"}
+
+
+def test_information_chain_matches_direct_scoring(micro):
+    rng = np.random.default_rng(4)
+    prompts = random_ids(rng, 3, 8, 16)
+    pairs = [ScoringPair(tuple(prompts[k % 3]), tuple(r), tuple(a))
+             for k, (r, a) in enumerate(zip(random_ids(rng, 9, 3, 12), random_ids(rng, 9, 1, 4)))]
+    pairs.append(ScoringPair(tuple(prompts[0]), (), (4,)))   # empty reasoning: dropped everywhere
+    pairs.append(ScoringPair(tuple(prompts[1]), (3, 3), ()))  # empty action: dropped from za/xa
+    result = information_chain(micro, pairs, 0.9, answer_prefix_ids=[60, 61])
+    assert set(result.metrics) == {"xz", "za", "xa"}
+    xz, za, xa = result.metrics["xz"], result.metrics["za"], result.metrics["xa"]
+    assert xz["valid_reasoning_rate"] == pytest.approx(10 / 11)
+    assert za["valid_action_rate"] == pytest.approx(9 / 10)
+    assert xz["num_pairs"] == 10 and xz["num_prompts"] == 3
+    assert za["num_pairs"] == 9 and za["num_prompts"] == 9 and xa["num_prompts"] == 3
+    # xz equals mi_proxies on a direct cross-scoring of the same pairs.
+    kept = pairs[:9] + pairs[10:]
+    direct = cross_score_pairs(micro, prompts, [p.reasoning_ids for p in kept], 0.9)
+    column = np.array([0, 1, 2] * 3 + [1])
+    expected, _ = mi_proxies(direct.L, direct.S, column)
+    for key, value in expected.items():
+        assert xz[key] == pytest.approx(value, abs=1e-6), key
+    assert result.ema_state["xz"]["updates"] == 1
+    again = information_chain(micro, pairs, 0.9, answer_prefix_ids=[60, 61], ema_state=result.ema_state)
+    assert again.ema_state["za"]["updates"] == 2
+    flat = result.flat("collapse/first_turn")
+    assert flat["collapse/first_turn/mi_zscore_ema"] == xz["mi_zscore_ema"]
+    assert flat["collapse/first_turn/za/mi_estimate"] == za["mi_estimate"]
+    assert flat["collapse/first_turn/xa/retrieval_acc"] == xa["retrieval_acc"]
+
+
+def test_information_chain_without_valid_pairs_reports_no_mi(micro):
+    pairs = [ScoringPair((1, 2), (), (3,)), ScoringPair((4,), (), ())]
+    result = information_chain(micro, pairs, answer_prefix_ids=[9])
+    assert result.metrics["xz"] == {"num_pairs": 0.0, "num_prompts": 0.0, "valid_reasoning_rate": 0.0,
+                                    "truncated_reasoning": 0.0}
+    assert result.metrics["za"] == {"num_pairs": 0.0, "num_prompts": 0.0, "truncated_action": 0.0}
+    assert result.ema_state["xz"] is None

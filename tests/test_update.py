@@ -1,0 +1,58 @@
+"""The learner update on a real (micro) model: direction of the step, and micro-batching
+that changes memory but never the math."""
+
+import copy
+
+import pytest
+import torch
+
+from tether.agent.episode import EpisodeSpec, LocalEnvBatch, run_episodes
+from tether.algos.batch import collate, token_logprobs
+from tether.algos.update import UpdateSettings, policy_update
+from tests.test_episode import _setup
+
+
+@pytest.fixture(scope="module")
+def sampled(micro_policy):
+    model, tok, formatter, engine, sampling = _setup(micro_policy)
+    specs = [EpisodeSpec(g, 40 + g, k) for g in range(2) for k in range(3)]
+    trajs = run_episodes(engine, formatter, LocalEnvBatch("tether/FrozenLake-v0"), specs, sampling, 5)
+    batch = collate(trajs, tok.pad_token_id)
+    batch.old_logprobs = batch.sampling_logprobs.clone()
+    sign = torch.tensor([1.0 if t.group_id == 0 else -1.0 for t in trajs])
+    batch.advantages = sign[:, None] * batch.response_mask                    # [B, T]
+    return model, batch, sign
+
+
+def _mean_logprob(model, batch, rows):
+    with torch.no_grad():
+        lp, _ = token_logprobs(model, batch.input_ids, batch.attention_mask)
+    mask = batch.response_mask[rows]
+    return float((lp[rows] * mask).sum() / mask.sum())
+
+
+def test_update_raises_positive_and_lowers_negative_advantage_tokens(sampled):
+    model, batch, sign = sampled
+    model = copy.deepcopy(model)
+    pos, neg = torch.nonzero(sign > 0).squeeze(-1), torch.nonzero(sign < 0).squeeze(-1)
+    before = _mean_logprob(model, batch, pos), _mean_logprob(model, batch, neg)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    metrics = policy_update(model, optimizer, batch, UpdateSettings(micro_batch_size=4,
+                                                                    minibatches=1))
+    after = _mean_logprob(model, batch, pos), _mean_logprob(model, batch, neg)
+    assert after[0] > before[0] and after[1] < before[1]
+    assert metrics["actor/grad_norm"] > 0 and metrics["actor/pg_clipfrac"] == 0.0
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
+def test_micro_batching_does_not_change_the_gradient(sampled, agg):
+    model, batch, _ = sampled
+    grads = []
+    for micro in (1, 2, 6):
+        m = copy.deepcopy(model)
+        optimizer = torch.optim.SGD(m.parameters(), lr=0.0)  # keep the weights, read the grads
+        policy_update(m, optimizer, batch, UpdateSettings(micro_batch_size=micro, loss_agg=agg,
+                                                          entropy_coef=0.01, max_grad_norm=1e9))
+        grads.append(torch.cat([p.grad.flatten() for p in m.parameters() if p.grad is not None]))
+    assert torch.allclose(grads[0], grads[1], atol=1e-5, rtol=1e-4)
+    assert torch.allclose(grads[0], grads[2], atol=1e-5, rtol=1e-4)

@@ -1,0 +1,160 @@
+"""Mutual-information proxies from an in-batch cross-score matrix (SPEC §2).
+
+Given M (prompt, reasoning) pairs whose distinct prompts are the columns
+j = 1..N, and the cross-scores
+
+    S[i, j] = sum of token log-probs of reasoning z_i given prompt x_j
+    L[i, j] = S[i, j] / len(z_i)
+
+`mi_proxies` returns the paper's estimators of I(X;Z), H(Z|X), H(Z) and the
+retrieval accuracies. Everything here is numpy; the scores come from
+`tether.diagnostics.crossscore`.
+
+    >>> import numpy as np
+    >>> L = np.log(np.array([[0.9, 0.1], [0.1, 0.9]]))
+    >>> metrics, ema = mi_proxies(L, L, np.array([0, 1]))
+    >>> round(metrics["retrieval_acc"], 3)
+    1.0
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+import numpy as np
+from scipy.special import logsumexp
+
+# Denominator guard of the z-scores (SPEC §2).
+ZSCORE_EPS = 1e-3
+# Decay of the exponential moving average of std(marginal) used by `mi_zscore_ema`.
+SIGMA_EMA_DECAY = 0.9
+# The k of `retrieval_acc@k`.
+RETRIEVAL_KS = (2, 4, 8)
+
+# Metric keys that need at least two columns (distinct prompts). With one column
+# mutual information is undefined, so these are absent rather than NaN.
+MULTI_COLUMN_KEYS = (
+    "mi_estimate", "mi_seq_estimate", "mi_upper_bound",
+    "retrieval_acc", "retrieval_chance", "retrieval_above_chance",
+    *(f"retrieval_acc@{k}" for k in RETRIEVAL_KS),
+    *(f"retrieval_chance@{k}" for k in RETRIEVAL_KS),
+    "mi_zscore", "mi_zscore_ema", "marginal_std", "marginal_std_ema",
+)
+# Metric keys present whenever there is at least one pair.
+ENTROPY_KEYS = (
+    "conditional_entropy_est", "reasoning_entropy_est",
+    "conditional_entropy_seq_est", "reasoning_entropy_seq_est",
+)
+
+
+def prompt_columns(prompts: Sequence[Sequence[Hashable]]) -> tuple[np.ndarray, list[tuple]]:
+    """Map each pair's prompt (token ids) to a column; identical prompts share one.
+
+    Returns ``(column[M], distinct)`` where ``distinct[column[i]] == tuple(prompts[i])``
+    and the columns are numbered in order of first appearance.
+    """
+    index: dict[tuple, int] = {}
+    column = np.empty(len(prompts), dtype=np.int64)
+    for i, prompt in enumerate(prompts):
+        column[i] = index.setdefault(tuple(prompt), len(index))
+    return column, list(index)
+
+
+def valid_reasoning_rate(reasonings: Sequence[Sequence[Any]]) -> float | None:
+    """Share of pairs whose reasoning is non-empty (``None`` when there are no pairs)."""
+    if len(reasonings) == 0:
+        return None
+    return sum(1 for z in reasonings if len(z) > 0) / len(reasonings)
+
+
+def _matched_marginal(scores: np.ndarray, column: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    m, n = scores.shape
+    matched = scores[np.arange(m), column]                      # [M]
+    marginal = logsumexp(scores, axis=1) - np.log(n)             # [M]
+    return matched, marginal
+
+
+def _topk_hit_rate(scores: np.ndarray, column: np.ndarray, k: int) -> np.ndarray:
+    """Per pair, the probability that its own column is in the top k, ties broken
+    uniformly at random (so a constant row scores k/N, not a column-0 bias)."""
+    own = scores[np.arange(len(column)), column][:, None]       # [M, 1]
+    greater = (scores > own).sum(axis=1)                         # columns strictly better
+    equal = (scores == own).sum(axis=1)                          # ties, including its own
+    return np.clip((k - greater) / equal, 0.0, 1.0)
+
+
+def mi_proxies(L: np.ndarray, S: np.ndarray, column: np.ndarray,
+               ema_state: dict | None = None) -> tuple[dict[str, float], dict | None]:
+    """The MI proxies of SPEC §2 from per-token (`L`) and sequence (`S`) cross-scores.
+
+    Args:
+        L: [M, N] per-token log-prob of reasoning i under prompt j.
+        S: [M, N] summed log-prob of reasoning i under prompt j.
+        column: [M] index of pair i's own prompt among the N columns.
+        ema_state: the state returned by the previous call (``None`` on the first),
+            carrying the moving average of std(marginal) for ``mi_zscore_ema``.
+
+    Returns:
+        ``(metrics, new_ema_state)``. ``metrics`` always holds ``num_pairs`` and
+        ``num_prompts``; the entropies (``ENTROPY_KEYS``) need one pair; the keys in
+        ``MULTI_COLUMN_KEYS`` need two distinct prompts and are absent otherwise
+        (never NaN). The EMA state advances only when ``mi_zscore_ema`` is computed.
+    """
+    L = np.asarray(L, dtype=np.float64)
+    S = np.asarray(S, dtype=np.float64)
+    column = np.asarray(column, dtype=np.int64)
+    if L.ndim != 2 or L.shape != S.shape:
+        raise ValueError(f"L and S must be 2-D of equal shape, got {L.shape} and {S.shape}")
+    m, n = L.shape
+    if column.shape != (m,):
+        raise ValueError(f"column must have shape ({m},), got {column.shape}")
+    if m and (column.min() < 0 or column.max() >= n):
+        raise ValueError(f"column indices must lie in [0, {n}), got range [{column.min()}, {column.max()}]")
+    if not (np.isfinite(L).all() and np.isfinite(S).all()):
+        raise ValueError("cross-score matrices contain non-finite values")
+
+    metrics: dict[str, float] = {"num_pairs": float(m), "num_prompts": float(n)}
+    if m == 0 or n == 0:
+        return metrics, ema_state
+
+    matched, marginal = _matched_marginal(L, column)
+    matched_seq, marginal_seq = _matched_marginal(S, column)
+    metrics["conditional_entropy_est"] = float(-matched.mean())
+    metrics["reasoning_entropy_est"] = float(-marginal.mean())
+    metrics["conditional_entropy_seq_est"] = float(-matched_seq.mean())
+    metrics["reasoning_entropy_seq_est"] = float(-marginal_seq.mean())
+    if n < 2:
+        return metrics, ema_state
+
+    metrics["mi_estimate"] = float(matched.mean() - marginal.mean())
+    metrics["mi_seq_estimate"] = float(matched_seq.mean() - marginal_seq.mean())
+    metrics["mi_upper_bound"] = float(np.log(n))
+
+    # Chance of retrieval: a guesser drawing columns by their frequency in the batch.
+    counts = np.bincount(column, minlength=n)                   # [N]
+    chance = float((counts[column] / m).mean())
+    metrics["retrieval_acc"] = float(_topk_hit_rate(L, column, 1).mean())
+    metrics["retrieval_chance"] = chance
+    metrics["retrieval_above_chance"] = metrics["retrieval_acc"] - chance
+    for k in RETRIEVAL_KS:
+        metrics[f"retrieval_acc@{k}"] = float(_topk_hit_rate(L, column, k).mean())
+        metrics[f"retrieval_chance@{k}"] = min(1.0, k * chance)
+
+    gap = matched - marginal                                     # [M]
+    sigma = float(marginal.std())                                # population std (ddof 0)
+    metrics["marginal_std"] = sigma
+    metrics["mi_zscore"] = float((gap / (sigma + ZSCORE_EPS)).mean())
+    if ema_state is None or "sigma" not in ema_state:
+        sigma_ema, updates = sigma, 1
+    else:
+        sigma_ema = SIGMA_EMA_DECAY * float(ema_state["sigma"]) + (1.0 - SIGMA_EMA_DECAY) * sigma
+        updates = int(ema_state.get("updates", 0)) + 1
+    metrics["marginal_std_ema"] = sigma_ema
+    metrics["mi_zscore_ema"] = float((gap / (sigma_ema + ZSCORE_EPS)).mean())
+    return metrics, {"sigma": sigma_ema, "updates": updates}
+
+
+def prefixed(metrics: dict[str, float], prefix: str) -> dict[str, float]:
+    """``{f"{prefix}/{key}": value}`` — e.g. prefix ``collapse/first_turn``."""
+    return {f"{prefix}/{key}": value for key, value in metrics.items()}

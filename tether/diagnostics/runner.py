@@ -1,0 +1,96 @@
+"""The online diagnostics stage: what the learner computes on a collected batch.
+
+Pure (no Ray): given the current policy and the batch's trajectories, run the
+in-batch cross-scoring for each sampling (``first_turn``, ``trajectory``) and
+return ``collapse/<sampling>/<proxy>`` metrics (I(X;Z), plus ``za``/``xa`` links of
+the information chain), the carried EMA state, and the first sampling's per-token
+score matrix for the heatmap artifact.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..agent.pairs import SpanExtractor
+from .crossscore import cross_score_pairs, information_chain, sample_pairs
+from .mi import prompt_columns
+
+
+@dataclass
+class DiagnosticsResult:
+    metrics: dict[str, float]
+    ema_state: dict
+    #: sampling -> (L matrix [M, N], column of each row)
+    matrices: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+
+
+def collapse_diagnostics(model, trajectories, extractor: SpanExtractor, samplings, max_pairs: int,
+                         temperature: float, ema_state: dict | None, seed: int,
+                         information_chain_links: bool = True, method: str = "auto",
+                         keep_matrices: bool = False) -> DiagnosticsResult:
+    rng = np.random.default_rng(seed)
+    spans = [extractor.turns(t) for t in trajectories]
+    ema_state = dict(ema_state or {})
+    metrics: dict[str, float] = {}
+    matrices = {}
+    for sampling in samplings:
+        pairs = sample_pairs(spans, sampling, max_pairs, rng)
+        if not pairs:
+            continue
+        result = information_chain(
+            model, pairs, temperature,
+            answer_prefix_ids=extractor.answer_prefix_ids if information_chain_links else None,
+            ema_state=ema_state.get(sampling), method=method)
+        ema_state[sampling] = result.ema_state
+        metrics.update(result.flat(f"collapse/{sampling}"))
+        if keep_matrices:
+            valid = [p for p in pairs if p.reasoning_ids]
+            if valid:
+                column, prompts = prompt_columns([p.prompt_ids for p in valid])
+                scores = cross_score_pairs(model, prompts, [p.reasoning_ids for p in valid],
+                                           temperature, method=method)
+                matrices[sampling] = (scores.L, column)
+    return DiagnosticsResult(metrics, ema_state, matrices)
+
+
+def gradient_snr(model, batch, settings, n_buckets: int) -> dict[str, float]:
+    """SPEC §8: per reward-variance bucket of groups, the task-loss and regulariser-loss
+    gradient norms measured separately (two backward passes), their ratio and mean RV.
+
+    ``batch`` holds every collected group (before filtering) with advantages set;
+    the losses are those of the update (same clip, coefficients and aggregation).
+    """
+    import torch
+
+    from ..algos.batch import token_logprobs
+    from ..algos.losses import ppo_objective
+    from .grad_snr import bucket_grad_norms, grad_snr_metrics, rv_buckets
+
+    n_groups = int(batch.group_index.max()) + 1
+    group_std = np.array([float(batch.scores[batch.group_index == g].std(unbiased=True))
+                          if int((batch.group_index == g).sum()) > 1 else 0.0
+                          for g in range(n_groups)])
+    cache: dict[tuple, tuple] = {}
+
+    def losses(groups: list[int]):
+        key = tuple(groups)
+        if key not in cache:
+            rows = torch.nonzero(torch.isin(batch.group_index, torch.tensor(groups))).squeeze(-1)
+            sub = batch.select(rows)
+            logprobs, entropy = token_logprobs(model, sub.input_ids, sub.attention_mask,
+                                               settings.temperature, with_entropy=True)
+            task, reg, _ = ppo_objective(
+                logprobs, logprobs.detach(), sub.advantages, sub.response_mask,
+                ref_logprobs=sub.ref_logprobs, entropy=entropy, clip_low=settings.clip_low,
+                clip_high=settings.clip_high, kl_coef=settings.kl_coef,
+                kl_estimator=settings.kl_estimator, entropy_coef=settings.entropy_coef,
+                agg=settings.loss_agg)
+            cache.clear()
+            cache[key] = (task, reg)
+        return cache[key]
+
+    rows = bucket_grad_norms(model, lambda g: losses(g)[0], lambda g: losses(g)[1],
+                             rv_buckets(group_std, n_buckets), group_std)
+    return grad_snr_metrics(rows)
