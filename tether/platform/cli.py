@@ -70,9 +70,9 @@ def run(config: Optional[Path] = typer.Argument(None, help="Experiment YAML (def
             fail(f"config: {exc}")
     else:
         cfg = _load(config, overrides or [], address)
-    from .session import quiet_libraries
+    from .session import prepare_process
 
-    quiet_libraries()
+    prepare_process(cfg.ray.address)
     from .driver import Trainer
     from .session import ClusterError
     from .tracking import TrackingError
@@ -189,9 +189,9 @@ def sweep(spec: Path = typer.Argument(..., help="Sweep spec YAML: a run config p
                                                 "(default: RAY_ADDRESS, else a local Ray).")):
     """Ray Tune sweep: one training run per trial, nested under one MLflow parent run."""
     from .config import ConfigError
-    from .session import quiet_libraries
+    from .session import prepare_process
 
-    quiet_libraries()
+    prepare_process(address or os.environ.get("RAY_ADDRESS"))
     from .sweep_spec import load_sweep_spec
 
     try:
@@ -214,9 +214,9 @@ def sweep(spec: Path = typer.Argument(..., help="Sweep spec YAML: a run config p
             raise
         fail(f"sweep failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
              f" (set TETHER_DEBUG=1 for the traceback)", code=1)
-    console.print(results_table(outcome.rows, sweep_spec.sweep.metric,
-                                f"Sweep {outcome.name}: trials ranked by {sweep_spec.sweep.metric}"),
-                  width=None if console.is_terminal else 160)
+    table = results_table(outcome.rows, sweep_spec.sweep.metric,
+                          f"Sweep {outcome.name}: trials ranked by {sweep_spec.sweep.metric}")
+    (console if console.is_terminal else Console(width=200)).print(table)  # job logs: no wrap
     console.print(f"{outcome.status}: {outcome.trials} trials in {outcome.seconds:.0f} s; "
                   f"MLflow parent run [cyan]{outcome.parent_run_id}[/] (results: "
                   f"sweep_results.csv)", highlight=False)

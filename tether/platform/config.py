@@ -48,12 +48,12 @@ class EnvConfig(Section):
 
 
 class WarmStartConfig(Section):
-    episodes: int = Field(3000, ge=0, description="Demonstration episodes written by the env's "
+    episodes: int = Field(800, ge=0, description="Demonstration episodes written by the env's "
                           "solver for supervised warm start (0 = no warm start).")
     noise: float = Field(0.3, ge=0.0, le=1.0, description="Share of imperfect demonstration "
                          "turns (random actions), so the warm policy succeeds only sometimes.")
-    epochs: int = Field(2, ge=1, description="Passes over the demonstrations.")
-    batch_size: int = Field(16, ge=1, description="Episodes per SFT step.")
+    epochs: int = Field(1, ge=1, description="Passes over the demonstrations.")
+    batch_size: int = Field(8, ge=1, description="Episodes per SFT step.")
     lr: float = Field(2e-3, gt=0.0, description="AdamW learning rate of the warm start.")
     vocab_size: int = Field(512, ge=300, description="BPE vocabulary of the project tokenizer.")
 

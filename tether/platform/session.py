@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import os
-
-import ray
+from pathlib import Path
 
 
 #: Keeps library progress bars and chatter out of the console and the job logs.
@@ -12,11 +11,21 @@ QUIET_ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "err
              "PYTHONWARNINGS": "ignore::UserWarning"}
 
 
-def quiet_libraries() -> None:
-    """Apply QUIET_ENV to this process (call before importing transformers)."""
+def prepare_process(address: str | None) -> None:
+    """Environment for this process; call before Ray or transformers are imported.
+
+    Quiets library chatter and, when joining a cluster, sends the local Ray token:
+    Ray >= 2.59 starts clusters with token auth on while a client stays in mode
+    "disabled" unless RAY_AUTH_MODE says otherwise (read once, at import).
+    """
     for key, value in QUIET_ENV.items():
         os.environ.setdefault(key, value)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if address and "RAY_AUTH_MODE" not in os.environ and TOKEN_FILE.is_file():
+        os.environ["RAY_AUTH_MODE"] = "token"
+
+
+TOKEN_FILE = Path(os.environ.get("RAY_AUTH_TOKEN_PATH", Path.home() / ".ray" / "auth_token"))
 
 
 class ClusterError(RuntimeError):
@@ -29,6 +38,8 @@ def start_ray(address: str | None, num_cpus: int | None, required_cpus: float) -
     ``address="local"`` always starts a new local instance, so a stale
     ``ray_current_cluster`` file from an earlier ``ray stop`` is never joined.
     """
+    import ray
+
     if ray.is_initialized():
         return False
     runtime_env = {"env_vars": {"TOKENIZERS_PARALLELISM": "false", **QUIET_ENV,
@@ -48,5 +59,7 @@ def start_ray(address: str | None, num_cpus: int | None, required_cpus: float) -
 
 
 def stop_ray(started: bool) -> None:
+    import ray
+
     if started and ray.is_initialized():
         ray.shutdown()
