@@ -319,6 +319,8 @@ class ChainResult:
     metrics: dict[str, dict[str, float]]
     ema_state: dict[str, dict | None]
     info: dict[str, dict[str, Any]]
+    #: link -> (its cross-scores, column of each row), e.g. for a heatmap of ``L``
+    scores: dict[str, tuple[CrossScores, np.ndarray]] = field(default_factory=dict)
 
     def flat(self, prefix: str) -> dict[str, float]:
         """``{prefix}/{key}`` for I(X;Z), ``{prefix}/{link}/{key}`` for za and xa."""
@@ -363,6 +365,7 @@ def information_chain(model, pairs: Sequence[ScoringPair], temperature: float = 
     ema_state = dict(ema_state or {})
     metrics: dict[str, dict[str, float]] = {}
     info: dict[str, dict[str, Any]] = {}
+    matrices: dict[str, tuple[CrossScores, np.ndarray]] = {}
     reasoning_rate = valid_reasoning_rate([p.reasoning_ids for p in pairs])
     with_reasoning = [p for p in pairs if len(p.reasoning_ids) > 0]
     with_action = [p for p in with_reasoning if len(p.action_ids) > 0]
@@ -382,5 +385,5 @@ def information_chain(model, pairs: Sequence[ScoringPair], temperature: float = 
             if with_reasoning:
                 link_metrics["valid_action_rate"] = len(with_action) / len(with_reasoning)
             link_metrics["truncated_action"] = float(scores.info["truncated_reasoning"])
-        metrics[link], info[link] = link_metrics, scores.info
-    return ChainResult(metrics=metrics, ema_state=ema_state, info=info)
+        metrics[link], info[link], matrices[link] = link_metrics, scores.info, (scores, column)
+    return ChainResult(metrics=metrics, ema_state=ema_state, info=info, scores=matrices)

@@ -39,10 +39,14 @@ def rv_buckets(group_reward_std: np.ndarray, n_buckets: int = 6) -> list[list[in
 
 
 def _grad_norm(loss: torch.Tensor, params: list[torch.nn.Parameter]) -> float:
-    """L2 norm of d loss / d params from its own backward pass; never touches ``.grad``."""
+    """L2 norm of d loss / d params from its own backward pass; never touches ``.grad``.
+
+    The graph is retained so the task and regulariser losses may share one forward
+    (it is freed with the loss tensors when the caller drops them).
+    """
     if not loss.requires_grad:
         return 0.0
-    grads = torch.autograd.grad(loss, params, allow_unused=True)
+    grads = torch.autograd.grad(loss, params, allow_unused=True, retain_graph=True)
     squares = [g.detach().double().pow(2).sum() for g in grads if g is not None]
     return float(torch.stack(squares).sum().sqrt()) if squares else 0.0
 
@@ -53,7 +57,8 @@ def bucket_grad_norms(model: torch.nn.Module, task_loss_fn: LossFn, reg_loss_fn:
     """Per bucket, the task-loss and regulariser-loss gradient norms, measured separately.
 
     ``task_loss_fn(group_indices)`` / ``reg_loss_fn(group_indices)`` return the scalar
-    losses of those groups (each runs its own forward). Each gradient comes from its
+    losses of those groups (separate forwards, or two outputs of one cached forward:
+    the graph is retained between the two passes). Each gradient comes from its
     own backward pass via ``torch.autograd.grad``, so nothing accumulates in, or is
     left on, the parameters' ``.grad`` (an in-progress accumulation is untouched).
 

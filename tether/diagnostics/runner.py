@@ -14,8 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..agent.pairs import SpanExtractor
-from .crossscore import cross_score_pairs, information_chain, sample_pairs
-from .mi import prompt_columns
+from .crossscore import information_chain, sample_pairs
 
 
 @dataclass
@@ -45,13 +44,9 @@ def collapse_diagnostics(model, trajectories, extractor: SpanExtractor, sampling
             ema_state=ema_state.get(sampling), method=method)
         ema_state[sampling] = result.ema_state
         metrics.update(result.flat(f"collapse/{sampling}"))
-        if keep_matrices:
-            valid = [p for p in pairs if p.reasoning_ids]
-            if valid:
-                column, prompts = prompt_columns([p.prompt_ids for p in valid])
-                scores = cross_score_pairs(model, prompts, [p.reasoning_ids for p in valid],
-                                           temperature, method=method)
-                matrices[sampling] = (scores.L, column)
+        if keep_matrices and "xz" in result.scores:
+            scores, column = result.scores["xz"]
+            matrices[sampling] = (scores.L, column)
     return DiagnosticsResult(metrics, ema_state, matrices)
 
 
