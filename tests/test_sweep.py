@@ -1,0 +1,262 @@
+"""Sweeps: spec validation (before any trial starts), search spaces, resources, the
+results table, and a smoke sweep of 4 Optuna trials through Ray Tune checked in MLflow."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+
+from tether.platform.config import ConfigError
+from tether.platform.sweep import (SweepError, _expected_trials, check_resources, decode,
+                                   param_space, results_rows, run_sweep, swept_fields,
+                                   trial_bundles, write_results_csv)
+from tether.platform.sweep_spec import apply_values, load_sweep_spec
+
+REPO = Path(__file__).resolve().parents[1]
+EXPERIMENTS = REPO / "experiments"
+
+
+def write_spec(tmp_path: Path, sweep: dict, base: str = "filters_smoke.yaml", **sections) -> Path:
+    data = yaml.safe_load((EXPERIMENTS / base).read_text())
+    data["sweep"] = sweep
+    for name, values in sections.items():
+        data.setdefault(name, {}).update(values)
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+# -- shipped specs --------------------------------------------------------------------------
+@pytest.mark.parametrize("name, trials", [
+    ("sensitivity", 14), ("stochasticity", 16), ("filters", 12),
+    ("sensitivity_smoke", 4), ("stochasticity_smoke", 4), ("filters_smoke", 4)])
+def test_shipped_specs_validate(name, trials):
+    spec = load_sweep_spec(EXPERIMENTS / f"{name}.yaml")
+    assert spec.name == name and _expected_trials(spec) == trials
+    assert Path(spec.base.experiment.output_dir).is_absolute()
+    if name.endswith("_smoke"):
+        # 2 trials at once on 2 cores: each trial (loop + actors) takes exactly 1 CPU.
+        cpus = sum(b.get("CPU", 0) for b in trial_bundles(spec.base, spec.sweep.resources))
+        assert cpus == pytest.approx(1.0)
+        assert spec.base.trainer.iterations == 2 and spec.base.model.size == "micro"
+        assert (spec.base.rollout.groups, spec.base.rollout.group_size) == (2, 4)
+
+
+def test_sensitivity_varies_one_field_at_a_time():
+    spec = load_sweep_spec(EXPERIMENTS / "sensitivity.yaml")
+    cases = param_space(spec)["case"]["grid_search"]
+    decoded = [decode(spec, {"case": c}) for c in cases]
+    assert all(len(d) == 1 for d in decoded)
+    assert [v for d in decoded for k, v in d.items() if k == "algo.kl_coef"] == \
+        [0.001, 0.01, 0.05, 0.1]
+    base = spec.base
+    cfg = spec.build(decoded[0])  # entropy varied, KL and top-p at base values
+    assert cfg.algo.kl_coef == base.algo.kl_coef and cfg.filter.value == base.filter.value
+
+
+def test_section_grid_merges_into_the_section_and_round_trips_through_labels():
+    spec = load_sweep_spec(EXPERIMENTS / "stochasticity_smoke.yaml")
+    labels = param_space(spec)["filter"]["grid_search"]
+    assert labels == ["strategy=top_p, value=0.9", "strategy=none"]
+    values = decode(spec, {"env.stochasticity": 0.2, "filter": labels[1]})
+    assert values == {"env.stochasticity": 0.2, "filter": {"strategy": "none"}}
+    cfg = spec.build(values)
+    assert cfg.filter.strategy == "none" and cfg.env.stochasticity == 0.2
+    assert cfg.filter.mode == spec.base.filter.mode  # untouched fields keep their values
+    assert swept_fields(spec) == {"env.stochasticity": 0.0, "filter.strategy": "top_p",
+                                  "filter.value": 0.9}
+    tree = {"filter": {"strategy": "top_p", "value": 0.5}}
+    assert apply_values(tree, {"filter": {"value": 0.7}}) == \
+        {"filter": {"strategy": "top_p", "value": 0.7}}
+    assert tree["filter"]["value"] == 0.5  # the base tree is not mutated
+
+
+def test_ranges_become_tune_domains(tmp_path):
+    spec = load_sweep_spec(write_spec(tmp_path, {
+        "search": "optuna", "num_samples": 3, "space": {
+            "algo.lr": {"loguniform": [1e-5, 1e-3]}, "filter.value": {"uniform": [0.5, 1.0]},
+            "rollout.group_size": {"randint": [2, 4]}, "algo.kl_coef": {"choice": [0.0, 0.1]}}}))
+    space = param_space(spec)
+    assert (space["algo.lr"].lower, space["algo.lr"].upper) == (1e-5, 1e-3)
+    assert (space["rollout.group_size"].lower, space["rollout.group_size"].upper) == (2, 5)
+    assert space["algo.kl_coef"].categories == [0.0, 0.1]
+    assert _expected_trials(spec) == 3
+
+
+# -- bad input fails before anything starts, naming the field -------------------------------
+@pytest.mark.parametrize("space, search, expected", [
+    ({"algo.klcoef": {"grid": [0.1]}}, "grid", "sweep.space.algo.klcoef: no field 'klcoef'"),
+    ({"algo.kl_coef.x": {"grid": [0.1]}}, "grid", "algo.kl_coef is a value"),
+    ({"algo.kl_coef": {"grid": [0.1, -1]}}, "grid",
+     "sweep.space.algo.kl_coef: value -1 is refused: algo.kl_coef: Input should be greater"),
+    ({"filter.value": {"uniform": [0.5, 1.5]}}, "random",
+     "sweep.space.filter.value: value 1.5 is refused: filter: value must be in [0, 1]"),
+    ({"rollout.group_size": {"randint": [1, 4]}}, "random",
+     "sweep.space.rollout.group_size: value 1 is refused: rollout.group_size must be ≥ 2"),
+    ({"filter": {"grid": [{"strategy": "bogus"}]}}, "grid",
+     "sweep.space.filter: value {'strategy': 'bogus'} is refused: filter.strategy"),
+    ({"filter": {"grid": [0.5]}}, "grid", "filter is a section; its values must be mappings"),
+    ({"algo.lr": {"loguniform": [0, 1e-3]}}, "random",
+     "sweep.space.algo.lr: loguniform needs lo > 0"),
+    ({"algo.lr": {"uniform": [1e-3, 1e-4]}}, "random", "uniform needs lo < hi"),
+    ({"algo.lr": {"grid": [1e-3], "choice": [1e-4]}}, "grid", "give exactly one of"),
+    ({"algo.lr": {"grid": [1e-3]}}, "optuna", "search optuna cannot enumerate grid (algo.lr)"),
+    ({}, "grid", "space is empty"),
+])
+def test_bad_space_is_refused_with_the_field_path(tmp_path, space, search, expected):
+    with pytest.raises(ConfigError) as err:
+        load_sweep_spec(write_spec(tmp_path, {"search": search, "space": space}))
+    assert expected in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_unknown_sweep_key_and_base_errors(tmp_path):
+    with pytest.raises(ConfigError, match=r"sweep.serach: .*\(unknown key\)"):
+        load_sweep_spec(write_spec(tmp_path, {"serach": "grid", "space": {
+            "algo.lr": {"grid": [1e-3]}}}))
+    with pytest.raises(ConfigError, match=r"algo.kl_coef: Input should be greater"):
+        load_sweep_spec(EXPERIMENTS / "filters_smoke.yaml", ["algo.kl_coef=-1"])
+    with pytest.raises(ConfigError, match="needs a 'sweep:' section"):
+        load_sweep_spec(EXPERIMENTS / "micro.yaml")
+
+
+def test_impossible_resources_name_the_fields_and_the_case():
+    spec = load_sweep_spec(EXPERIMENTS / "filters_smoke.yaml",
+                           ["sweep.space={rollout.num_workers: {grid: [2, 8]}}"])
+    check_resources(load_sweep_spec(EXPERIMENTS / "filters_smoke.yaml"),
+                    {"CPU": 2.0}, {"CPU": 2.0})  # the smoke trial fits
+    with pytest.raises(SweepError) as err:
+        check_resources(spec, {"CPU": 2.0}, {"CPU": 2.0})
+    message = str(err.value)
+    assert message.startswith("sweep.resources: a trial with sweep.space.rollout.num_workers=8"
+                              " needs 2.8 CPU")
+    assert "rollout.num_cpus_per_worker" in message and "the cluster has 2 CPU" in message
+    gpu = load_sweep_spec(EXPERIMENTS / "filters_smoke.yaml", ["algo.num_gpus=1"])
+    with pytest.raises(SweepError, match="needs 1 GPU .* the cluster has 0 GPU"):
+        check_resources(gpu, {"CPU": 2.0}, {"CPU": 2.0})
+    two_nodes = load_sweep_spec(EXPERIMENTS / "filters_smoke.yaml",
+                                ["rollout.num_cpus_per_worker=1.5"])
+    with pytest.raises(SweepError, match="on one node and the largest node has 2"):
+        check_resources(two_nodes, {"CPU": 8.0}, {"CPU": 2.0})
+
+
+def test_cli_refuses_impossible_resources_before_any_trial(tmp_path):
+    """Through the CLI with a real local Ray: one error line, exit code 2, no trial ran."""
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, "-m", "tether.platform.cli", "sweep",
+         str(EXPERIMENTS / "filters_smoke.yaml"), f"experiment.output_dir={out}",
+         "rollout.num_cpus_per_worker=4"],
+        capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "error: sweep.resources: a trial needs 8.4 CPU" in " ".join(proc.stderr.split())
+    assert "Traceback" not in proc.stderr
+    assert not (out / "sweeps").exists() and not (out / "mlflow.db").exists()
+
+
+# -- results table ----------------------------------------------------------------------------
+def test_results_rows_rank_trials_and_keep_the_finished_attempt(tmp_path):
+    from tether.platform.tracking import Tracker
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    parent = Tracker(uri, "rank-test", tmp_path / "artifacts", run_name="sweep")
+    histories = {"t0": [0.1, 0.5, 0.3], "t1": [0.2, 0.9], "t2": [0.0, 0.4]}
+    for trial, success in histories.items():
+        child = Tracker(uri, "rank-test", run_name=trial, parent_run_id=parent.run_id,
+                        tags={"sweep.trial_id": trial, "sweep.param.algo.kl_coef": trial[-1]})
+        for step, value in enumerate(success, 1):
+            child.log_metrics({"rollout/success": value}, step)
+        child.log_metrics({"collapse/first_turn/mi_zscore_ema": 1.5}, step=len(success))
+        if trial == "t2":
+            child.set_tags({"alarm.low_entropy_collapse": 2})
+        child.finish("FINISHED")
+    killed = Tracker(uri, "rank-test", run_name="t1-old", parent_run_id=parent.run_id,
+                     tags={"sweep.trial_id": "t1"})  # an interrupted earlier attempt
+    killed.log_metrics({"rollout/success": 1.0}, 1)
+    killed.finish("KILLED")
+    rows = results_rows(uri, parent.experiment_id, parent.run_id, "rollout/success", "max")
+    assert [r["trial"] for r in rows] == ["t1", "t2", "t0"]  # final success 0.9, 0.4, 0.3
+    assert [r["rank"] for r in rows] == [1, 2, 3]
+    t0 = rows[2]
+    assert (t0["success_peak"], t0["success_final"], t0["iterations"]) == (0.5, 0.3, 3)
+    assert rows[0]["status"] == "FINISHED" and rows[0]["algo.kl_coef"] == "1"
+    assert rows[1]["alarms"] == "low_entropy_collapse" and t0["alarms"] == ""
+    assert t0["mi_zscore_ema_final"] == 1.5
+    assert [r["trial"] for r in results_rows(uri, parent.experiment_id, parent.run_id,
+                                             "rollout/success", "min")] == ["t0", "t2", "t1"]
+    write_results_csv(rows, "rollout/success", tmp_path / "r.csv")
+    with (tmp_path / "r.csv").open() as f:
+        table = list(csv.DictReader(f))
+    assert list(table[0])[:4] == ["rank", "trial", "algo.kl_coef", "rollout/success"]
+    assert [row["trial"] for row in table] == ["t1", "t2", "t0"]
+
+
+# -- a real sweep ---------------------------------------------------------------------------
+@pytest.mark.slow
+def test_optuna_smoke_sweep_through_tune_is_tracked_in_mlflow(micro_policy, models_dir,
+                                                               ray_local, tmp_path):
+    """4 Optuna (TPE) trials on local Ray: one MLflow parent, 4 nested children with their
+    params, sweep tags and metric histories, and the results CSV on the parent."""
+    space = {"algo.entropy_coef": {"loguniform": [1e-4, 1e-2]},
+             "filter.value": {"uniform": [0.5, 1.0]}, "algo.kl_coef": {"choice": [0.0, 0.01]}}
+    path = write_spec(tmp_path, {"name": "optuna-smoke", "search": "optuna", "space": space,
+                                 "num_samples": 4, "max_concurrent": 2, "resources": {"cpu": 0.2},
+                                 "metric": "rollout/success", "mode": "max"},
+                      experiment={"output_dir": str(tmp_path / "out"), "name": "sweep-test"},
+                      model={"size": "micro", "cache_dir": str(models_dir), "warm_start": {
+                          "episodes": 192, "epochs": 3, "batch_size": 8, "lr": 1e-2}},
+                      rollout={"num_workers": 2, "groups": 2, "group_size": 4,
+                               "max_reply_tokens": 48, "num_cpus_per_worker": 0.3})
+    lines: list[str] = []
+    outcome = run_sweep(load_sweep_spec(path), echo=lines.append)
+    assert outcome.status == "FINISHED" and outcome.trials == 4
+    client = MlflowClient(outcome.tracking_uri)
+    parent = client.get_run(outcome.parent_run_id)
+    assert parent.info.status == "FINISHED" and parent.data.tags["sweep.search"] == "optuna"
+    experiment = parent.info.experiment_id
+    assert len(client.search_runs([experiment], "tags.`tether.kind` = 'sweep'")) == 1
+    children = client.search_runs(
+        [experiment], f"tags.`mlflow.parentRunId` = '{outcome.parent_run_id}'")
+    assert len(children) == 4 and all(c.info.status == "FINISHED" for c in children)
+    sampled = []
+    for child in children:
+        params, tags = child.data.params, child.data.tags
+        entropy, value = float(params["algo.entropy_coef"]), float(params["filter.value"])
+        assert 1e-4 <= entropy <= 1e-2 and 0.5 <= value <= 1.0
+        assert float(params["algo.kl_coef"]) in (0.0, 0.01)
+        for field in space:  # tags name the swept fields, with this trial's values
+            assert float(tags[f"sweep.param.{field}"]) == pytest.approx(float(params[field]))
+        assert params["rollout.group_size"] == "4" and params["trainer.iterations"] == "2"
+        success = client.get_metric_history(child.info.run_id, "rollout/success")
+        assert sorted(m.step for m in success) == [1, 2]
+        assert all(0.0 <= m.value <= 1.0 for m in success)
+        assert sorted(m.step for m in client.get_metric_history(child.info.run_id,
+                                                                "val/success")) == [0, 2]
+        sampled.append((entropy, value))
+    assert len(set(sampled)) == 4  # TPE drew 4 different points
+    # Tune ran the Optuna searcher (its state is saved beside the trials for --resume).
+    assert any(p.name.startswith("searcher-state") for p in outcome.experiment_path.iterdir())
+    artifacts = {a.path for a in client.list_artifacts(outcome.parent_run_id)}
+    assert {"sweep_results.csv", "sweep_spec.yaml"} <= artifacts
+    local = Path(client.download_artifacts(outcome.parent_run_id, "sweep_results.csv",
+                                           str(tmp_path)))
+    with local.open() as f:
+        table = list(csv.DictReader(f))
+    assert sorted(r["run_id"] for r in table) == sorted(c.info.run_id for c in children)
+    assert [int(r["rank"]) for r in table] == [1, 2, 3, 4]
+    finals = [float(r["rollout/success"]) for r in table]
+    assert finals == sorted(finals, reverse=True)
+    assert {"algo.entropy_coef", "filter.value", "algo.kl_coef", "success_peak",
+            "success_final", "mi_zscore_ema_final", "alarms"} <= set(table[0])
+    assert any(line.startswith(f"MLflow parent run {outcome.parent_run_id}") for line in lines)
+    state = json.loads((outcome.experiment_path / "tether_sweep.json").read_text())
+    assert state["parent_run_id"] == outcome.parent_run_id
+    assert not math.isnan(outcome.rows[0]["rollout/success"])

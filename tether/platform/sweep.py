@@ -1,0 +1,524 @@
+"""Ray Tune sweeps: every trial is a full training run, nested under one MLflow parent.
+
+    tether sweep experiments/filters_smoke.yaml
+    tether sweep experiments/sensitivity.yaml --resume
+    ray job submit --address http://127.0.0.1:8265 --working-dir . -- \\
+        tether sweep experiments/sensitivity.yaml
+
+The driver validates the spec, joins (or starts) Ray, checks that one trial fits the
+cluster, warm-starts the policy once, creates the MLflow parent run and hands Tune a
+function trainable. Each trial builds its config (base + sampled values), runs
+``Trainer`` inside its placement group (one bundle for the trial loop, one for its
+rollout workers + learner) and reports every iteration's metrics to Tune. The parent
+run id lives in the Tune experiment directory, so ``--resume`` continues the same
+parent and re-runs only the trials that had not finished.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import signal
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mlflow.tracking import MlflowClient
+from ray.tune import Callback
+
+from .sweep_spec import SweepSpec
+
+STATE_FILE = "tether_sweep.json"
+RESULTS_FILE = "sweep_results.csv"
+SUCCESS = "rollout/success"
+MI_ZSCORE = "collapse/first_turn/mi_zscore_ema"
+
+
+class SweepError(RuntimeError):
+    """A sweep that cannot start or resume (the message says what to do)."""
+
+
+@dataclass
+class SweepOutcome:
+    name: str
+    status: str  # FINISHED, KILLED (interrupted: resume it) or FAILED
+    parent_run_id: str
+    tracking_uri: str
+    experiment_path: Path
+    rows: list[dict] = field(default_factory=list)
+    trials: int = 0
+    seconds: float = 0.0
+
+    @property
+    def ui_command(self) -> str:
+        if self.tracking_uri.startswith("sqlite:"):
+            return f"mlflow ui --backend-store-uri {self.tracking_uri} --host 127.0.0.1"
+        return f"open {self.tracking_uri}"
+
+
+# -- search space and resources ---------------------------------------------------------
+def label(value: Any) -> Any:
+    """How a value shows in Tune's tables and configs: scalars as they are, a section's
+    mapping as ``k=v, k=v`` (Optuna takes scalars only; decode() maps labels back)."""
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={label(v)}" for k, v in value.items())
+    return json.dumps(value) if isinstance(value, list) else value
+
+
+def _case_label(path: str, value: Any) -> str:
+    return f"{path}={label(value)}" if not isinstance(value, dict) else \
+        ", ".join(f"{path}.{k}={label(v)}" for k, v in value.items())
+
+
+def param_space(spec: SweepSpec) -> dict[str, Any]:
+    from ray import tune
+
+    sweep = spec.sweep
+    if sweep.design == "one_at_a_time":
+        return {"case": tune.grid_search([_case_label(path, v) for path, d in sweep.space.items()
+                                          for v in d.grid])}
+    space = {}
+    for path, d in sweep.space.items():
+        if d.kind == "grid":
+            space[path] = tune.grid_search([label(v) for v in d.grid])
+        elif d.kind == "choice":
+            space[path] = tune.choice([label(v) for v in d.choice])
+        elif d.kind == "uniform":
+            space[path] = tune.uniform(*d.uniform)
+        elif d.kind == "loguniform":
+            space[path] = tune.loguniform(*d.loguniform)
+        else:
+            space[path] = tune.randint(d.randint[0], d.randint[1] + 1)  # Tune: upper excluded
+    return space
+
+
+def decode(spec: SweepSpec, config: dict[str, Any]) -> dict[str, Any]:
+    """A trial's Tune config back to ``{dotted path: value}``."""
+    sweep = spec.sweep
+    if "case" in config:
+        cases = {_case_label(path, v): {path: v} for path, d in sweep.space.items()
+                 for v in d.grid}
+        return dict(cases[config["case"]])
+    out = {}
+    for path, value in config.items():
+        d = sweep.space[path]
+        if d.values is not None:
+            value = next((v for v in d.values if label(v) == value), value)
+        out[path] = value.item() if hasattr(value, "item") else value  # numpy scalars
+    return out
+
+
+def trial_bundles(cfg, head) -> list[dict[str, float]]:
+    """Placement-group bundles of one trial: its own loop, then all its actors together
+    (one bundle, so Ray never puts a worker where the learner should go)."""
+    def bundle(cpu: float, gpu: float) -> dict[str, float]:
+        return {k: v for k, v in (("CPU", cpu), ("GPU", gpu)) if v > 0}
+
+    r, a = cfg.rollout, cfg.algo
+    actors = bundle(r.num_workers * r.num_cpus_per_worker + a.num_cpus,
+                    r.num_workers * r.num_gpus_per_worker + a.num_gpus)
+    return [bundle(head.cpu, head.gpu)] + ([actors] if actors else [])
+
+
+def check_resources(spec: SweepSpec, totals: dict[str, float], largest_node: dict[str, float]):
+    """Fail with one line if a trial can never be placed on this cluster."""
+    fields = {"CPU": "rollout.num_workers x rollout.num_cpus_per_worker + algo.num_cpus + "
+                     "sweep.resources.cpu",
+              "GPU": "rollout.num_workers x rollout.num_gpus_per_worker + algo.num_gpus + "
+                     "sweep.resources.gpu"}
+    for values, cfg in spec.resource_cases():
+        bundles = trial_bundles(cfg, spec.sweep.resources)
+        for kind in ("CPU", "GPU"):
+            need = sum(b.get(kind, 0.0) for b in bundles)
+            biggest = max(b.get(kind, 0.0) for b in bundles)
+            have, node = totals.get(kind, 0.0), largest_node.get(kind, 0.0)
+            if need <= have + 1e-9 and biggest <= node + 1e-9:
+                continue
+            where = (f"the cluster has {have:g} {kind}" if need > have + 1e-9 else
+                     f"its actors need {biggest:g} {kind} on one node and the largest node "
+                     f"has {node:g}")
+            case = "".join(f" with sweep.space.{k}={v}" for k, v in values.items())
+            parts = " + ".join(f"{b.get(kind, 0.0):g}" for b in bundles)
+            raise SweepError(f"sweep.resources: a trial{case} needs {need:g} {kind} "
+                             f"({fields[kind]} = {parts}) but {where}; lower those fields "
+                             f"or use a bigger cluster")
+
+
+# -- the trial ----------------------------------------------------------------------------
+def run_trial(config: dict[str, Any], spec_json: str, parent_run_id: str) -> None:
+    """Tune's function trainable: one full training run, metrics reported per iteration."""
+    from ray import tune
+
+    from .driver import Trainer
+
+    spec = SweepSpec.from_json(spec_json)
+    values = decode(spec, config)
+    trial_id = tune.get_context().get_trial_id()
+    cfg = spec.build(values)
+    cfg.experiment.run_name = f"{spec.name}-{trial_id}"
+    resolved = cfg.flat()
+    tags = {"sweep.name": spec.name, "sweep.trial_id": trial_id,
+            **{f"sweep.param.{k}": resolved.get(k, v) for k, v in swept_fields(spec).items()},
+            **{f"sweep.param.{k}": v for k, v in flat_values(values).items()}}
+
+    def on_event(kind: str, data: dict) -> None:
+        if kind == "iteration":
+            tune.report({k: float(v) for k, v in data.items() if k != "total" and
+                         isinstance(v, (int, float)) and math.isfinite(float(v))})
+
+    summary = Trainer(cfg, on_event, parent_run_id=parent_run_id, run_tags=tags).run()
+    if summary.status != "FINISHED":
+        raise RuntimeError(f"trial {trial_id} ended {summary.status}")
+
+
+def swept_fields(spec: SweepSpec) -> dict[str, Any]:
+    """Every dotted leaf any trial varies (a section's mappings may name different fields),
+    mapped to its base value; each child run is tagged with its own value of each."""
+    base = spec.base.flat()
+    paths = dict.fromkeys(k for path, d in spec.sweep.space.items() for v in d.candidates()
+                          for k in flat_values({path: v}))
+    return {k: base.get(k) for k in paths}
+
+
+def flat_values(values: dict[str, Any]) -> dict[str, Any]:
+    """Swept values as dotted leaves (a section's mapping becomes one entry per field)."""
+    out = {}
+    for path, value in values.items():
+        if isinstance(value, dict):
+            out.update({f"{path}.{k}": v for k, v in flat_values(value).items()})
+        else:
+            out[path] = value
+    return out
+
+
+# -- the driver ---------------------------------------------------------------------------
+class SweepProgress(Callback):
+    """Tune callback: one plain line per trial event (readable in `ray job logs`), and the
+    MLflow runs of trials that Tune ended (early stop, error) closed. Tune pickles its
+    callbacks with the experiment for ``--resume``, so this holds plain data only."""
+
+    def __init__(self, tracking_uri: str, experiment_id: str, parent_run_id: str,
+                 spec_json: str) -> None:
+        self.tracking_uri, self.experiment_id = tracking_uri, experiment_id
+        self.parent_run_id, self.spec_json = parent_run_id, spec_json
+
+    def on_trial_start(self, iteration, trials, trial, **info):
+        spec = SweepSpec.from_json(self.spec_json)
+        values = ", ".join(f"{k}={v}" for k, v in
+                           flat_values(decode(spec, trial.config)).items())
+        _say(f"trial {trial.trial_id} started: {values}")
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        done = sum(t.status in ("TERMINATED", "ERROR") for t in trials)
+        _say(f"trial {trial.trial_id} iteration {int(result.get('iteration', 0))}  "
+             f"success {result.get(SUCCESS, float('nan')):.3f}  "
+             f"[{done}/{len(trials)} trials done]")
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        _finalize_child(self.tracking_uri, self.experiment_id, self.parent_run_id,
+                        trial.trial_id, "FINISHED")
+        _say(f"trial {trial.trial_id} finished")
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        _finalize_child(self.tracking_uri, self.experiment_id, self.parent_run_id,
+                        trial.trial_id, "FAILED")
+        _say(f"trial {trial.trial_id} FAILED (error log: {trial.local_path})")
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
+@contextmanager
+def _graceful_sigterm():
+    """`ray job stop` sends SIGTERM: turn it into Tune's graceful stop (SIGUSR1), which
+    ends the trials and saves the experiment state so ``--resume`` can continue."""
+    if not hasattr(signal, "SIGUSR1"):
+        yield
+        return
+    try:
+        previous = signal.signal(signal.SIGTERM,
+                                 lambda *_: os.kill(os.getpid(), signal.SIGUSR1))
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _connect(spec: SweepSpec, address: str | None) -> None:
+    import ray
+
+    from .session import start_ray
+
+    if ray.is_initialized():
+        return
+    # Under `ray job submit` the entry point gets RAY_ADDRESS: join that cluster.
+    address = address or spec.base.ray.address or os.environ.get("RAY_ADDRESS")
+    start_ray(address, spec.base.ray.num_cpus, 0)
+
+
+def _cluster_shape() -> tuple[dict[str, float], dict[str, float]]:
+    import ray
+
+    totals = ray.cluster_resources()
+    nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+    largest = {k: max((n.get(k, 0.0) for n in nodes), default=0.0) for k in ("CPU", "GPU")}
+    return totals, largest
+
+
+def run_sweep(spec: SweepSpec, resume: bool = False, address: str | None = None,
+              echo: Callable[[str], None] = print) -> SweepOutcome:
+    import ray
+    from ray import tune
+    from ray.tune.execution.placement_groups import PlacementGroupFactory
+
+    from ..policy.load import resolve_policy
+    from .tracking import Tracker, default_tracking_uri
+
+    started = time.perf_counter()
+    sweep, base = spec.sweep, spec.base
+    storage = Path(sweep.storage_path or Path(base.experiment.output_dir) / "sweeps").resolve()
+    exp_path = storage / spec.name
+    state_file = exp_path / STATE_FILE
+    if resume:
+        if not state_file.is_file() or not tune.Tuner.can_restore(str(exp_path)):
+            raise SweepError(f"nothing to resume at {exp_path} (no saved sweep state); run "
+                             f"without --resume to start it")
+        state = json.loads(state_file.read_text())
+        if json.loads(state["spec"]) != json.loads(spec.to_json()):
+            echo("note: the spec differs from the one the sweep started with; resuming with "
+                 "the original")
+        spec = SweepSpec.from_json(state["spec"])
+    elif state_file.exists() or tune.Tuner.can_restore(str(exp_path)):
+        raise SweepError(f"sweep {spec.name!r} already has state at {exp_path}; continue it "
+                         f"with --resume, or start a new one with sweep.name=<another name>")
+
+    _connect(spec, address)
+    check_resources(spec, *_cluster_shape())
+    echo(f"Ray cluster: {ray.cluster_resources().get('CPU', 0):g} CPUs, "
+         f"{ray.cluster_resources().get('GPU', 0):g} GPUs; one trial: "
+         f"{trial_bundles(base, sweep.resources)}")
+    if base.model.path is None:  # warm-start once here, not in every trial at once
+        echo("warm start (cached after the first time) ...")
+        resolve_policy(base.model, base.env, base.experiment.seed, base.rollout.max_reply_tokens)
+
+    uri = base.tracking.uri or default_tracking_uri(base.experiment.output_dir)
+    artifacts = Path(base.experiment.output_dir) / "artifacts"
+    if resume:
+        parent = Tracker(state["tracking_uri"], base.experiment.name, artifacts,
+                         run_id=state["parent_run_id"])
+    else:
+        parent = Tracker(uri, base.experiment.name, artifacts, run_name=spec.name, tags={
+            "sweep.name": spec.name, "sweep.search": sweep.search, "sweep.metric": sweep.metric,
+            "sweep.fields": ",".join(sweep.space), "tether.kind": "sweep"})
+        parent.log_params({f"sweep.{k}": v for k, v in sweep.model_dump(mode="json").items()
+                           if k != "space"} |
+                          {f"sweep.space.{p}": json.dumps(d.model_dump(exclude_none=True))
+                           for p, d in sweep.space.items()})
+        parent.log_text(Path(spec.source).read_text() if Path(spec.source).is_file() else "",
+                        "sweep_spec.yaml")
+        parent.log_text(spec.to_json(), "sweep_spec_resolved.json")
+        exp_path.mkdir(parents=True, exist_ok=True)
+        state_file.write_text(json.dumps({"parent_run_id": parent.run_id, "tracking_uri": uri,
+                                          "spec": spec.to_json()}, indent=1))
+    parent.set_tags({"sweep.experiment_path": str(exp_path)})
+    echo(f"MLflow parent run {parent.run_id}  (Tune state: {exp_path})")
+    ids = (parent.uri, parent.experiment_id, parent.run_id)
+    _close_stale_children(*ids)  # trials killed with an earlier, interrupted attempt
+
+    spec_json = spec.to_json()
+    trainable = tune.with_resources(
+        tune.with_parameters(run_trial, spec_json=spec_json, parent_run_id=parent.run_id),
+        lambda config: PlacementGroupFactory(trial_bundles(
+            spec.build(decode(spec, config)), sweep.resources)))
+    os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "5")  # state saved often: resumable
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # the compact table of _reporter()
+    if resume:
+        tuner = tune.Tuner.restore(str(exp_path), trainable, resume_unfinished=True,
+                                   restart_errored=True)
+    else:
+        run_config = tune.RunConfig(name=spec.name, storage_path=str(storage), verbose=1,
+                                    callbacks=[SweepProgress(*ids, spec_json)],
+                                    progress_reporter=_reporter(spec),
+                                    failure_config=tune.FailureConfig(max_failures=0))
+        tuner = tune.Tuner(trainable, param_space=param_space(spec),
+                           tune_config=_tune_config(spec), run_config=run_config)
+    with _graceful_sigterm():
+        tuner.fit()
+
+    # The saved experiment state is the truth: an interrupted run leaves trials unfinished
+    # (in memory Tune marks them TERMINATED while shutting down).
+    trials = tune.ExperimentAnalysis(str(exp_path)).trials
+    errored = sum(t.status == "ERROR" for t in trials)
+    interrupted = len(trials) < _expected_trials(spec) or any(
+        t.status not in ("TERMINATED", "ERROR") for t in trials)
+    _close_stale_children(*ids)
+    rows = results_rows(*ids, sweep.metric, sweep.mode)
+    write_results_csv(rows, sweep.metric, exp_path / RESULTS_FILE)
+    parent.client.log_artifact(parent.run_id, str(exp_path / RESULTS_FILE))
+    status = "KILLED" if interrupted else ("FAILED" if errored == len(trials) else "FINISHED")
+    parent.set_tags({"sweep.status": "interrupted" if interrupted else "completed",
+                     "sweep.trials": len(trials), "sweep.trials_errored": errored})
+    parent.finish(status)
+    return SweepOutcome(spec.name, status, parent.run_id, parent.uri, exp_path, rows,
+                        len(trials), time.perf_counter() - started)
+
+
+def _expected_trials(spec: SweepSpec) -> int:
+    sweep = spec.sweep
+    if sweep.design == "one_at_a_time":
+        return sum(len(d.grid) for d in sweep.space.values()) * sweep.num_samples
+    grid = math.prod(len(d.grid) for d in sweep.space.values() if d.kind == "grid")
+    return grid * sweep.num_samples
+
+
+def _tune_config(spec: SweepSpec):
+    from ray import tune
+
+    sweep = spec.sweep
+    seed = sweep.seed if sweep.seed is not None else spec.base.experiment.seed
+    if sweep.search == "optuna":
+        from ray.tune.search.optuna import OptunaSearch
+
+        search_alg = OptunaSearch(seed=seed)
+    else:
+        from ray.tune.search.basic_variant import BasicVariantGenerator
+
+        search_alg = BasicVariantGenerator(random_state=seed,
+                                           max_concurrent=sweep.max_concurrent or 0)
+    scheduler = None
+    if sweep.scheduler.asha is not None:
+        from ray.tune.schedulers import ASHAScheduler
+
+        a = sweep.scheduler.asha
+        scheduler = ASHAScheduler(time_attr="training_iteration",
+                                  max_t=a.max_t or spec.base.trainer.iterations,
+                                  grace_period=a.grace_period, reduction_factor=a.reduction_factor)
+    return tune.TuneConfig(metric=sweep.metric, mode=sweep.mode, search_alg=search_alg,
+                           scheduler=scheduler, num_samples=sweep.num_samples,
+                           max_concurrent_trials=sweep.max_concurrent
+                           if sweep.search == "optuna" else None)
+
+
+def _reporter(spec: SweepSpec):
+    """The progress table (every 30 s and at the end): trials, swept values, metric."""
+    from ray.tune import CLIReporter
+
+    metrics = {"iteration": "iter", spec.sweep.metric: spec.sweep.metric.split("/")[-1],
+               SUCCESS: "success"}
+    return CLIReporter(parameter_columns=list(param_space(spec)), metric_columns=metrics,
+                       max_report_frequency=30, sort_by_metric=True, max_column_length=48)
+
+
+# -- MLflow bookkeeping and the results table ----------------------------------------------
+def _children(uri: str, experiment_id: str, parent_run_id: str, extra: str = "") -> list:
+    query = f"tags.`mlflow.parentRunId` = '{parent_run_id}'" + (f" and {extra}" if extra else "")
+    return MlflowClient(uri).search_runs([experiment_id], filter_string=query, max_results=5000)
+
+
+def _finalize_child(uri: str, experiment_id: str, parent_run_id: str, trial_id: str,
+                    status: str) -> None:
+    """Tune ended a trial (early stop, error) that could not close its own MLflow run."""
+    client = MlflowClient(uri)
+    for run in _children(uri, experiment_id, parent_run_id,
+                         f"tags.`sweep.trial_id` = '{trial_id}'"):
+        if run.info.status == "RUNNING":
+            client.set_tag(run.info.run_id, "sweep.ended_by", "tune")
+            client.set_terminated(run.info.run_id, status)
+
+
+def _close_stale_children(uri: str, experiment_id: str, parent_run_id: str) -> int:
+    """Child runs still RUNNING while no trial runs (an interrupted sweep) become KILLED."""
+    client, closed = MlflowClient(uri), 0
+    for run in _children(uri, experiment_id, parent_run_id):
+        if run.info.status == "RUNNING":
+            client.set_terminated(run.info.run_id, "KILLED")
+            closed += 1
+    return closed
+
+
+def results_rows(uri: str, experiment_id: str, parent_run_id: str, metric: str,
+                 mode: str) -> list[dict]:
+    """One row per trial (its FINISHED child run if any, else its latest), ranked."""
+    from .tracking import metric_key
+
+    client = MlflowClient(uri)
+    by_trial: dict[str, Any] = {}
+    for run in sorted(_children(uri, experiment_id, parent_run_id),
+                      key=lambda r: r.info.start_time):
+        trial = run.data.tags.get("sweep.trial_id", run.info.run_id)
+        if trial not in by_trial or by_trial[trial].info.status != "FINISHED":
+            by_trial[trial] = run
+
+    def history(run_id: str, key: str) -> list[float]:
+        return [m.value for m in sorted(client.get_metric_history(run_id, metric_key(key)),
+                                        key=lambda m: m.step)]
+
+    rows = []
+    for trial, run in by_trial.items():
+        success, target, tags = history(run.info.run_id, SUCCESS), \
+            history(run.info.run_id, metric), run.data.tags
+        rows.append({
+            "trial": trial, "run_id": run.info.run_id, "status": run.info.status,
+            **{k.removeprefix("sweep.param."): v for k, v in sorted(tags.items())
+               if k.startswith("sweep.param.")},
+            "iterations": len(success), metric: target[-1] if target else float("nan"),
+            "success_peak": max(success) if success else float("nan"),
+            "success_final": success[-1] if success else float("nan"),
+            "mi_zscore_ema_final": run.data.metrics.get(MI_ZSCORE, float("nan")),
+            "alarms": " ".join(sorted(k.removeprefix("alarm.") for k in tags
+                                      if k.startswith("alarm."))),
+        })
+    sign = -1.0 if mode == "max" else 1.0
+    rows.sort(key=lambda r: (math.isnan(r[metric]), sign * r[metric]
+                             if not math.isnan(r[metric]) else 0.0))
+    for rank, row in enumerate(rows, 1):
+        row["rank"] = rank
+    return rows
+
+
+_TAIL = ["success_peak", "success_final", "mi_zscore_ema_final", "alarms", "iterations",
+         "status", "run_id"]
+
+
+def _swept_columns(rows: list[dict], metric: str) -> list[str]:
+    fixed = {"rank", "trial", metric, *_TAIL}
+    return [c for c in dict.fromkeys(k for r in rows for k in r) if c not in fixed]
+
+
+def write_results_csv(rows: list[dict], metric: str, path: Path) -> None:
+    columns = ["rank", "trial", *_swept_columns(rows, metric), metric, *_TAIL]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns, restval="")
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def results_table(rows: list[dict], metric: str, title: str):
+    """The ranked trials as a rich Table (swept values, metric, success, MI z-score, alarms)."""
+    from rich.table import Table
+
+    swept = _swept_columns(rows, metric)
+    table = Table(title=title)
+    for column in ["#", "trial", *swept, metric, "peak success", "final success",
+                   "MI z-score (EMA)", "alarms", "status"]:
+        table.add_column(column, justify="right" if column not in ("trial", "alarms") else "left")
+
+    def num(value) -> str:
+        return "-" if value is None or (isinstance(value, float) and math.isnan(value)) \
+            else f"{value:.3f}"
+
+    for r in rows:
+        table.add_row(str(r["rank"]), r["trial"], *(str(r.get(c, "")) for c in swept),
+                      num(r[metric]), num(r["success_peak"]), num(r["success_final"]),
+                      num(r["mi_zscore_ema_final"]), r["alarms"] or "-", r["status"])
+    return table
