@@ -164,6 +164,9 @@ def test_information_chain_matches_direct_scoring(micro):
     for key, value in expected.items():
         assert xz[key] == pytest.approx(value, abs=1e-6), key
     assert result.ema_state["xz"]["updates"] == 1
+    scores, col = result.scores["xz"]
+    np.testing.assert_allclose(scores.L, direct.L, atol=1e-9)
+    assert col.tolist() == column.tolist()
     again = information_chain(micro, pairs, 0.9, answer_prefix_ids=[60, 61], ema_state=result.ema_state)
     assert again.ema_state["za"]["updates"] == 2
     flat = result.flat("collapse/first_turn")

@@ -82,3 +82,25 @@ def test_metric_names():
         "grad_snr/q1/task_grad_norm": 0.1, "grad_snr/q1/reg_grad_norm": 0.2, "grad_snr/q1/snr": 0.5,
         "grad_snr/q1/mean_rv": 0.0, "grad_snr/q1/num_groups": 2.0,
         "grad_snr/q2/task_grad_norm": 0.3, "grad_snr/q2/reg_grad_norm": 0.0, "grad_snr/q2/num_groups": 2.0}
+
+
+def test_task_and_regulariser_may_share_one_forward():
+    model = Toy()
+    rv = np.array([0.0, 1.0, 2.0])
+    forwards = []
+
+    def shared(groups):
+        # One forward yields both losses, as a learner computing the PPO objective does.
+        if not forwards or forwards[-1][0] != groups:
+            hidden = model.w * 2.0
+            task = float(rv[groups].mean()) * hidden.sum()
+            reg = 0.5 * (hidden ** 2).sum()
+            forwards.append((groups, task, reg))
+        return forwards[-1]
+
+    rows = bucket_grad_norms(model, lambda g: shared(g)[1], lambda g: shared(g)[2], [[0], [1], [2]], rv)
+    assert len(forwards) == 3                                   # one forward per bucket
+    assert [r["task_grad_norm"] for r in rows] == pytest.approx([0.0, 2 * np.sqrt(5), 4 * np.sqrt(5)])
+    reg_norm = float((4 * model.w.detach()).norm())              # d/dw 0.5 (2w)^2 = 4w
+    assert [r["reg_grad_norm"] for r in rows] == pytest.approx([reg_norm] * 3)
+    assert model.w.grad is None
