@@ -16,7 +16,8 @@ def _history(client, run_id, key):
 @pytest.fixture(scope="module")
 def finished_run(micro_policy, models_dir, ray_local, tmp_path_factory):
     out = tmp_path_factory.mktemp("e2e")
-    cfg = build_config(micro_config_dict(out, trainer={"iterations": 3, "val_every": 3}))
+    cfg = build_config(micro_config_dict(out, trainer={"iterations": 3, "val_every": 3},
+                                         diagnostics={"grad_snr_every": 3, "grad_snr_buckets": 2}))
     cfg.model.cache_dir = models_dir
     summary = Trainer(cfg).run()
     return cfg, summary
@@ -66,6 +67,22 @@ def test_collapse_diagnostics_are_logged(finished_run):
         assert 0.0 < chance <= 1.0
     images = [a.path for a in client.list_artifacts(summary.run_id, "diagnostics")]
     assert any(p.endswith("cross_scores_first_turn_0001.png") for p in images)
+
+
+def test_gradient_snr_by_reward_variance_bucket(finished_run):
+    cfg, summary = finished_run
+    client = MlflowClient(summary.tracking_uri)
+    metrics = client.get_run(summary.run_id).data.metrics
+    if _history(client, summary.run_id, "filter/kept_groups").get(3, 0) == 0:
+        pytest.skip("no group had reward spread at iteration 3: the update (and SNR) was skipped")
+    low, high = (metrics.get(f"grad_snr/q{k}/mean_rv") for k in (1, 2))
+    assert low is not None and high is not None and low <= high
+    assert set(_history(client, summary.run_id, "grad_snr/q1/task_grad_norm")) == {3}
+    # A bucket whose groups have no reward spread has zero advantages: no task gradient.
+    for k in (1, 2):
+        if metrics[f"grad_snr/q{k}/mean_rv"] == 0.0:
+            assert metrics[f"grad_snr/q{k}/task_grad_norm"] == 0.0
+        assert metrics[f"grad_snr/q{k}/reg_grad_norm"] > 0.0  # KL + entropy act everywhere
 
 
 def test_alarm_in_stop_mode_ends_the_run_cleanly(micro_policy, models_dir, ray_local, tmp_path):

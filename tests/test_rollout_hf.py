@@ -195,11 +195,17 @@ def test_context_window_and_truncation(model, prompts):
     assert alone[0].token_ids == gens[0].token_ids
 
 
-@pytest.mark.parametrize("variant", ["prefill_chunk", "no_buckets", "dynamic_cache"])
+VARIANTS = {"prefill_chunk": {"prefill_chunk": 7}, "no_buckets": {"pad_tolerance": 0.99},
+            "lazy_compaction": {"compact_fraction": 0.5}, "no_compaction": {"compact_fraction": 1.0},
+            "dynamic_cache": {}}
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_prefill_and_cache_variants_agree(model, prompts, variant):
-    """Chunked prefill, one-bucket prefill and the DynamicCache fallback give the same samples."""
+    """Chunked prefill, one-bucket prefill, lazy or no row dropping and the DynamicCache
+    fallback give the same samples."""
     base = HFRolloutEngine(model, pad_token_id=PAD)
-    kwargs = {"prefill_chunk": {"prefill_chunk": 7}, "no_buckets": {"pad_tolerance": 0.99}}.get(variant, {})
+    kwargs = VARIANTS[variant]
     other = HFRolloutEngine(model, pad_token_id=PAD, **kwargs)
     if variant == "dynamic_cache":
         other._preallocate = False
@@ -248,7 +254,7 @@ def test_sampler_draws_from_the_distribution():
 def test_make_engine_and_errors():
     model = build_tiny_model(tiny_config("micro"), seed=0)
     assert isinstance(make_engine("hf", model, pad_token_id=PAD), HFRolloutEngine)
-    with pytest.raises(NotImplementedError, match="vllm"):
+    with pytest.raises(ValueError, match="vllm"):
         make_engine("vllm", model, pad_token_id=PAD)
     with pytest.raises(ValueError, match="'hf'"):
         make_engine("nope", model, pad_token_id=PAD)

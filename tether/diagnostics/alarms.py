@@ -13,6 +13,7 @@ breach and re-arms after the condition clears. ``state_dict()`` is JSON-safe.
 
 from __future__ import annotations
 
+import abc
 import math
 import time
 from collections.abc import Callable, Mapping
@@ -119,7 +120,7 @@ def _value(metrics: Mapping[str, Any], key: str) -> float | None:
 
 # ------------------------------------------------------------------ alarms
 
-class _Alarm:
+class _Alarm(abc.ABC):
     """Base: subclasses define ``_observe`` returning (breached, message, evidence) or None."""
     name: str = ""
 
@@ -127,8 +128,9 @@ class _Alarm:
         self.config = config
         self.in_breach = False
 
+    @abc.abstractmethod
     def _observe(self, iteration: int, metrics: Mapping[str, Any]) -> tuple[bool, str, dict] | None:
-        raise NotImplementedError
+        """(breached, message, evidence), or None when the metrics it reads are missing."""
 
     def update(self, iteration: int, metrics: Mapping[str, Any], now: float) -> AlarmEvent | None:
         observed = self._observe(iteration, metrics)
@@ -184,8 +186,9 @@ class _MiEntropyAlarm(_WindowAlarm):
         super().__init__(config)
         self.keys = (config.mi_metric, config.entropy_metric)
 
+    @abc.abstractmethod
     def _entropy_ok(self, relative_change: float) -> bool:
-        raise NotImplementedError
+        """Whether H(Z|X)'s relative change since the MI peak matches this alarm."""
 
     def _observe(self, iteration, metrics):
         if not self._push(iteration, metrics):

@@ -58,10 +58,10 @@ class TextEnv(gym.Env, abc.ABC):
         """The current state as text (what the agent observes)."""
         ...
 
+    @abc.abstractmethod
     def demonstration(self, rng: np.random.Generator, noise: float = 0.0) -> tuple[str, str]:
         """A short (reasoning, answer) pair for the current state, used to warm-start
         a policy.  With probability ``noise`` the answer is deliberately imperfect."""
-        raise NotImplementedError(f"{type(self).__name__} has no demonstrations")
 
     # -- shared helpers ----------------------------------------------------------------
     def _seed_level_rng(self, seed: int | None) -> np.random.Generator:

@@ -104,6 +104,8 @@ class RolloutConfig(Section):
             if importlib.util.find_spec("vllm") is None:
                 raise ValueError("engine 'vllm' needs the vllm package (pip install "
                                  "'tether[vllm]' on a CUDA machine); use engine: hf on CPU")
+            raise ValueError("engine 'vllm' is not available in this version of Tether yet; "
+                             "use engine: hf")
         return engine
 
     @property

@@ -14,8 +14,8 @@ def make_engine(kind: str, model, **kwargs) -> RolloutEngine:
     if kind in ENGINES:
         return ENGINES[kind](model, **kwargs)
     if kind == "vllm":
-        raise NotImplementedError(
-            "rollout engine 'vllm' is not implemented yet; use kind='hf' (CPU, HF transformers) for now")
+        raise ValueError("rollout engine 'vllm' is not available in this version of Tether "
+                         "(planned: issue 4); use 'hf'")
     raise ValueError(f"unknown rollout engine {kind!r}; choose one of {sorted(ENGINES)}")
 
 
