@@ -9,9 +9,10 @@ One ``generate`` call runs:
    right-aligned, into one preallocated cache for the whole batch.
 2. **decode** — one token per step for every live row.  The cache is
    preallocated (``_PreallocatedLayer``): a step writes one column in place
-   instead of re-concatenating the whole cache as ``DynamicCache`` does.  When
-   rows finish they are dropped from the batch and from the cache, and padding
-   columns that no live row needs any more are cut off the left.
+   instead of re-concatenating the whole cache as ``DynamicCache`` does.  Once
+   finished rows make up ``compact_fraction`` of the batch they are dropped from
+   it and from the cache (one copy), and padding columns that no remaining row
+   needs are cut off the left (a view).
 
 Log-probs: ``Generation.logprobs[i]`` is ``log_softmax(logits / T)`` at the
 sampled token, i.e. under the temperature-scaled *full* distribution, before
@@ -166,15 +167,21 @@ class HFRolloutEngine(RolloutEngine):
         max_context: model window; defaults to ``config.max_position_embeddings``.
         pad_tolerance: a prefill bucket admits a prompt while its padding is at most
             this fraction of the bucket length (0 = only equal lengths share a forward).
+        compact_fraction: finished rows are dropped from the batch and KV cache once they
+            are at least this fraction of it (0 = as soon as any row finishes); each drop
+            copies the cache, so waiting for a few trades a little wasted compute for fewer copies.
     """
 
     def __init__(self, model, pad_token_id: int, eos_token_ids: Sequence[int] = (),
                  device: str | torch.device = "cpu", prefill_chunk: int | None = None,
-                 tokenizer=None, max_context: int | None = None, pad_tolerance: float = 0.1):
+                 tokenizer=None, max_context: int | None = None, pad_tolerance: float = 0.1,
+                 compact_fraction: float = 0.1):
         if prefill_chunk is not None and prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be a positive token count or None, got {prefill_chunk}")
         if not 0.0 <= pad_tolerance < 1.0:
             raise ValueError(f"pad_tolerance must be in [0, 1), got {pad_tolerance}")
+        if not 0.0 <= compact_fraction <= 1.0:
+            raise ValueError(f"compact_fraction must be in [0, 1], got {compact_fraction}")
         self.device = torch.device(device)
         self.model = model.to(self.device)
         self.pad_token_id = int(pad_token_id)
@@ -182,6 +189,7 @@ class HFRolloutEngine(RolloutEngine):
         self.prefill_chunk = prefill_chunk
         self.tokenizer = tokenizer
         self.pad_tolerance = pad_tolerance
+        self.compact_fraction = compact_fraction
         window = max_context or getattr(model.config.get_text_config(), "max_position_embeddings", None)
         if not window or window < 2:
             raise ValueError(f"need a model window of at least 2 tokens, got {window}: check the config's "
@@ -214,6 +222,8 @@ class HFRolloutEngine(RolloutEngine):
 
     def generate(self, prompts: list[list[int]], params: SamplingParams,
                  seed: int | None = None) -> list[Generation]:
+        """Sample one reply per prompt (order kept).  The same seed, prompts and engine
+        settings give the same replies; a row's sample also depends on the rest of the batch."""
         self._check(prompts, params)
         if not prompts:
             return []
@@ -293,32 +303,39 @@ class HFRolloutEngine(RolloutEngine):
         logprobs = torch.zeros(batch, steps, device=dev)
         n_out = torch.zeros(batch, dtype=torch.long, device=dev)
         stopped = torch.zeros(batch, dtype=torch.bool, device=dev)
-        live = torch.arange(batch, device=dev)  # original (sorted) row of each batch row
+        live = torch.arange(batch, device=dev)  # sorted-order row of each batch row
+        active = torch.ones(batch, dtype=torch.bool, device=dev)  # batch rows still generating
         first_col = 0  # columns already cut off the left of the cache / mask
 
         for step in range(steps):
             tok, lp = _sample(logits, params, generator)  # [b], [b]
+            # Finished rows not yet dropped write past their end; the final slice ignores it.
             tokens[live, step], logprobs[live, step] = tok, lp.float()
-            hit_stop = torch.isin(tok, stop_ids) if len(stop_ids) else torch.zeros_like(tok, dtype=torch.bool)
+            hit_stop = torch.isin(tok, stop_ids) if len(stop_ids) else torch.zeros_like(active)
             if params.stop_strings:
-                hit_stop |= self._stop_string_hits(tokens[live, : step + 1], params.stop_strings)
-            done = hit_stop | (budget[live] <= step + 1)
+                rows = active.nonzero().squeeze(-1)
+                hit_stop[rows] |= self._stop_string_hits(tokens[live[rows], : step + 1], params.stop_strings)
+            done = active & (hit_stop | (budget[live] <= step + 1))
             if bool(done.any()):
                 n_out[live[done]], stopped[live[done]] = step + 1, hit_stop[done]
-                keep = (~done).nonzero().squeeze(-1)
-                if len(keep) == 0:
+                active &= ~done
+                n_active = int(active.sum())
+                if n_active == 0:
                     break
-                live, tok, attn = live[keep], tok[keep], attn[keep]
-                cache.batch_select_indices(keep)
-                # Left columns that are padding for every live row: cut them from cache and mask.
-                cut = int(longest - lengths[live].max()) - first_col
-                if cut > 0 and self._preallocate:
-                    for layer in cache.layers:
-                        layer.drop_left(cut)
-                    attn, first_col = attn[:, cut:], first_col + cut
+                if len(live) - n_active >= self.compact_fraction * len(live):
+                    keep = active.nonzero().squeeze(-1)
+                    live, tok, attn, active = live[keep], tok[keep], attn[keep], active[keep]
+                    cache.batch_select_indices(keep)
+                    # Left columns that are padding for every remaining row: cut from cache and mask.
+                    cut = int(longest - lengths[live].max()) - first_col
+                    if cut > 0 and self._preallocate:
+                        for layer in cache.layers:
+                            layer.drop_left(cut)
+                        attn, first_col = attn[:, cut:], first_col + cut
             kv_len = longest + step + 1 - first_col
-            out = self.model(input_ids=tok[:, None], attention_mask=attn[:, :kv_len],
-                             position_ids=(lengths[live] + step)[:, None],
+            # Clamped so finished rows still in the batch never index past the window.
+            positions = (lengths[live] + step).clamp(max=self._max_context - 1)[:, None]
+            out = self.model(input_ids=tok[:, None], attention_mask=attn[:, :kv_len], position_ids=positions,
                              past_key_values=cache, use_cache=True, logits_to_keep=1)
             logits = out.logits[:, -1].float()
         return tokens, logprobs, n_out.tolist(), stopped.tolist(), order
