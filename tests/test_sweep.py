@@ -137,13 +137,13 @@ def test_impossible_resources_name_the_fields_and_the_case():
         check_resources(spec, {"CPU": 2.0}, {"CPU": 2.0})
     message = str(err.value)
     assert message.startswith("sweep.resources: a trial with sweep.space.rollout.num_workers=8"
-                              " needs 2.8 CPU")
+                              " needs 4.5 CPU")
     assert "rollout.num_cpus_per_worker" in message and "the cluster has 2 CPU" in message
     gpu = load_sweep_spec(EXPERIMENTS / "filters_smoke.yaml", ["algo.num_gpus=1"])
     with pytest.raises(SweepError, match="needs 1 GPU .* the cluster has 0 GPU"):
         check_resources(gpu, {"CPU": 2.0}, {"CPU": 2.0})
     two_nodes = load_sweep_spec(EXPERIMENTS / "filters_smoke.yaml",
-                                ["rollout.num_cpus_per_worker=1.5"])
+                                ["rollout.num_cpus_per_worker=2.5"])
     with pytest.raises(SweepError, match="on one node and the largest node has 2"):
         check_resources(two_nodes, {"CPU": 8.0}, {"CPU": 2.0})
 
@@ -157,7 +157,7 @@ def test_cli_refuses_impossible_resources_before_any_trial(tmp_path):
          "rollout.num_cpus_per_worker=4"],
         capture_output=True, text=True, timeout=300, cwd=REPO)
     assert proc.returncode == 2, proc.stderr[-2000:]
-    assert "error: sweep.resources: a trial needs 8.4 CPU" in " ".join(proc.stderr.split())
+    assert "error: sweep.resources: a trial needs 4.5 CPU" in " ".join(proc.stderr.split())
     assert "Traceback" not in proc.stderr
     assert not (out / "sweeps").exists() and not (out / "mlflow.db").exists()
 
@@ -200,7 +200,6 @@ def test_results_rows_rank_trials_and_keep_the_finished_attempt(tmp_path):
 
 
 # -- a real sweep ---------------------------------------------------------------------------
-@pytest.mark.slow
 def test_optuna_smoke_sweep_through_tune_is_tracked_in_mlflow(micro_policy, models_dir,
                                                                ray_local, tmp_path):
     """4 Optuna (TPE) trials on local Ray: one MLflow parent, 4 nested children with their
@@ -213,8 +212,8 @@ def test_optuna_smoke_sweep_through_tune_is_tracked_in_mlflow(micro_policy, mode
                       experiment={"output_dir": str(tmp_path / "out"), "name": "sweep-test"},
                       model={"size": "micro", "cache_dir": str(models_dir), "warm_start": {
                           "episodes": 192, "epochs": 3, "batch_size": 8, "lr": 1e-2}},
-                      rollout={"num_workers": 2, "groups": 2, "group_size": 4,
-                               "max_reply_tokens": 48, "num_cpus_per_worker": 0.3})
+                      rollout={"num_workers": 1, "groups": 2, "group_size": 4,
+                               "max_reply_tokens": 48, "num_cpus_per_worker": 0.5})
     lines: list[str] = []
     outcome = run_sweep(load_sweep_spec(path), echo=lines.append)
     assert outcome.status == "FINISHED" and outcome.trials == 4

@@ -16,7 +16,6 @@ parent and re-runs only the trials that had not finished.
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import os
@@ -28,15 +27,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mlflow.tracking import MlflowClient
 from ray.tune import Callback
 
+from .sweep_results import (SUCCESS, close_stale_children, finalize_child,
+                            results_rows, results_table, write_results_csv)
 from .sweep_spec import SweepSpec
+
+__all__ = ["SweepError", "SweepOutcome", "check_resources", "decode", "param_space",
+           "results_rows", "results_table", "run_sweep", "swept_fields", "trial_bundles",
+           "write_results_csv"]
 
 STATE_FILE = "tether_sweep.json"
 RESULTS_FILE = "sweep_results.csv"
-SUCCESS = "rollout/success"
-MI_ZSCORE = "collapse/first_turn/mi_zscore_ema"
 
 
 class SweepError(RuntimeError):
@@ -171,9 +173,24 @@ def run_trial(config: dict[str, Any], spec_json: str, parent_run_id: str) -> Non
             tune.report({k: float(v) for k, v in data.items() if k != "total" and
                          isinstance(v, (int, float)) and math.isfinite(float(v))})
 
-    summary = Trainer(cfg, on_event, parent_run_id=parent_run_id, run_tags=tags).run()
+    trainer = Trainer(cfg, on_event, parent_run_id=parent_run_id, run_tags=tags)
+    try:
+        summary = trainer.run()
+    finally:
+        _release_actors(trainer)
     if summary.status != "FINISHED":
         raise RuntimeError(f"trial {trial_id} ended {summary.status}")
+
+
+def _release_actors(trainer) -> None:
+    """End a finished trial's actors now: Tune reuses the trial process (and placement
+    group) for the next trial, whose actors need the CPUs these hold."""
+    import ray
+
+    for actor in [*getattr(trainer, "workers", []), getattr(trainer, "learner", None),
+                  getattr(trainer, "reference", None)]:
+        if actor is not None:
+            ray.kill(actor, no_restart=True)
 
 
 def swept_fields(spec: SweepSpec) -> dict[str, Any]:
@@ -220,12 +237,12 @@ class SweepProgress(Callback):
              f"[{done}/{len(trials)} trials done]")
 
     def on_trial_complete(self, iteration, trials, trial, **info):
-        _finalize_child(self.tracking_uri, self.experiment_id, self.parent_run_id,
+        finalize_child(self.tracking_uri, self.experiment_id, self.parent_run_id,
                         trial.trial_id, "FINISHED")
         _say(f"trial {trial.trial_id} finished")
 
     def on_trial_error(self, iteration, trials, trial, **info):
-        _finalize_child(self.tracking_uri, self.experiment_id, self.parent_run_id,
+        finalize_child(self.tracking_uri, self.experiment_id, self.parent_run_id,
                         trial.trial_id, "FAILED")
         _say(f"trial {trial.trial_id} FAILED (error log: {trial.local_path})")
 
@@ -241,9 +258,14 @@ def _graceful_sigterm():
     if not hasattr(signal, "SIGUSR1"):
         yield
         return
+
+    def stop(*_):
+        # Trials Tune shuts down fail their pending train() calls: expected, not news.
+        os.environ["RAY_IGNORE_UNHANDLED_ERRORS"] = "1"
+        os.kill(os.getpid(), signal.SIGUSR1)
+
     try:
-        previous = signal.signal(signal.SIGTERM,
-                                 lambda *_: os.kill(os.getpid(), signal.SIGUSR1))
+        previous = signal.signal(signal.SIGTERM, stop)
     except ValueError:  # not the main thread
         yield
         return
@@ -297,6 +319,7 @@ def run_sweep(spec: SweepSpec, resume: bool = False, address: str | None = None,
             echo("note: the spec differs from the one the sweep started with; resuming with "
                  "the original")
         spec = SweepSpec.from_json(state["spec"])
+        sweep, base = spec.sweep, spec.base
     elif state_file.exists() or tune.Tuner.can_restore(str(exp_path)):
         raise SweepError(f"sweep {spec.name!r} already has state at {exp_path}; continue it "
                          f"with --resume, or start a new one with sweep.name=<another name>")
@@ -332,7 +355,7 @@ def run_sweep(spec: SweepSpec, resume: bool = False, address: str | None = None,
     parent.set_tags({"sweep.experiment_path": str(exp_path)})
     echo(f"MLflow parent run {parent.run_id}  (Tune state: {exp_path})")
     ids = (parent.uri, parent.experiment_id, parent.run_id)
-    _close_stale_children(*ids)  # trials killed with an earlier, interrupted attempt
+    close_stale_children(*ids)  # trials killed with an earlier, interrupted attempt
 
     spec_json = spec.to_json()
     trainable = tune.with_resources(
@@ -360,7 +383,7 @@ def run_sweep(spec: SweepSpec, resume: bool = False, address: str | None = None,
     errored = sum(t.status == "ERROR" for t in trials)
     interrupted = len(trials) < _expected_trials(spec) or any(
         t.status not in ("TERMINATED", "ERROR") for t in trials)
-    _close_stale_children(*ids)
+    close_stale_children(*ids)
     rows = results_rows(*ids, sweep.metric, sweep.mode)
     write_results_csv(rows, sweep.metric, exp_path / RESULTS_FILE)
     parent.client.log_artifact(parent.run_id, str(exp_path / RESULTS_FILE))
@@ -402,8 +425,10 @@ def _tune_config(spec: SweepSpec):
         scheduler = ASHAScheduler(time_attr="training_iteration",
                                   max_t=a.max_t or spec.base.trainer.iterations,
                                   grace_period=a.grace_period, reduction_factor=a.reduction_factor)
+    # reuse_actors: a trial's process is kept for the next trial, which skips importing
+    # torch and tether again (seconds of CPU per trial on a small machine).
     return tune.TuneConfig(metric=sweep.metric, mode=sweep.mode, search_alg=search_alg,
-                           scheduler=scheduler, num_samples=sweep.num_samples,
+                           scheduler=scheduler, num_samples=sweep.num_samples, reuse_actors=True,
                            max_concurrent_trials=sweep.max_concurrent
                            if sweep.search == "optuna" else None)
 
@@ -416,109 +441,3 @@ def _reporter(spec: SweepSpec):
                SUCCESS: "success"}
     return CLIReporter(parameter_columns=list(param_space(spec)), metric_columns=metrics,
                        max_report_frequency=30, sort_by_metric=True, max_column_length=48)
-
-
-# -- MLflow bookkeeping and the results table ----------------------------------------------
-def _children(uri: str, experiment_id: str, parent_run_id: str, extra: str = "") -> list:
-    query = f"tags.`mlflow.parentRunId` = '{parent_run_id}'" + (f" and {extra}" if extra else "")
-    return MlflowClient(uri).search_runs([experiment_id], filter_string=query, max_results=5000)
-
-
-def _finalize_child(uri: str, experiment_id: str, parent_run_id: str, trial_id: str,
-                    status: str) -> None:
-    """Tune ended a trial (early stop, error) that could not close its own MLflow run."""
-    client = MlflowClient(uri)
-    for run in _children(uri, experiment_id, parent_run_id,
-                         f"tags.`sweep.trial_id` = '{trial_id}'"):
-        if run.info.status == "RUNNING":
-            client.set_tag(run.info.run_id, "sweep.ended_by", "tune")
-            client.set_terminated(run.info.run_id, status)
-
-
-def _close_stale_children(uri: str, experiment_id: str, parent_run_id: str) -> int:
-    """Child runs still RUNNING while no trial runs (an interrupted sweep) become KILLED."""
-    client, closed = MlflowClient(uri), 0
-    for run in _children(uri, experiment_id, parent_run_id):
-        if run.info.status == "RUNNING":
-            client.set_terminated(run.info.run_id, "KILLED")
-            closed += 1
-    return closed
-
-
-def results_rows(uri: str, experiment_id: str, parent_run_id: str, metric: str,
-                 mode: str) -> list[dict]:
-    """One row per trial (its FINISHED child run if any, else its latest), ranked."""
-    from .tracking import metric_key
-
-    client = MlflowClient(uri)
-    by_trial: dict[str, Any] = {}
-    for run in sorted(_children(uri, experiment_id, parent_run_id),
-                      key=lambda r: r.info.start_time):
-        trial = run.data.tags.get("sweep.trial_id", run.info.run_id)
-        if trial not in by_trial or by_trial[trial].info.status != "FINISHED":
-            by_trial[trial] = run
-
-    def history(run_id: str, key: str) -> list[float]:
-        return [m.value for m in sorted(client.get_metric_history(run_id, metric_key(key)),
-                                        key=lambda m: m.step)]
-
-    rows = []
-    for trial, run in by_trial.items():
-        success, target, tags = history(run.info.run_id, SUCCESS), \
-            history(run.info.run_id, metric), run.data.tags
-        rows.append({
-            "trial": trial, "run_id": run.info.run_id, "status": run.info.status,
-            **{k.removeprefix("sweep.param."): v for k, v in sorted(tags.items())
-               if k.startswith("sweep.param.")},
-            "iterations": len(success), metric: target[-1] if target else float("nan"),
-            "success_peak": max(success) if success else float("nan"),
-            "success_final": success[-1] if success else float("nan"),
-            "mi_zscore_ema_final": run.data.metrics.get(MI_ZSCORE, float("nan")),
-            "alarms": " ".join(sorted(k.removeprefix("alarm.") for k in tags
-                                      if k.startswith("alarm."))),
-        })
-    sign = -1.0 if mode == "max" else 1.0
-    rows.sort(key=lambda r: (math.isnan(r[metric]), sign * r[metric]
-                             if not math.isnan(r[metric]) else 0.0))
-    for rank, row in enumerate(rows, 1):
-        row["rank"] = rank
-    return rows
-
-
-_TAIL = ["success_peak", "success_final", "mi_zscore_ema_final", "alarms", "iterations",
-         "status", "run_id"]
-
-
-def _swept_columns(rows: list[dict], metric: str) -> list[str]:
-    fixed = {"rank", "trial", metric, *_TAIL}
-    return [c for c in dict.fromkeys(k for r in rows for k in r) if c not in fixed]
-
-
-def write_results_csv(rows: list[dict], metric: str, path: Path) -> None:
-    columns = ["rank", "trial", *_swept_columns(rows, metric), metric, *_TAIL]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=columns, restval="")
-        writer.writeheader()
-        writer.writerows(rows)
-
-
-def results_table(rows: list[dict], metric: str, title: str):
-    """The ranked trials as a rich Table (swept values, metric, success, MI z-score, alarms)."""
-    from rich.table import Table
-
-    swept = _swept_columns(rows, metric)
-    table = Table(title=title)
-    for column in ["#", "trial", *swept, metric, "peak success", "final success",
-                   "MI z-score (EMA)", "alarms", "status"]:
-        table.add_column(column, justify="right" if column not in ("trial", "alarms") else "left")
-
-    def num(value) -> str:
-        return "-" if value is None or (isinstance(value, float) and math.isnan(value)) \
-            else f"{value:.3f}"
-
-    for r in rows:
-        table.add_row(str(r["rank"]), r["trial"], *(str(r.get(c, "")) for c in swept),
-                      num(r[metric]), num(r["success_peak"]), num(r["success_final"]),
-                      num(r["mi_zscore_ema_final"]), r["alarms"] or "-", r["status"])
-    return table

@@ -1,0 +1,124 @@
+"""A sweep's MLflow bookkeeping and its results: child runs found by their parent, runs
+that Tune ended closed, and the trials ranked by the metric (rich table and CSV)."""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+from typing import Any
+
+from mlflow.tracking import MlflowClient
+
+SUCCESS = "rollout/success"
+MI_ZSCORE = "collapse/first_turn/mi_zscore_ema"
+
+
+def _children(uri: str, experiment_id: str, parent_run_id: str, extra: str = "") -> list:
+    query = f"tags.`mlflow.parentRunId` = '{parent_run_id}'" + (f" and {extra}" if extra else "")
+    return MlflowClient(uri).search_runs([experiment_id], filter_string=query, max_results=5000)
+
+
+def finalize_child(uri: str, experiment_id: str, parent_run_id: str, trial_id: str,
+                    status: str) -> None:
+    """Tune ended a trial (early stop, error) that could not close its own MLflow run."""
+    client = MlflowClient(uri)
+    for run in _children(uri, experiment_id, parent_run_id,
+                         f"tags.`sweep.trial_id` = '{trial_id}'"):
+        if run.info.status == "RUNNING":
+            client.set_tag(run.info.run_id, "sweep.ended_by", "tune")
+            client.set_terminated(run.info.run_id, status)
+
+
+def close_stale_children(uri: str, experiment_id: str, parent_run_id: str) -> int:
+    """Child runs still RUNNING while no trial runs (an interrupted sweep) become KILLED."""
+    client, closed = MlflowClient(uri), 0
+    for run in _children(uri, experiment_id, parent_run_id):
+        if run.info.status == "RUNNING":
+            client.set_terminated(run.info.run_id, "KILLED")
+            closed += 1
+    return closed
+
+
+def results_rows(uri: str, experiment_id: str, parent_run_id: str, metric: str,
+                 mode: str) -> list[dict]:
+    """One row per trial (its FINISHED child run if any, else its latest), ranked."""
+    from .tracking import metric_key
+
+    client = MlflowClient(uri)
+    by_trial: dict[str, Any] = {}
+    for run in sorted(_children(uri, experiment_id, parent_run_id),
+                      key=lambda r: r.info.start_time):
+        trial = run.data.tags.get("sweep.trial_id", run.info.run_id)
+        if trial not in by_trial or by_trial[trial].info.status != "FINISHED":
+            by_trial[trial] = run
+
+    def history(run_id: str, key: str) -> list[float]:
+        return [m.value for m in sorted(client.get_metric_history(run_id, metric_key(key)),
+                                        key=lambda m: m.step)]
+
+    rows = []
+    for trial, run in by_trial.items():
+        success, target, tags = history(run.info.run_id, SUCCESS), \
+            history(run.info.run_id, metric), run.data.tags
+        rows.append({
+            "trial": trial, "run_id": run.info.run_id, "status": run.info.status,
+            **{k.removeprefix("sweep.param."): v for k, v in sorted(tags.items())
+               if k.startswith("sweep.param.")},
+            "iterations": len(success), metric: target[-1] if target else float("nan"),
+            "success_peak": max(success) if success else float("nan"),
+            "success_final": success[-1] if success else float("nan"),
+            "mi_zscore_ema_final": run.data.metrics.get(MI_ZSCORE, float("nan")),
+            "alarms": " ".join(sorted(k.removeprefix("alarm.") for k in tags
+                                      if k.startswith("alarm."))),
+        })
+    sign = -1.0 if mode == "max" else 1.0
+
+    def order(row: dict) -> tuple:  # by the metric, then peak success; missing values last
+        value, peak = row[metric], row["success_peak"]
+        return (math.isnan(value), 0.0 if math.isnan(value) else sign * value,
+                math.isnan(peak), 0.0 if math.isnan(peak) else -peak, row["trial"])
+
+    rows.sort(key=order)
+    for rank, row in enumerate(rows, 1):
+        row["rank"] = rank
+    return rows
+
+
+_TAIL = ["success_peak", "success_final", "mi_zscore_ema_final", "alarms", "iterations",
+         "status", "run_id"]
+
+
+def _swept_columns(rows: list[dict], metric: str) -> list[str]:
+    fixed = {"rank", "trial", metric, *_TAIL}
+    return [c for c in dict.fromkeys(k for r in rows for k in r) if c not in fixed]
+
+
+def write_results_csv(rows: list[dict], metric: str, path: Path) -> None:
+    columns = ["rank", "trial", *_swept_columns(rows, metric), metric, *_TAIL]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns, restval="")
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def results_table(rows: list[dict], metric: str, title: str):
+    """The ranked trials as a rich Table (swept values, metric, success, MI z-score, alarms)."""
+    from rich.table import Table
+
+    swept = _swept_columns(rows, metric)
+    table = Table(title=title)
+    for column in ["#", "trial", *swept, metric, "peak success", "final success",
+                   "MI z-score (EMA)", "alarms", "status"]:
+        table.add_column(column, justify="right" if column not in ("trial", "alarms") else "left")
+
+    def num(value) -> str:
+        return "-" if value is None or (isinstance(value, float) and math.isnan(value)) \
+            else f"{value:.3f}"
+
+    for r in rows:
+        table.add_row(str(r["rank"]), r["trial"], *(str(r.get(c, "")) for c in swept),
+                      num(r[metric]), num(r["success_peak"]), num(r["success_final"]),
+                      num(r["mi_zscore_ema_final"]), r["alarms"] or "-", r["status"])
+    return table
