@@ -7,16 +7,18 @@ Each scenario samples up to 64 new tokens at temperature 1 (full distribution:
 
 - ``no-stop``: no stop tokens, so both sides produce exactly batch x 64 tokens;
 - ``stop``: stop tokens ending rows at different lengths.  The random model's most
-  frequent tokens (from one calibration run) are used, as few as needed for a ~3%
-  stop chance per step, i.e. replies of ~30 tokens on average, capped at 64.
+  frequent tokens (from one calibration run on other prompts) are used, as few as
+  needed for a ~3% stop chance per step; on the benchmark prompts replies end at
+  varied lengths, ~45 tokens on average, capped at 64.
 
 Timing alternates A B A B A B after one untimed warm-up each; medians are reported
 (wall seconds, and process CPU seconds, which show when other processes compete).
 Tokens/s counts generated tokens (not padding): up to and including the stop token,
 per row.  Our engine also returns per-token log-probs; ``generate`` does not.
 
-    python benchmarks/rollout_engine.py            # full table (~10 min on 2 cores)
+    python benchmarks/rollout_engine.py            # full table (~4 min on a quiet 2-core box)
     python benchmarks/rollout_engine.py --quick    # batch 64 only, 1 rep
+    python benchmarks/rollout_engine.py --threads 1 --attn sdpa
 """
 
 from __future__ import annotations
@@ -125,6 +127,8 @@ def main() -> None:
     ap.add_argument("--batches", type=int, nargs="+", default=[64, 128])
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    ap.add_argument("--attn", choices=["eager", "sdpa"], default=None,
+                    help="attention implementation for both sides (default: the model's, eager)")
     ap.add_argument("--quick", action="store_true", help="batch 64, 1 rep")
     args = ap.parse_args()
     if args.quick:
@@ -132,6 +136,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     model = build_tiny_model(tiny_config("tiny"), seed=0)
+    if args.attn:
+        model.set_attn_implementation(args.attn)
     engine = HFRolloutEngine(model, pad_token_id=PAD)
     stop_ids = calibrate_stop_ids(engine, make_prompts(32, seed=7))
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, python "
