@@ -15,9 +15,9 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from tether.platform.config import ConfigError
-from tether.platform.sweep import (SweepError, _expected_trials, check_resources, decode,
-                                   param_space, results_rows, run_sweep, swept_fields,
-                                   trial_bundles, write_results_csv)
+from tether.platform.sweep import (SweepError, _expected_trials, _tune_config,
+                                   check_resources, decode, param_space, results_rows,
+                                   run_sweep, swept_fields, trial_bundles, write_results_csv)
 from tether.platform.sweep_spec import apply_values, load_sweep_spec
 
 REPO = Path(__file__).resolve().parents[1]
@@ -89,6 +89,30 @@ def test_ranges_become_tune_domains(tmp_path):
     assert (space["rollout.group_size"].lower, space["rollout.group_size"].upper) == (2, 5)
     assert space["algo.kl_coef"].categories == [0.0, 0.1]
     assert _expected_trials(spec) == 3
+
+
+def test_tune_config_search_scheduler_and_concurrency(tmp_path):
+    from ray.tune.schedulers import ASHAScheduler
+    from ray.tune.search.basic_variant import BasicVariantGenerator
+    from ray.tune.search.optuna import OptunaSearch
+
+    spec = load_sweep_spec(write_spec(tmp_path, {
+        "search": "optuna", "num_samples": 6, "max_concurrent": 2, "mode": "min",
+        "metric": "actor/entropy", "scheduler": {"asha": {"grace_period": 1}},
+        "space": {"algo.kl_coef": {"choice": [0.0, 0.1]}}}))
+    config = _tune_config(spec)
+    assert isinstance(config.search_alg, OptunaSearch) and config.max_concurrent_trials == 2
+    assert (config.metric, config.mode, config.num_samples) == ("actor/entropy", "min", 6)
+    assert isinstance(config.scheduler, ASHAScheduler)
+    assert config.scheduler._max_t == spec.base.trainer.iterations and config.reuse_actors
+    grid = _tune_config(load_sweep_spec(EXPERIMENTS / "filters_smoke.yaml"))
+    # The variant generator limits concurrency itself (Tune ignores max_concurrent_trials).
+    assert isinstance(grid.search_alg, BasicVariantGenerator) and grid.scheduler is None
+    assert grid.search_alg.max_concurrent == 2 and grid.max_concurrent_trials is None
+    with pytest.raises(ConfigError, match=r"sweep.scheduler.asha.grace_period: 5 is more than "
+                                          r"max_t \(2"):
+        load_sweep_spec(EXPERIMENTS / "filters_smoke.yaml",
+                        ["sweep.scheduler={asha: {grace_period: 5}}"])
 
 
 # -- bad input fails before anything starts, naming the field -------------------------------

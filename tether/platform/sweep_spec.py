@@ -196,6 +196,11 @@ class SweepSpec:
         self.base_tree, self.sweep, self.source = base_tree, sweep, source
         self.base = build_config(copy.deepcopy(base_tree))
         self._check_space()
+        asha = sweep.scheduler.asha
+        if asha is not None and asha.grace_period > (asha.max_t or self.base.trainer.iterations):
+            raise ConfigError(f"sweep.scheduler.asha.grace_period: {asha.grace_period} is more "
+                              f"than max_t ({asha.max_t or self.base.trainer.iterations}, "
+                              "default trainer.iterations)")
 
     @property
     def name(self) -> str:
