@@ -132,7 +132,8 @@ class Trainer:
             RolloutWorker.options(num_cpus=cfg.rollout.num_cpus_per_worker,
                                   num_gpus=cfg.rollout.num_gpus_per_worker).remote(
                 self.model_path, cfg.env.id, env_kwargs, cfg.rollout.engine,
-                cfg.rollout.num_cpus_per_worker, cfg.model.dtype)
+                cfg.rollout.num_cpus_per_worker, cfg.model.dtype, cfg.rollout.engine_kwargs,
+                cfg.experiment.seed)
             for _ in range(cfg.rollout.num_workers)]
         self.learner = Learner.options(num_cpus=cfg.algo.num_cpus, num_gpus=cfg.algo.num_gpus).remote(
             self.model_path, self.settings, cfg.algo.lr, cfg.algo.critic_lr, cfg.algo.use_critic,
