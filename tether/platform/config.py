@@ -91,6 +91,9 @@ class RolloutConfig(Section):
     max_turns: int | None = Field(None, ge=1, description="Cap on turns (default: the env's).")
     max_collect_attempts: int = Field(5, ge=1, description="Collection attempts of a worker's "
                                       "share before the iteration fails (workers restart).")
+    restart_timeout_s: float = Field(300.0, gt=0.0, description="How long to wait for a "
+                                     "dead rollout worker to restart (it reloads the model) "
+                                     "before the iteration fails.")
     num_cpus_per_worker: float = Field(1.0, gt=0.0, description="Ray CPUs per rollout worker "
                                        "(also its torch threads, rounded up).")
     num_gpus_per_worker: float = Field(0.0, ge=0.0, description="Ray GPUs per rollout worker.")

@@ -63,6 +63,15 @@ class LevelSampler:
         return seeds
 
 
+def _first_line(exc: BaseException) -> str:
+    """The line of a (Ray-wrapped) error that says what happened, not where."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    cause = getattr(exc, "cause", None)
+    if cause is not None and str(cause).strip():
+        return f"{type(cause).__name__}: {str(cause).strip().splitlines()[-1]}"
+    return lines[0] if lines else type(exc).__name__
+
+
 class Timers(dict):
     @contextmanager
     def __call__(self, name: str):
@@ -153,31 +162,49 @@ class Trainer:
         """
         shares = [s for s in np.array_split(np.arange(len(specs)), len(self.workers)) if len(s)]
         results: dict[int, list] = {}
+        last_error = ""
         for attempt in range(self.cfg.rollout.max_collect_attempts):
             refs = {k: self.workers[k].collect.remote([specs[i] for i in share], sampling,
                                                       seed * 131 + k, self.cfg.rollout.max_turns)
                     for k, share in enumerate(shares) if k not in results}
+            self.emit("collecting", {"attempt": attempt, "workers": sorted(refs),
+                                     "episodes": sum(len(shares[k]) for k in refs)})
             for k, ref in refs.items():
                 try:
                     results[k] = ray.get(ref)
                 except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as exc:
                     self.worker_failures += 1
+                    last_error = _first_line(exc)
                     self.emit("worker_failed", {"worker": k, "attempt": attempt,
-                                                "error": str(exc).splitlines()[0]})
+                                                "error": last_error})
                     self.restore_worker(k)
             if len(results) == len(shares):
                 return [t for k in range(len(shares)) for t in results[k]]
         raise RuntimeError(f"rollout workers failed {self.cfg.rollout.max_collect_attempts} "
-                           f"times in a row; giving up on this iteration")
+                           f"times in a row; giving up on this iteration (last error: "
+                           f"{last_error})")
 
     def restore_worker(self, k: int) -> None:
-        """Give a (restarted) worker the current weights before it collects again."""
-        if self.weights_ref is None:
-            return
-        try:
-            ray.get(self.workers[k].set_weights.remote(self.weights_ref, self.weights_version))
-        except ray.exceptions.RayError:
-            pass  # still restarting: the next attempt will fail and come back here
+        """Wait until a (restarting) worker answers, and give it the current weights.
+
+        Calls into an actor that Ray is restarting fail at once (ActorUnavailableError)
+        rather than wait, so this polls until the new process is up (it loads the
+        model) or ``rollout.restart_timeout_s`` has passed."""
+        worker = self.workers[k]
+        deadline = time.monotonic() + self.cfg.rollout.restart_timeout_s
+        while True:
+            try:
+                if self.weights_ref is None:  # the initial weights: the ones it loads itself
+                    ray.get(worker.stop_token_ids.remote())
+                else:
+                    ray.get(worker.set_weights.remote(self.weights_ref, self.weights_version))
+                return
+            except ray.exceptions.ActorUnavailableError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"rollout worker {k} did not come back within "
+                                       f"rollout.restart_timeout_s = "
+                                       f"{self.cfg.rollout.restart_timeout_s} s") from None
+                time.sleep(0.25)
 
     def training_specs(self, n_groups: int, first_group_id: int) -> list[EpisodeSpec]:
         seeds = self.sampler.take(n_groups)
