@@ -24,7 +24,7 @@ KEY_METRICS = [("rollout/success", "success"), ("rollout/in_group_reward_std", "
 
 
 def fail(message: str, code: int = 2) -> None:
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False)
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -70,11 +70,15 @@ def run(config: Optional[Path] = typer.Argument(None, help="Experiment YAML (def
             fail(f"config: {exc}")
     else:
         cfg = _load(config, overrides or [], address)
-    from .session import prepare_process
+    from .session import ClusterError, check_reachable, prepare_process
 
+    if cfg.ray.address:  # before the heavy imports and the warm start: fails in seconds
+        try:
+            check_reachable(cfg.ray.address)
+        except ClusterError as exc:
+            fail(str(exc))
     prepare_process(cfg.ray.address)
     from .driver import Trainer
-    from .session import ClusterError
     from .tracking import TrackingError
 
     progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn(

@@ -32,7 +32,7 @@ from ..policy.load import load_model_and_tokenizer, resolve_policy
 from ..rollout.base import SamplingParams
 from .checkpoint import load_checkpoint, save_checkpoint
 from .config import TetherConfig
-from .session import start_ray, stop_ray
+from .session import check_reachable, start_ray, stop_ray
 from .tracking import Tracker, default_tracking_uri
 
 
@@ -118,6 +118,8 @@ class Trainer:
     # -- setup ------------------------------------------------------------------------
     def setup(self) -> None:
         cfg = self.cfg
+        if cfg.ray.address:  # before the warm start: an unreachable cluster fails in seconds
+            check_reachable(cfg.ray.address)
         self.output_dir.mkdir(parents=True, exist_ok=True)
         self.model_path = str(resolve_policy(
             cfg.model, cfg.env, cfg.experiment.seed, cfg.rollout.max_reply_tokens,
