@@ -375,6 +375,7 @@ class Trainer:
                                        "tether.stop_reason": self.stop_reason or "completed"
                                        if status == "FINISHED" else status.lower()})
                 self.tracker.finish(status)
+            self.release_actors()
             stop_ray(self.started_ray)
         return RunSummary(
             run_id=self.tracker.run_id, tracking_uri=self.tracker.uri,
@@ -382,6 +383,15 @@ class Trainer:
             seconds=time.perf_counter() - started, model_path=self.model_path,
             val_history=self.val_history, last_metrics=self.last_metrics,
             stop_reason=self.stop_reason, alarms=[e.to_dict() for e in self.alarms.events])
+
+    def release_actors(self) -> None:
+        """End this run's actors (a worker's environment pool goes with it), so a Ray
+        that outlives the run (a sweep, a test session) gets their resources back."""
+        for actor in [*getattr(self, "workers", []), getattr(self, "learner", None),
+                      getattr(self, "reference", None)]:
+            if actor is not None:
+                ray.kill(actor, no_restart=True)
+        self.workers, self.learner, self.reference = [], None, None
 
     def log_validation(self, it: int, metrics: dict[str, float]) -> None:
         val = self.validate()
