@@ -67,9 +67,22 @@ def fake_cluster_config(gcs_address: str) -> dict:
 
 
 def _cluster_pids(temp_dir: str) -> list[int]:
-    ps = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout
-    return [int(line.split(None, 1)[0]) for line in ps.splitlines()
-            if temp_dir in line and int(line.split(None, 1)[0]) != os.getpid()]
+    """The cluster's processes (their arguments name its temp dir) and their descendants
+    (workers, whose titles are ``ray::...``)."""
+    ps = subprocess.run(["ps", "-eo", "pid=,ppid=,args="], capture_output=True,
+                        text=True).stdout
+    rows = [line.split(None, 2) for line in ps.splitlines()]
+    parent = {int(r[0]): int(r[1]) for r in rows}
+    roots = {int(r[0]) for r in rows if len(r) == 3 and temp_dir in r[2]} - {os.getpid()}
+
+    def under_root(pid: int) -> bool:
+        while pid > 1:
+            if pid in roots:
+                return True
+            pid = parent.get(pid, 1)
+        return False
+
+    return sorted(pid for pid in parent if under_root(pid))
 
 
 @pytest.fixture

@@ -20,19 +20,21 @@ ITERATIONS, CHECKPOINT_EVERY = 5, 2
 
 
 def _wait_for_step(client_uri, out, step, process, timeout=600):
-    """Wait until the run has logged ``rollout/success`` at ``step``; return the run id."""
+    """Wait until the run has logged ``rollout/success`` at ``step``; return the run id.
+
+    MLflow is only read once a checkpoint exists (the run's tables are made by then:
+    a reader racing the first writer's table creation fails)."""
     deadline = time.time() + timeout
+    run_id = None
     while time.time() < deadline:
         if process.poll() is not None:
             raise AssertionError(f"run ended early: {process.stdout.read()}")
-        if (out / "mlflow.db").exists():
-            client = MlflowClient(client_uri)
-            experiment = client.get_experiment_by_name("tether-tests")
-            runs = client.search_runs([experiment.experiment_id]) if experiment else []
-            for run in runs:
-                if step in {m.step for m in client.get_metric_history(run.info.run_id,
-                                                                       "rollout/success")}:
-                    return run.info.run_id
+        if run_id is None:
+            found = list(out.glob("checkpoints/*/iter_*.pt"))
+            run_id = found[0].parent.name if found else None
+        elif step in {m.step for m in MlflowClient(client_uri).get_metric_history(
+                run_id, "rollout/success")}:
+            return run_id
         time.sleep(0.2)
     raise AssertionError(f"step {step} never logged")
 
