@@ -10,6 +10,7 @@ temp dir (never ``ray stop``, which would stop every Ray on the machine).
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -69,8 +70,8 @@ def fake_cluster_config(gcs_address: str) -> dict:
 def _cluster_pids(temp_dir: str) -> list[int]:
     """The cluster's processes (their arguments name its temp dir) and their descendants
     (workers, whose titles are ``ray::...``)."""
-    ps = subprocess.run(["ps", "-eo", "pid=,ppid=,args="], capture_output=True,
-                        text=True).stdout
+    ps = subprocess.run(["ps", "-ww", "-eo", "pid=,ppid=,args="], capture_output=True,
+                        text=True, env={**os.environ, "COLUMNS": "100000"}).stdout
     rows = [line.split(None, 2) for line in ps.splitlines()]
     parent = {int(r[0]): int(r[1]) for r in rows}
     roots = {int(r[0]) for r in rows if len(r) == 3 and temp_dir in r[2]} - {os.getpid()}
@@ -95,12 +96,17 @@ def fake_cluster():
     config.write_text(json.dumps(fake_cluster_config(address)))
     env = {**os.environ, "RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "1",
            "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
-    subprocess.run(["ray", "start", "--head", f"--port={port}", "--node-ip-address=127.0.0.1",
-                    f"--temp-dir={temp_dir}", "--num-cpus=1", "--num-gpus=0",
-                    f"--autoscaling-config={config}", "--include-dashboard=false",
-                    "--disable-usage-stats"], env=env, check=True, capture_output=True,
-                   timeout=180)
+    ray_cli = str(Path(sys.executable).with_name("ray"))  # this venv's Ray
+    # Every fixed default port of a head moved to a free one: other Rays run on this machine.
+    ports = [f"--{name}={_free_port()}" for name in (
+        "dashboard-port", "ray-client-server-port", "dashboard-agent-listen-port",
+        "dashboard-agent-grpc-port", "metrics-export-port", "runtime-env-agent-port")]
     try:
+        subprocess.run([ray_cli, "start", "--head", f"--port={port}", *ports,
+                        "--node-ip-address=127.0.0.1", f"--temp-dir={temp_dir}", "--num-cpus=1",
+                        "--num-gpus=0", f"--autoscaling-config={config}",
+                        "--include-dashboard=false", "--disable-usage-stats"], env=env,
+                       check=True, capture_output=True, timeout=180)
         yield address, env
     finally:
         for _ in range(3):  # the monitor may start a node while we kill: sweep again
@@ -111,6 +117,7 @@ def fake_cluster():
                     pass
             time.sleep(1)
         assert not _cluster_pids(temp_dir)
+        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 @pytest.mark.slow
