@@ -86,6 +86,16 @@ def _cluster_pids(temp_dir: str) -> list[int]:
     return sorted(pid for pid in parent if under_root(pid))
 
 
+def _kill_cluster(temp_dir: str) -> None:
+    for _ in range(3):  # the monitor may start a node while we kill: sweep again
+        for pid in _cluster_pids(temp_dir):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(1)
+
+
 @pytest.fixture
 def fake_cluster():
     """(address, env) of a fresh fake-autoscaling Ray cluster; killed by PID afterwards."""
@@ -97,25 +107,24 @@ def fake_cluster():
     env = {**os.environ, "RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "1",
            "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
     ray_cli = str(Path(sys.executable).with_name("ray"))  # this venv's Ray
-    # Every fixed default port of a head moved to a free one: other Rays run on this machine.
-    ports = [f"--{name}={_free_port()}" for name in (
-        "dashboard-port", "ray-client-server-port", "dashboard-agent-listen-port",
-        "dashboard-agent-grpc-port", "metrics-export-port", "runtime-env-agent-port")]
     try:
-        subprocess.run([ray_cli, "start", "--head", f"--port={port}", *ports,
-                        "--node-ip-address=127.0.0.1", f"--temp-dir={temp_dir}", "--num-cpus=1",
-                        "--num-gpus=0", f"--autoscaling-config={config}",
-                        "--include-dashboard=false", "--disable-usage-stats"], env=env,
-                       check=True, capture_output=True, timeout=180)
+        for attempt in range(2):  # a free port can be taken by another Ray in between
+            # Every fixed default port of a head moved to a free one: other Rays run here.
+            ports = [f"--{name}={_free_port()}" for name in (
+                "dashboard-port", "ray-client-server-port", "dashboard-agent-listen-port",
+                "dashboard-agent-grpc-port", "metrics-export-port", "runtime-env-agent-port")]
+            started = subprocess.run(
+                [ray_cli, "start", "--head", f"--port={port}", *ports,
+                 "--node-ip-address=127.0.0.1", f"--temp-dir={temp_dir}", "--num-cpus=1",
+                 "--num-gpus=0", f"--autoscaling-config={config}", "--include-dashboard=false",
+                 "--disable-usage-stats"], env=env, capture_output=True, text=True, timeout=180)
+            if started.returncode == 0:
+                break
+            _kill_cluster(temp_dir)
+        assert started.returncode == 0, started.stdout[-2000:] + started.stderr[-2000:]
         yield address, env
     finally:
-        for _ in range(3):  # the monitor may start a node while we kill: sweep again
-            for pid in _cluster_pids(temp_dir):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            time.sleep(1)
+        _kill_cluster(temp_dir)
         assert not _cluster_pids(temp_dir)
         shutil.rmtree(temp_dir, ignore_errors=True)
 
