@@ -309,6 +309,58 @@ def report(target: str = typer.Argument(..., help="A run id, a sweep's parent ru
                   f"({len(result.figures)} figures)")
 
 
+@app.command()
+def serve(tracking_uri: Optional[str] = TRACKING_URI,
+          output_dir: Optional[Path] = OUTPUT_DIR,
+          host: str = typer.Option("127.0.0.1", "--host", help="Interface to bind. Beyond "
+                                   "localhost (e.g. 0.0.0.0) a --token is required."),
+          port: int = typer.Option(8600, "--port", help="HTTP port of the page."),
+          token: Optional[str] = typer.Option(None, "--token", envvar="TETHER_SERVE_TOKEN",
+                                              help="Require this token: open the page as "
+                                              "http://HOST:PORT/?token=TOKEN (API: header "
+                                              "'Authorization: Bearer TOKEN'). Default: no "
+                                              "login (localhost only)."),
+          experiment: Optional[list[str]] = typer.Option(None, "--experiment", help="Only these "
+                                                         "experiments (repeatable; default all)."),
+          refresh: float = typer.Option(5.0, "--refresh", min=0.5, help="Page refresh, seconds."),
+          sampling: str = typer.Option("first_turn", "--sampling", help="Cross-scoring "
+                                       "sampling shown: first_turn | trajectory."),
+          address: Optional[str] = typer.Option(None, "--address", help="Run Serve on this Ray "
+                                                "cluster (default: a local Ray).")):
+    """Live collapse monitor: a Ray Serve page of the MLflow runs, refreshing while they train."""
+    from ..analysis.runs import SAMPLINGS
+
+    if sampling not in SAMPLINGS:
+        fail(f"--sampling {sampling!r} is not one of {list(SAMPLINGS)}")
+    uri = _tracking_uri(tracking_uri, output_dir)
+    from .session import ClusterError, prepare_process, start_ray, stop_ray
+
+    prepare_process(address)
+    from ..dashboards.monitor import is_loopback, start_monitor
+
+    if not is_loopback(host) and not token:
+        fail(f"--host {host} is beyond localhost: pass --token (or TETHER_SERVE_TOKEN) so "
+             f"the page is not open to the network")
+    try:
+        started = start_ray(address, None, 1)
+    except ClusterError as exc:
+        fail(str(exc))
+    import time
+
+    from ray import serve as ray_serve
+
+    try:
+        url = start_monitor(uri, host, port, token, experiment, refresh, sampling)
+        console.print(f"Tether monitor on [green]{url}[/]  (MLflow {uri}); Ctrl-C stops it")
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        console.print("stopping the monitor")
+    finally:
+        ray_serve.shutdown()
+        stop_ray(started)
+
+
 def main() -> None:  # pragma: no cover - console entry point
     app()
 
