@@ -45,7 +45,8 @@ def swept_fields(runs: list[RunData]) -> list[str]:
     return sorted({k[len("sweep.param."):] for r in runs for k in r.tags if k.startswith("sweep.param.")})
 
 
-def analyse(runs: list[RunData], settings: ReportSettings) -> tuple[dict, list[Figure], list[str]]:
+def analyse(runs: list[RunData], settings: ReportSettings, sweep_base: dict | None = None
+            ) -> tuple[dict, list[Figure], list[str]]:
     s, mi_key = settings.sampling, collapse_key(settings.sampling, settings.mi_name)
     notes: list[str] = []
     sections = {
@@ -57,7 +58,7 @@ def analyse(runs: list[RunData], settings: ReportSettings) -> tuple[dict, list[F
     }
     fields = [f for f in swept_fields(runs) if f != "env.stochasticity"]
     if fields:
-        sections["sensitivity"] = stats.sensitivity_trajectories(runs, fields, mi_key)
+        sections["sensitivity"] = stats.sensitivity_trajectories(runs, fields, mi_key, sweep_base)
     else:
         notes.append("hyperparameter sensitivity: the runs are not sweep trials "
                      "(no sweep.param.* tags)")
@@ -78,11 +79,11 @@ def analyse(runs: list[RunData], settings: ReportSettings) -> tuple[dict, list[F
 
 
 def build_report(runs: list[RunData], out_dir: Path, title: str,
-                 settings: ReportSettings | None = None) -> Report:
+                 settings: ReportSettings | None = None, sweep_base: dict | None = None) -> Report:
     settings = settings or ReportSettings()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    sections, figures, notes = analyse(runs, settings)
+    sections, figures, notes = analyse(runs, settings, sweep_base)
     report = Report(title, out_dir, sections, figures, notes)
     for figure in figures:
         report.files += list(save(figure, out_dir).values())

@@ -34,6 +34,8 @@ class Target:
     experiment_id: str
     runs: list               # mlflow Run objects of the training runs
     log_to: str | None        # the run that receives the report's artifacts
+    #: a sweep's swept fields -> their base values (what one-at-a-time trials vary from)
+    sweep_base: dict | None = None
 
 
 def is_tether_run(run) -> bool:
@@ -69,7 +71,7 @@ def resolve(client: MlflowClient, target: str) -> Target:
             raise ReportError(f"run {target} is neither a Tether training run nor a sweep "
                               f"parent with Tether trials")
         return Target("sweep", run.info.run_name or target, run.info.experiment_id, children,
-                      run.info.run_id)
+                      run.info.run_id, sweep_base(client, target))
     experiment = client.get_experiment_by_name(target)
     if experiment is None:
         raise ReportError(f"{target!r} is not a run id or an experiment name in "
@@ -80,6 +82,22 @@ def resolve(client: MlflowClient, target: str) -> Target:
         raise ReportError(f"experiment {target!r} has no Tether runs (runs tagged tether.env by "
                           f"`tether run` or `tether sweep`)")
     return Target("experiment", target, experiment.experiment_id, runs, None)
+
+
+def sweep_base(client: MlflowClient, parent_run_id: str) -> dict | None:
+    """A one-at-a-time sweep's base value of every swept field (from the parent's resolved
+    sweep spec); None for other designs, whose trials vary every field at once."""
+    from ..platform.sweep import swept_fields
+    from ..platform.sweep_spec import SweepSpec
+
+    data = _download_json(client, parent_run_id, "sweep_spec_resolved.json")
+    if data is None:
+        return None
+    try:
+        spec = SweepSpec.from_json(json.dumps(data))
+    except Exception:  # a spec from another Tether version: fall back to the runs' values
+        return None
+    return swept_fields(spec) if spec.sweep.design == "one_at_a_time" else None
 
 
 def metric_history(client: MlflowClient, run_id: str, key: str) -> dict[int, float]:

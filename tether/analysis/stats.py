@@ -191,18 +191,21 @@ def stochasticity_curves(runs: list[RunData], path: str = "env.stochasticity") -
     return result
 
 
-def sensitivity_trajectories(runs: list[RunData], fields: list[str], mi_key: str) -> Result:
+def sensitivity_trajectories(runs: list[RunData], fields: list[str], mi_key: str,
+                             base: dict | None = None) -> Result:
     """For each swept field, the runs that differ from the base only in that field,
-    ordered by its value, each as (final I(X;Z), final success). The base value of the
-    other fields is their most common value (the base run in a one-at-a-time design)."""
-    result = Result()
+    ordered by its value, each as (final I(X;Z), final success). ``base`` (a one-at-a-time
+    sweep's base values; no trial there sits at the base of every field) maps fields to
+    the sweep's base values; a field missing there takes its most common value."""
+    result, given = Result(), bool(base)
     values = {f: [_number(r.param(f)) for r in runs] for f in fields}
-    base = {f: max(set(map(str, v)), key=list(map(str, v)).count) for f, v in values.items() if v}
+    base = {f: str(_number((base or {})[f])) if f in (base or {}) else
+            max(set(map(str, v)), key=list(map(str, v)).count) for f, v in values.items()}
     for f in fields:
         others = [g for g in fields if g != f]
         chosen = [k for k in range(len(runs)) if all(str(values[g][k]) == base[g] for g in others)]
-        if len({str(values[f][k]) for k in chosen}) < 2:
-            chosen = list(range(len(runs)))  # a full grid: average over the others
+        if len({str(values[f][k]) for k in chosen}) < 2 and not given:
+            chosen = list(range(len(runs)))  # a product grid: average over the others
         points: dict = {}
         for k in chosen:
             run = runs[k]
@@ -211,7 +214,8 @@ def sensitivity_trajectories(runs: list[RunData], fields: list[str], mi_key: str
                 continue
             points.setdefault(values[f][k], []).append((mi, success, run.name))
         if len(points) < 2:
-            result.notes.append(f"sensitivity of {f}: fewer than 2 values with results")
+            result.notes.append(f"sensitivity of {f}: fewer than 2 values with results among "
+                                f"the runs whose other swept fields are at their base value")
             continue
         for value in sorted(points, key=_sort_key):
             mis = [m for m, _, _ in points[value] if m is not None]

@@ -279,7 +279,7 @@ def report(target: str = typer.Argument(..., help="A run id, a sweep's parent ru
     out = out or Path("tether_report") / target.replace("/", "_")
     settings = ReportSettings(sampling=sampling, mi_name=mi_name)
     result = build_report(runs, out, f"Tether report: {resolved.kind} {resolved.label} "
-                          f"({len(runs)} runs)", settings)
+                          f"({len(runs)} runs)", settings, resolved.sweep_base)
     for note in result.notes:
         console.print(f"[yellow]note:[/] {note}", highlight=False)
     for name, section in result.sections.items():
