@@ -13,6 +13,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 import numpy as np  # noqa: E402
 
 PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2",
@@ -112,6 +113,8 @@ def _draw_panel(ax, panel: Panel, fig) -> None:
             ax.annotate(label, (0.98 if x_high else 0.02, 0.97 if y_high else 0.03),
                         xycoords="axes fraction", ha="right" if x_high else "left",
                         va="top" if y_high else "bottom", fontsize=7, color="gray")
+    if panel.xlabel == "iteration":
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     if panel.series:
         ax.legend(fontsize=6)
 
