@@ -173,3 +173,28 @@ def test_cli_report_logs_to_the_sweep_parent_and_bad_input_fails_clearly(store, 
                                  f"sqlite:///{tmp_path / 'missing.db'}"])
     assert result.exit_code == 2 and "no MLflow store" in " ".join(result.output.split())
     assert not (tmp_path / "missing.db").exists()
+
+
+def test_sensitivity_one_at_a_time_uses_the_sweep_base():
+    """Each field's trajectory holds the trials that vary only it (others at the base)."""
+    from tether.analysis.runs import RunData
+
+    def trial(name, entropy, kl, mi, success):
+        return RunData(name, name, tags={"sweep.param.algo.entropy_coef": str(entropy),
+                                         "sweep.param.algo.kl_coef": str(kl)},
+                       metrics={MI: {2: mi}, "val/success": {2: success}})
+
+    runs = [trial("e0", 0.0, 0.0, 0.1, 0.2), trial("e1", 0.01, 0.0, 0.3, 0.4),
+            trial("k1", 0.001, 0.01, 0.5, 0.6), trial("k2", 0.001, 0.1, 0.7, 0.8)]
+    fields = ["algo.entropy_coef", "algo.kl_coef"]
+    result = stats.sensitivity_trajectories(runs, fields, MI,
+                                            base={"algo.entropy_coef": 0.001, "algo.kl_coef": 0.0})
+    rows = [(r["field"], r["value"], r["mi"], r["success"]) for r in result.rows]
+    assert rows == [("algo.entropy_coef", 0.0, 0.1, 0.2), ("algo.entropy_coef", 0.01, 0.3, 0.4),
+                    ("algo.kl_coef", 0.01, 0.5, 0.6), ("algo.kl_coef", 0.1, 0.7, 0.8)]
+    # A product grid (no base): each value averages over the other field's values.
+    grid = [trial(f"{e}-{k}", e, k, e + k, 2 * e + k) for e in (0.0, 1.0) for k in (0.0, 2.0)]
+    rows = stats.sensitivity_trajectories(grid, fields, MI).rows
+    assert [(r["field"], r["value"], r["runs"], r["mi"]) for r in rows] == [
+        ("algo.entropy_coef", 0.0, 2, 1.0), ("algo.entropy_coef", 1.0, 2, 2.0),
+        ("algo.kl_coef", 0.0, 2, 0.5), ("algo.kl_coef", 2.0, 2, 2.5)]

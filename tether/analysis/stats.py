@@ -193,19 +193,15 @@ def stochasticity_curves(runs: list[RunData], path: str = "env.stochasticity") -
 
 def sensitivity_trajectories(runs: list[RunData], fields: list[str], mi_key: str,
                              base: dict | None = None) -> Result:
-    """For each swept field, the runs that differ from the base only in that field,
-    ordered by its value, each as (final I(X;Z), final success). ``base`` (a one-at-a-time
-    sweep's base values; no trial there sits at the base of every field) maps fields to
-    the sweep's base values; a field missing there takes its most common value."""
-    result, given = Result(), bool(base)
+    """For each swept field, its values in order, each as (final I(X;Z), final success).
+    With ``base`` (a one-at-a-time sweep's base values) a field's trajectory holds the
+    trials that vary only that field; without it (a product grid) each value is the mean
+    over the trials at that value, whatever the other fields."""
+    result = Result()
     values = {f: [_number(r.param(f)) for r in runs] for f in fields}
-    base = {f: str(_number((base or {})[f])) if f in (base or {}) else
-            max(set(map(str, v)), key=list(map(str, v)).count) for f, v in values.items()}
     for f in fields:
-        others = [g for g in fields if g != f]
-        chosen = [k for k in range(len(runs)) if all(str(values[g][k]) == base[g] for g in others)]
-        if len({str(values[f][k]) for k in chosen}) < 2 and not given:
-            chosen = list(range(len(runs)))  # a product grid: average over the others
+        chosen = [k for k in range(len(runs)) if base is None or all(
+            str(values[g][k]) == str(_number(base.get(g))) for g in fields if g != f)]
         points: dict = {}
         for k in chosen:
             run = runs[k]
@@ -214,8 +210,9 @@ def sensitivity_trajectories(runs: list[RunData], fields: list[str], mi_key: str
                 continue
             points.setdefault(values[f][k], []).append((mi, success, run.name))
         if len(points) < 2:
-            result.notes.append(f"sensitivity of {f}: fewer than 2 values with results among "
-                                f"the runs whose other swept fields are at their base value")
+            result.notes.append(f"sensitivity of {f}: fewer than 2 values with results" + (
+                " among the trials whose other swept fields are at their base value"
+                if base is not None else ""))
             continue
         for value in sorted(points, key=_sort_key):
             mis = [m for m, _, _ in points[value] if m is not None]
