@@ -70,10 +70,52 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="needs the chromium package (scripts/setup.sh "
-                    "installs it)")
-def test_monitor_page_shows_live_run_and_alarm(ray_local, tmp_path):
+needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="needs the chromium package "
+                                    "(scripts/setup.sh installs it)")
+
+
+def check_page(url: str, run_id: str, latest: int, alarm: str, alarm_iteration: int,
+               resume, final: int, shot: str, kept_last: float | None = None) -> None:
+    """Load the page in headless Chromium: the run's row shows ``latest``, the alarm's
+    banner is up, the plotly curves hold data up to ``latest``; after ``resume()`` the
+    page refreshes to ``final`` and FINISHED. Saves a screenshot to ``shot``."""
     from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                    args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 1300, "height": 1000})
+        page.goto(url, timeout=60_000)
+        row = f"#run-{run_id}"
+        page.wait_for_selector(f"{row} .latest-iteration", timeout=60_000)
+        assert page.inner_text(f"{row} .latest-iteration") == str(latest)
+        page.wait_for_selector(".alarm-banner", timeout=30_000)
+        banner = page.inner_text(".alarm-banner")
+        assert alarm in banner and f"iteration {alarm_iteration}" in banner
+        # The curves are drawn (plotly traces) up to the latest iteration.
+        mi_x = page.evaluate("document.getElementById('plot-mi').data.map(t => t.x)")
+        assert len(mi_x) == 2 and max(max(x) for x in mi_x) == latest
+        kept_y = page.evaluate("document.getElementById('plot-kept').data[0].y")
+        assert len(kept_y) == latest and (kept_last is None or kept_y[-1] == pytest.approx(kept_last))
+        assert page.evaluate("document.getElementById('plot-regime').data[0].x.length") == latest
+        assert page.locator("#plot-mi .main-svg").count() > 0
+        # The page refreshes while the run trains: the next iterations appear.
+        resume()
+        page.wait_for_function(f"document.querySelector('{row} .latest-iteration')"
+                               f".textContent === '{final}'", timeout=120_000)
+        page.wait_for_function(f"document.querySelector('{row}').children[1].textContent"
+                               f" === 'FINISHED'", timeout=120_000)
+        page.screenshot(path=shot, full_page=True)
+        browser.close()
+    assert os.path.getsize(shot) > 20_000
+
+
+def screenshot_path(tmp_path, name: str) -> str:
+    return os.path.join(os.environ.get("TETHER_SCREENSHOT_DIR", str(tmp_path)), name)
+
+
+@needs_chromium
+def test_monitor_page_shows_live_run_and_alarm(ray_local, tmp_path):
     from ray import serve
 
     from tether.dashboards.monitor import start_monitor
@@ -86,36 +128,57 @@ def test_monitor_page_shows_live_run_and_alarm(ray_local, tmp_path):
     assert fired and fired[0] <= 6
     port = free_port()
     url = start_monitor(uri, "127.0.0.1", port, token="t0k", refresh_s=1.0)
-    shot = os.path.join(os.environ.get("TETHER_SCREENSHOT_DIR", str(tmp_path)), "monitor.png")
     try:
         with pytest.raises(urllib.error.HTTPError, match="401"):
             urllib.request.urlopen(f"http://127.0.0.1:{port}/api/runs", timeout=30)
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, headless=True,
-                                        args=["--no-sandbox"])
-            page = browser.new_page(viewport={"width": 1300, "height": 1000})
-            page.goto(url, timeout=60_000)
-            row = f"#run-{run.tracker.run_id}"
-            page.wait_for_selector(f"{row} .latest-iteration", timeout=60_000)
-            assert page.inner_text(f"{row} .latest-iteration") == "6"
-            banner = page.inner_text(".alarm-banner")
-            assert "template_collapse" in banner and f"iteration {fired[0]}" in banner
-            # The curves are drawn (plotly traces) up to the latest iteration.
-            mi_x = page.evaluate("document.getElementById('plot-mi').data.map(t => t.x)")
-            assert max(max(x) for x in mi_x) == 6 and len(mi_x) == 2
-            kept_y = page.evaluate("document.getElementById('plot-kept').data[0].y")
-            assert kept_y[-1] == pytest.approx(0.7)
-            assert page.evaluate("document.getElementById('plot-regime').data[0].x.length") == 6
-            assert page.locator("#plot-mi .main-svg").count() > 0
-            # The page refreshes while the run trains: the next iterations appear.
-            run.resume.set()
-            page.wait_for_function(f"document.querySelector('{row} .latest-iteration')"
-                                   f".textContent === '8'", timeout=60_000)
-            page.wait_for_function(f"document.querySelector('{row}').children[1].textContent"
-                                   f" === 'FINISHED'", timeout=60_000)
-            page.screenshot(path=shot, full_page=True)
-            browser.close()
+        check_page(url, run.tracker.run_id, 6, "template_collapse", fired[0], run.resume.set,
+                   8, screenshot_path(tmp_path, "monitor.png"), kept_last=0.7)
     finally:
         run.resume.set()
         serve.shutdown()
-    assert os.path.getsize(shot) > 20_000
+
+
+@pytest.mark.slow
+@needs_chromium
+def test_monitor_page_follows_a_real_training_run(ray_local, micro_policy, tmp_path):
+    """A real micro training run (Trainer, Ray actors) in a thread, paused inside its 3rd
+    iteration; a filter that keeps nothing makes ``empty_after_filter`` fire at 2."""
+    from ray import serve
+
+    from tests.conftest import micro_config_dict
+    from tether.dashboards.monitor import start_monitor
+    from tether.platform.config import build_config
+    from tether.platform.driver import Trainer
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg = build_config(micro_config_dict(
+        tmp_path, rollout={"num_workers": 1}, algo={"kl_coef": 0.0},
+        trainer={"iterations": 4, "val_every": 4, "checkpoint_every": 100},
+        filter={"strategy": "top_p", "value": 0.0},
+        diagnostics={"every": 1, "max_pairs": 8, "grad_snr_every": 0},
+        alarms={"empty_after_filter": {"patience": 2}}, tracking={"uri": uri, "log_model": False}))
+    cfg.model.path = str(micro_policy)
+    paused, resume, started, outcome = (threading.Event(), threading.Event(), {}, {})
+
+    def on_event(kind, data):
+        if kind == "started":
+            started["run_id"] = data["run_id"]
+        if kind == "iteration" and data["iteration"] == 3:
+            paused.set()
+            resume.wait(600)
+
+    def train():
+        outcome["summary"] = Trainer(cfg, on_event).run()
+
+    thread = threading.Thread(target=train, daemon=True)
+    thread.start()
+    assert paused.wait(900), "the training run did not reach iteration 3"
+    url = start_monitor(uri, "127.0.0.1", free_port(), refresh_s=1.0)
+    try:
+        check_page(url, started["run_id"], 3, "empty_after_filter", 2, resume.set, 4,
+                   screenshot_path(tmp_path, "monitor_real_run.png"), kept_last=0.0)
+    finally:
+        resume.set()
+        thread.join(600)
+        serve.shutdown()
+    assert outcome["summary"].status == "FINISHED" and outcome["summary"].iterations == 4
