@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from tests.mlflow_runs import write_run
 from tether.analysis import stats
-from tether.analysis.report import build_report
+from tether.analysis.report import ReportSettings, analyse, build_report
 from tether.analysis.source import ReportError, load_target
 from tether.platform.cli import app
 from tether.platform.tracking import Tracker
@@ -139,17 +139,17 @@ def test_sweep_numbers_match_scipy_pandas_and_regimes(store, tmp_path):
     assert "template collapse" in (tmp_path / "report.html").read_text()
 
 
-def test_resumed_step_takes_last_value_and_missing_metrics_are_noted(store, tmp_path):
+def test_resumed_step_takes_last_value_and_missing_metrics_are_noted(store):
     target, runs = load_target(store["uri"], "report-tests")
     assert target.kind == "experiment" and len(runs) == 6  # the sweep parent is not a run
     resumed = next(r for r in runs if r.run_id == store["resumed"])
     assert resumed.metrics["rollout/success"][3] == 0.987
-    report = build_report(runs, tmp_path, "experiment")
-    assert any("no-diagnostics" in n and "regime plot" in n for n in report.notes)
-    assert {"regimes", "dynamics", "spearman"} <= {f.name for f in report.figures}
-    dyn = next(f for f in report.figures if f.name == "dynamics")
+    _, figures, notes = analyse(runs, ReportSettings())  # the report without drawing it
+    assert any("no-diagnostics" in n and "regime plot" in n for n in notes)
+    assert {"regimes", "dynamics", "spearman"} <= {f.name for f in figures}
+    dyn = next(f for f in figures if f.name == "dynamics")
     assert "no-diagnostics" in {s.name for p in dyn.panels for s in p.series}
-    assert any("reasoning_length" in n for n in report.notes)  # never logged: said so
+    assert any("reasoning_length" in n for n in notes)  # never logged: said so
 
 
 def test_cli_report_logs_to_the_sweep_parent_and_bad_input_fails_clearly(store, tmp_path):

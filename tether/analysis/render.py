@@ -158,13 +158,15 @@ def to_plotly(figure: Figure):
     return fig
 
 
-def save(figure: Figure, out_dir) -> dict[str, str]:
-    """``<name>.png`` and ``<name>.html`` (plotly loaded from its CDN) in ``out_dir``."""
+def save(figure: Figure, out_dir):
+    """Write ``<name>.png`` and ``<name>.html`` (plotly loaded from its CDN) in ``out_dir``;
+    returns the plotly figure (the report embeds it rather than building it twice)."""
     from pathlib import Path
 
     out_dir = Path(out_dir)
     fig = to_matplotlib(figure)
-    fig.savefig(out_dir / f"{figure.name}.png", dpi=100, bbox_inches="tight")
+    fig.savefig(out_dir / f"{figure.name}.png", dpi=100)  # tight_layout already fitted it
     plt.close(fig)
-    to_plotly(figure).write_html(out_dir / f"{figure.name}.html", include_plotlyjs="cdn")
-    return {"png": f"{figure.name}.png", "html": f"{figure.name}.html"}
+    interactive = to_plotly(figure)
+    interactive.write_html(out_dir / f"{figure.name}.html", include_plotlyjs="cdn")
+    return interactive

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import stats, views
-from .render import Figure, save, to_plotly
+from .render import Figure, save
 from .runs import DIAGNOSTICS, SUCCESS, RunData, collapse_key
 
 
@@ -34,6 +34,8 @@ class Report:
     out_dir: Path
     sections: dict[str, stats.Result] = field(default_factory=dict)
     figures: list[Figure] = field(default_factory=list)
+    #: figure name -> its plotly figure (drawn once, embedded in report.html)
+    interactive: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     files: list[str] = field(default_factory=list)
 
@@ -84,9 +86,10 @@ def build_report(runs: list[RunData], out_dir: Path, title: str,
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     sections, figures, notes = analyse(runs, settings, sweep_base)
-    report = Report(title, out_dir, sections, figures, notes)
+    report = Report(title, out_dir, sections, figures, notes=notes)
     for figure in figures:
-        report.files += list(save(figure, out_dir).values())
+        report.interactive[figure.name] = save(figure, out_dir)
+        report.files += [f"{figure.name}.png", f"{figure.name}.html"]
     numbers = {"title": title, "runs": [{"run_id": r.run_id, "name": r.name, "status": r.status,
                                          "iterations": r.latest_iteration,
                                          "final_success": r.final_success(),
@@ -146,7 +149,8 @@ def render_html(report: Report, runs: list[RunData]) -> str:
     first = True
     for figure in report.figures:
         parts.append(f"<h2 id='{figure.name}'>{html.escape(figure.title)}</h2>")
-        parts.append(to_plotly(figure).to_html(full_html=False, include_plotlyjs=first))
+        parts.append(report.interactive[figure.name].to_html(full_html=False,
+                                                             include_plotlyjs=first))
         parts.append(f"<p class='files'>files: <code>{figure.name}.png</code>, "
                      f"<code>{figure.name}.html</code></p>")
         first = False
