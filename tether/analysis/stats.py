@@ -210,10 +210,11 @@ def sensitivity_trajectories(runs: list[RunData], fields: list[str], mi_key: str
                 continue
             points.setdefault(values[f][k], []).append((mi, success, run.name))
         if len(points) < 2:
-            result.notes.append(f"sensitivity of {f}: fewer than 2 values with results" + (
+            result.notes.append(f"sensitivity of {f}: {len(points)} value(s) with results" + (
                 " among the trials whose other swept fields are at their base value"
-                if base is not None else ""))
-            continue
+                if base is not None else "") + "; no trajectory, the point alone")
+            if not points:
+                continue
         for value in sorted(points, key=_sort_key):
             mis = [m for m, _, _ in points[value] if m is not None]
             result.rows.append({"field": f, "value": value, "runs": len(points[value]),
