@@ -14,7 +14,7 @@ from mlflow.tracking import MlflowClient
 
 from tests.conftest import micro_config_dict
 from tether.platform.sweep_results import results_rows
-from tether.platform.tracking import metric_series
+from tether.analysis.source import metric_history
 
 ITERATIONS, CHECKPOINT_EVERY = 5, 2
 
@@ -113,8 +113,8 @@ def test_sigkill_then_resume_continues_the_same_run(micro_policy, models_dir, tm
 
     # What Tether reads back takes the last value per step.
     for key in ("rollout/success", "rollout/reward_mean", "timing/collect"):
-        series = metric_series(client, run_id, key)
-        assert list(series) == list(range(1, ITERATIONS + 1)), key
+        series = metric_history(client, run_id, key)
+        assert sorted(series) == list(range(1, ITERATIONS + 1)), key
         latest = {}
         for m in sorted(client.get_metric_history(run_id, key), key=lambda m: m.timestamp):
             latest[m.step] = m.value
@@ -122,12 +122,12 @@ def test_sigkill_then_resume_continues_the_same_run(micro_policy, models_dir, tm
     timing = client.get_metric_history(run_id, "timing/collect")
     step = min(rerun)  # wall times differ: the step really ran twice
     assert len({m.value for m in timing if m.step == step}) == 2
-    val = metric_series(client, run_id, "val/success")
+    val = metric_history(client, run_id, "val/success")
     assert set(val) == {0, ITERATIONS}
     # The sweep results table (a reader of MLflow) counts each iteration once.
     client.set_tag(run_id, "mlflow.parentRunId", "parent-of-resume-test")
     [row] = results_rows(uri, run.info.experiment_id, "parent-of-resume-test",
                          "rollout/success", "max")
     assert row["iterations"] == ITERATIONS
-    assert row["success_final"] == metric_series(client, run_id, "rollout/success")[ITERATIONS]
+    assert row["success_final"] == metric_history(client, run_id, "rollout/success")[ITERATIONS]
     assert not _leftover_ray(first.pid), "Ray processes outlived their SIGKILLed driver"

@@ -43,7 +43,8 @@ def close_stale_children(uri: str, experiment_id: str, parent_run_id: str) -> in
 def results_rows(uri: str, experiment_id: str, parent_run_id: str, metric: str,
                  mode: str) -> list[dict]:
     """One row per trial (its FINISHED child run if any, else its latest), ranked."""
-    from .tracking import metric_series
+    from ..analysis.source import metric_history
+    from .tracking import metric_key
 
     client = MlflowClient(uri)
     by_trial: dict[str, Any] = {}
@@ -54,7 +55,7 @@ def results_rows(uri: str, experiment_id: str, parent_run_id: str, metric: str,
             by_trial[trial] = run
 
     def history(run_id: str, key: str) -> list[float]:  # one value per step (resumed runs)
-        return list(metric_series(client, run_id, key).values())
+        return [v for _, v in sorted(metric_history(client, run_id, metric_key(key)).items())]
 
     rows = []
     for trial, run in by_trial.items():
