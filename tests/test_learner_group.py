@@ -1,0 +1,110 @@
+"""The FSDP learner group: two Ray actors (gloo, FSDP2) train to the same parameters as
+one learner, and its gathered state is the same shape at every world size."""
+
+import pytest
+import ray
+import torch
+
+from tether.agent.episode import EpisodeSpec, LocalEnvBatch, run_episodes
+from tether.algos.batch import collate
+from tether.algos.update import UpdateSettings, rank_micro_batches
+from tether.actors.learner_group import LearnerGroup
+from tether.policy.load import load_model_and_tokenizer
+from tests.test_episode import _setup
+
+
+def test_rank_micro_batches_cover_rows_once_with_equal_pass_counts():
+    rows = torch.arange(10)
+    split = [rank_micro_batches(rows, 3, r, 3) for r in range(3)]  # 4 micro-batches, 3 ranks
+    assert [len(s) for s in split] == [2, 2, 2]
+    real = torch.cat([r for s in split for r, w in s if w == 1.0])
+    assert sorted(real.tolist()) == list(range(10))
+    assert [w for s in split for _, w in s].count(0.0) == 2
+    assert [r.tolist() for r, _ in rank_micro_batches(rows, 4)] == [[0, 1, 2, 3], [4, 5, 6, 7],
+                                                                    [8, 9]]
+
+
+@pytest.fixture(scope="module")
+def batches(micro_policy):
+    """Three batches of sampled trajectories with advantages of both signs."""
+    model, tok, formatter, engine, sampling = _setup(micro_policy)
+    out = []
+    for i in range(3):
+        specs = [EpisodeSpec(g, 60 + 3 * i + g, k) for g in range(3) for k in range(3)]
+        trajs = run_episodes(engine, formatter, LocalEnvBatch("tether/FrozenLake-v0"), specs,
+                             sampling, 11 + i)
+        batch = collate(trajs, tok.pad_token_id)
+        sign = torch.tensor([(-1.0) ** (t.group_id + t.sample_index) for t in trajs])
+        batch.advantages = sign[:, None] * (1 + torch.rand(batch.input_ids.shape,
+                                                           generator=torch.Generator().manual_seed(i)))
+        batch.returns = batch.advantages.clone()
+        out.append(batch)
+    return out
+
+
+def _train(policy, batches, world_size, use_critic):
+    # 9 rows, 2 minibatches of 5 and 4 rows, micro-batches of 2: odd counts, so a rank pads.
+    settings = UpdateSettings(kl_coef=0.05, entropy_coef=0.01, minibatches=2, micro_batch_size=2,
+                              loss_agg="token-mean", max_grad_norm=0.5)
+    group = LearnerGroup.start(str(policy), settings, lr=5e-3, critic_lr=5e-3,
+                               use_critic=use_critic, use_reference=True, threads=1, seed=0,
+                               world_size=world_size, num_cpus=0.5)
+    try:
+        metrics = []
+        for batch in batches:
+            prepared = group.prepare(batch, recompute_old_logprobs=True)
+            metrics.append(group.update(prepared))
+        weights = ray.get(group.state_dict())
+        return weights, group.full_state(), metrics, prepared, group
+    except BaseException:
+        group.shutdown()
+        raise
+
+
+@pytest.mark.parametrize("use_critic", [False, True], ids=["grpo", "ppo-critic"])
+def test_world_size_2_matches_world_size_1(micro_policy, batches, ray_local, use_critic):
+    one = _train(micro_policy, batches, 1, use_critic)
+    two = _train(micro_policy, batches, 2, use_critic)
+    try:
+        assert two[4].backend == "gloo" and one[4].backend == "none"
+        (w1, state1, m1, prep1, _), (w2, state2, m2, prep2, _) = one, two
+        # Old, reference log-probs and values computed on split rows, joined whole.
+        for name in ("old_logprobs", "ref_logprobs") + (("values",) if use_critic else ()):
+            assert torch.allclose(getattr(prep1, name), getattr(prep2, name), atol=1e-5), name
+            assert getattr(prep2, name).abs().sum() > 0
+        assert w1.keys() == w2.keys()
+        initial = load_model_and_tokenizer(micro_policy)[0].state_dict()
+        moved = max(float((w1[k] - initial[k]).abs().max()) for k in w1)
+        assert moved > 1e-3  # the updates changed the weights, so equality means something
+        for k in w1:
+            assert torch.allclose(w1[k], w2[k], atol=1e-5, rtol=0), (k, (w1[k] - w2[k]).abs().max())
+        if use_critic:
+            for k in state1["critic"]:
+                assert torch.allclose(state1["critic"][k], state2["critic"][k], atol=1e-5), k
+        # Adam moments, keyed by parameter name at both world sizes.
+        for name, s1 in state1["optimizer"]["state"].items():
+            assert torch.allclose(s1["exp_avg"], state2["optimizer"]["state"][name]["exp_avg"],
+                                  atol=1e-6), name
+        for a, b in zip(m1, m2):
+            assert a.keys() == b.keys()
+            for k in ("actor/pg_loss", "actor/grad_norm", "actor/kl"):
+                if k in a:
+                    assert a[k] == pytest.approx(b[k], rel=1e-4, abs=1e-6), k
+    finally:
+        one[4].shutdown()
+        two[4].shutdown()
+
+
+def test_world_size_2_checkpoint_loads_into_world_size_1(micro_policy, batches, ray_local):
+    weights, state, _, _, group = _train(micro_policy, batches[:1], 2, use_critic=False)
+    group.shutdown()
+    single = LearnerGroup.start(str(micro_policy), UpdateSettings(), lr=5e-3, critic_lr=5e-3,
+                                use_critic=False, use_reference=False, threads=1, seed=0,
+                                num_cpus=0.5)
+    try:
+        single.load_full_state(state)
+        restored = ray.get(single.state_dict())
+        assert all(torch.equal(weights[k], restored[k]) for k in weights)
+        assert single.full_state()["updates"] == 1
+    finally:
+        single.shutdown()
