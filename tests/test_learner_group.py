@@ -10,6 +10,7 @@ from tether.algos.batch import collate
 from tether.algos.update import UpdateSettings, rank_micro_batches
 from tether.actors.learner_group import LearnerGroup
 from tether.policy.load import load_model_and_tokenizer
+from tests.conftest import micro_config_dict
 from tests.test_episode import _setup
 
 
@@ -108,3 +109,67 @@ def test_world_size_2_checkpoint_loads_into_world_size_1(micro_policy, batches, 
         assert single.full_state()["updates"] == 1
     finally:
         single.shutdown()
+
+
+def test_resources_the_cluster_can_never_provide_fail_at_start(tmp_path, ray_local):
+    """No GPU on this machine, 4 CPUs in the test Ray: one clear line naming the field,
+    before the warm start builds anything or an MLflow run exists."""
+    from tether.platform.config import build_config
+    from tether.platform.driver import Trainer
+    from tether.platform.session import ClusterError, check_resources
+
+    gpus = build_config(micro_config_dict(tmp_path, algo={"num_gpus": 1}))
+    with pytest.raises(ClusterError, match=r"^algo.num_gpus = 1: each learner rank asks for 1 GPU"):
+        check_resources(gpus.resource_demands())
+    cpus = build_config(micro_config_dict(tmp_path, algo={"learner_world_size": 8}))
+    with pytest.raises(ClusterError) as err:
+        check_resources(cpus.resource_demands())
+    message = str(err.value)
+    assert "\n" not in message and "asks for 10 CPU" in message
+    assert "algo.learner_world_size 8 x algo.num_cpus 1" in message
+    check_resources(build_config(micro_config_dict(tmp_path)).resource_demands())  # fits
+    trainer = Trainer(gpus)
+    with pytest.raises(ClusterError):
+        trainer.run()
+    assert trainer.tracker is None and not (tmp_path / "models").exists()
+
+
+@pytest.mark.slow
+def test_trainer_with_learner_world_size_2(micro_policy, models_dir, ray_local, tmp_path):
+    """End to end through the Trainer: the FSDP group (gloo) trains, checkpoints and
+    syncs weights each iteration; iteration 1 (same initial weights, same seeded batch)
+    gives the world-size-1 run's update metrics."""
+    from mlflow.tracking import MlflowClient
+
+    from tether.platform.config import build_config
+    from tether.platform.driver import Trainer
+
+    runs = {}
+    for world_size in (1, 2):
+        cfg = build_config(micro_config_dict(
+            tmp_path / f"w{world_size}", algo={"learner_world_size": world_size,
+                                               "num_cpus": 0.5, "threads": 1},
+            rollout={"num_cpus_per_worker": 0.5},
+            trainer={"iterations": 2, "val_every": 2}, filter={"strategy": "none"},
+            diagnostics={"every": 2, "grad_snr_every": 2, "grad_snr_buckets": 2}))
+        cfg.model.cache_dir = models_dir
+        runs[world_size] = Trainer(cfg).run()
+    client = MlflowClient(runs[2].tracking_uri)
+    for world_size, summary in runs.items():
+        assert summary.status == "FINISHED" and summary.iterations == 2
+    two = runs[2].run_id
+    history = {k: {m.step: m.value for m in MlflowClient(runs[2].tracking_uri)
+                   .get_metric_history(two, k)} for k in ("timing/sync", "timing/log",
+                                                         "actor/pg_loss", "actor/kl")}
+    assert set(history["timing/sync"]) == {1, 2} and min(history["timing/sync"].values()) > 0
+    assert set(history["timing/log"]) == {1, 2}
+    one = {k: MlflowClient(runs[1].tracking_uri).get_metric_history(runs[1].run_id, k)
+           for k in ("actor/pg_loss", "actor/kl")}
+    for k, values in one.items():
+        first = next(m.value for m in values if m.step == 1)
+        assert history[k][1] == pytest.approx(first, rel=1e-4, abs=1e-6), k
+    run = client.get_run(two)
+    assert run.data.params["algo.learner_world_size"] == "2"
+    assert "grad_snr/q1/task_grad_norm" in run.data.metrics  # the analyses on rank 0's copy
+    assert "collapse/first_turn/num_pairs" in run.data.metrics
+    assert {"model"} <= {a.path for a in client.list_artifacts(two)}

@@ -147,9 +147,14 @@ class AlgoConfig(Section):
                                          "agree when weights sync every iteration; recompute "
                                          "when the engine's numerics differ, e.g. vLLM).")
     use_critic: bool = Field(False, description="Train a value model (gae).")
-    num_cpus: float = Field(1.0, ge=0.0, description="Ray CPUs of the learner.")
-    num_gpus: float = Field(0.0, ge=0.0, description="Ray GPUs of the learner.")
-    threads: int = Field(2, ge=1, description="torch threads of the learner.")
+    learner_world_size: int = Field(1, ge=1, description="Learner ranks: Ray actors forming "
+                                    "one torch.distributed group (gloo on CPU, NCCL on GPU) "
+                                    "that shards policy, critic and reference with FSDP2 "
+                                    "(1 = a single unsharded learner).")
+    num_cpus: float = Field(1.0, ge=0.0, description="Ray CPUs of each learner rank.")
+    num_gpus: float = Field(0.0, ge=0.0, description="Ray GPUs of each learner rank (> 0 "
+                            "puts the learner on GPU, NCCL between ranks).")
+    threads: int = Field(2, ge=1, description="torch threads of each learner rank.")
 
     @model_validator(mode="before")
     @classmethod
@@ -258,6 +263,17 @@ class TetherConfig(Section):
         if self.rollout.group_size < 2 and self.algo.advantage in ("grpo", "drgrpo", "rloo"):
             raise ValueError("rollout.group_size must be ≥ 2 for group-relative advantages")
         return self
+
+    def resource_demands(self) -> list:
+        """The Ray actors the run starts and the CPUs/GPUs each asks for."""
+        from .session import ResourceDemand
+
+        r, a = self.rollout, self.algo
+        return [ResourceDemand("rollout worker", "rollout.num_workers", r.num_workers,
+                               "rollout.num_cpus_per_worker", r.num_cpus_per_worker,
+                               "rollout.num_gpus_per_worker", r.num_gpus_per_worker),
+                ResourceDemand("learner rank", "algo.learner_world_size", a.learner_world_size,
+                               "algo.num_cpus", a.num_cpus, "algo.num_gpus", a.num_gpus)]
 
     def flat(self) -> dict[str, Any]:
         """The resolved config as dotted keys (MLflow params, sweep spaces)."""
