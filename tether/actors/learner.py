@@ -75,8 +75,11 @@ class Learner:
         return f"tcp://{ray.util.get_node_ip_address()}:{port}"
 
     def setup(self, init_method: str | None) -> str:
-        """Join the process group and shard (world size > 1); build the optimisers."""
-        backend = "cpu:gloo"
+        """Join the process group and shard (world size > 1); build the optimisers.
+        Returns the process group's backend ("none" at world size 1)."""
+        backend, mesh = "none", None
+        if self.device.type == "cuda":
+            torch.cuda.set_device(0)  # Ray shows each actor only its own GPU(s)
         if self.world_size > 1:
             import torch.distributed as dist
             from torch.distributed.device_mesh import init_device_mesh
@@ -85,18 +88,15 @@ class Learner:
             dist.init_process_group(backend, init_method=init_method, rank=self.rank,
                                     world_size=self.world_size)
             mesh = init_device_mesh(self.device.type, (self.world_size,))
-            for name in ("model", "critic", "reference"):
-                module = getattr(self, name)
-                if module is not None:
-                    setattr(self, name, shard_with_fsdp(module.to(self.device), mesh))
-        else:
-            for name in ("model", "critic", "reference"):
-                if getattr(self, name) is not None:
-                    getattr(self, name).to(self.device)
+        for name in ("model", "critic", "reference"):
+            module = getattr(self, name)
+            if module is not None:
+                module = module.to(self.device)
+                setattr(self, name, module if mesh is None else shard_with_fsdp(module, mesh))
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.lr, weight_decay=0.0)
         self.critic_optimizer = (torch.optim.AdamW(self.critic.parameters(), lr=self.critic_lr)
                                  if self.critic is not None else None)
-        return backend if self.world_size > 1 else "none"
+        return backend
 
     def _sum_over_ranks(self, tensor: torch.Tensor) -> torch.Tensor:
         """Rows computed on different ranks (zeros elsewhere), joined by summing."""

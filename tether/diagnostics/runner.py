@@ -73,7 +73,7 @@ def gradient_snr(model, batch, settings, n_buckets: int) -> dict[str, float]:
         key = tuple(groups)
         if key not in cache:
             rows = torch.nonzero(torch.isin(batch.group_index, torch.tensor(groups))).squeeze(-1)
-            sub = batch.select(rows)
+            sub = batch.select(rows).to(next(model.parameters()).device)
             logprobs, entropy = token_logprobs(model, sub.input_ids, sub.attention_mask,
                                                settings.temperature, with_entropy=True)
             task, reg, _ = ppo_objective(
