@@ -187,10 +187,9 @@ def _release_actors(trainer) -> None:
     group) for the next trial, whose actors need the CPUs these hold."""
     import ray
 
-    for actor in [*getattr(trainer, "workers", []), getattr(trainer, "learner", None),
-                  getattr(trainer, "reference", None)]:
-        if actor is not None:
-            ray.kill(actor, no_restart=True)
+    learner = getattr(trainer, "learner", None)  # a LearnerGroup: its rank actors
+    for actor in [*getattr(trainer, "workers", []), *(learner.ranks if learner else [])]:
+        ray.kill(actor, no_restart=True)
 
 
 def swept_fields(spec: SweepSpec) -> dict[str, Any]:
