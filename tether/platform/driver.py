@@ -22,7 +22,7 @@ import torch
 from ..actors.learner_group import LearnerGroup
 from ..actors.rollout_worker import RolloutWorker
 from ..agent.episode import EpisodeSpec
-from ..agent.metrics import group_trajectories, rollout_metrics, transcript
+from ..agent.metrics import group_rewards, group_trajectories, rollout_metrics, transcript
 from ..algos.advantages import AdvantageInputs, compute_advantages
 from ..algos.batch import collate
 from ..algos.filters import FilterConfig, snr_filter
@@ -375,6 +375,9 @@ class Trainer:
             text = "\n\n".join(transcript(tr, self.tokenizer.decode)
                                 for tr in self.last_collected[:t.samples_per_log])
             self.tracker.log_text(text, f"samples/iter_{it:04d}.txt")
+        if it % t.samples_every == 0 or it == 1 or it == t.iterations:
+            self.tracker.log_json({"iteration": it, "groups": group_rewards(self.last_collected)},
+                                  f"prompts/iter_{it:04d}.json")
         # The logging's own time cannot be in the dict it logs: it follows on its own.
         metrics["timing/log"] = time.perf_counter() - logging_started
         self.tracker.log_metrics({"timing/log": metrics["timing/log"]}, step=it)
