@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -30,6 +31,12 @@ def micro_config_dict(tmp_dir, **sections) -> dict:
 
 @pytest.fixture(scope="session")
 def models_dir(tmp_path_factory):
+    """Fresh per session; TETHER_TEST_MODELS_DIR keeps the warm-started models between
+    sessions (the cache is keyed by the recipe, so a changed recipe is rebuilt)."""
+    if os.environ.get("TETHER_TEST_MODELS_DIR"):
+        path = Path(os.environ["TETHER_TEST_MODELS_DIR"])
+        path.mkdir(parents=True, exist_ok=True)
+        return path
     return tmp_path_factory.mktemp("models")
 
 

@@ -10,7 +10,7 @@ import torch
 from ..agent.chat import ChatFormatter
 from ..agent.episode import EpisodeSpec, run_episodes
 from ..agent.types import Trajectory
-from ..policy.load import load_model_and_tokenizer
+from ..policy.load import load_model_and_tokenizer, load_tokenizer
 from ..rollout import make_engine
 from ..rollout.base import SamplingParams
 from .env_pool import EnvPoolActor, RemoteEnvBatch
@@ -19,13 +19,19 @@ from .env_pool import EnvPoolActor, RemoteEnvBatch
 @ray.remote(max_restarts=-1, max_task_retries=0)
 class RolloutWorker:
     def __init__(self, model_path: str, env_id: str, env_kwargs: dict, engine: str,
-                 threads: float, dtype: str = "float32") -> None:
+                 threads: float, dtype: str = "float32", engine_kwargs: dict | None = None,
+                 seed: int = 0) -> None:
         torch.set_num_threads(max(1, math.ceil(threads)))
-        model, self.tokenizer = load_model_and_tokenizer(model_path, dtype)
+        if engine == "vllm":  # vLLM loads the weights itself; here only the tokenizer
+            self.tokenizer = load_tokenizer(model_path)
+            model = str(model_path)
+            engine_kwargs = {"dtype": dtype, "seed": seed, **(engine_kwargs or {})}
+        else:
+            model, self.tokenizer = load_model_and_tokenizer(model_path, dtype)
         self.formatter = ChatFormatter(self.tokenizer)
         self.engine = make_engine(engine, model, pad_token_id=self.tokenizer.pad_token_id,
                                   eos_token_ids=[self.tokenizer.eos_token_id],
-                                  tokenizer=self.tokenizer)
+                                  tokenizer=self.tokenizer, **(engine_kwargs or {}))
         self.env_pool = EnvPoolActor.options(num_cpus=0).remote(env_id, env_kwargs)
         self.envs = RemoteEnvBatch(self.env_pool)
         self.weights_version = -1

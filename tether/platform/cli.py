@@ -24,8 +24,19 @@ KEY_METRICS = [("rollout/success", "success"), ("rollout/in_group_reward_std", "
 
 
 def fail(message: str, code: int = 2) -> None:
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False)
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
+
+
+def _check_cluster(address: Optional[str]) -> None:
+    """One line and exit when nothing answers at the Ray address (light imports only)."""
+    from .session import ClusterError, check_reachable
+
+    if address:
+        try:
+            check_reachable(address)
+        except ClusterError as exc:
+            fail(str(exc))
 
 
 def _load(config: Optional[Path], overrides: list[str], address: Optional[str]):
@@ -51,6 +62,7 @@ def run(config: Optional[Path] = typer.Argument(None, help="Experiment YAML (def
                                              "last checkpoint: a checkpoint file or directory, "
                                              "or an MLflow run id (same MLflow run).")):
     """Train an agent: warm start (cached), Ray actors, MLflow tracking."""
+    _check_cluster(address)  # first: an unreachable --address fails in seconds
     resume_from = resume_run_id = None
     if resume:
         from .checkpoint import ResumeError, resolve_resume
@@ -70,11 +82,12 @@ def run(config: Optional[Path] = typer.Argument(None, help="Experiment YAML (def
             fail(f"config: {exc}")
     else:
         cfg = _load(config, overrides or [], address)
-    from .session import prepare_process
+    from .session import ClusterError, prepare_process
 
+    if cfg.ray.address != address:  # ray.address from the YAML: before the warm start
+        _check_cluster(cfg.ray.address)
     prepare_process(cfg.ray.address)
     from .driver import Trainer
-    from .session import ClusterError
     from .tracking import TrackingError
 
     progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn(
@@ -188,6 +201,7 @@ def sweep(spec: Path = typer.Argument(..., help="Sweep spec YAML: a run config p
           address: Optional[str] = typer.Option(None, "--address", help="Join this Ray cluster "
                                                 "(default: RAY_ADDRESS, else a local Ray).")):
     """Ray Tune sweep: one training run per trial, nested under one MLflow parent run."""
+    _check_cluster(address)
     from .config import ConfigError
     from .session import prepare_process
 

@@ -91,9 +91,16 @@ class RolloutConfig(Section):
     max_turns: int | None = Field(None, ge=1, description="Cap on turns (default: the env's).")
     max_collect_attempts: int = Field(5, ge=1, description="Collection attempts of a worker's "
                                       "share before the iteration fails (workers restart).")
+    restart_timeout_s: float = Field(300.0, gt=0.0, description="How long to wait for a "
+                                     "dead rollout worker to restart (it reloads the model) "
+                                     "before the iteration fails.")
     num_cpus_per_worker: float = Field(1.0, gt=0.0, description="Ray CPUs per rollout worker "
                                        "(also its torch threads, rounded up).")
     num_gpus_per_worker: float = Field(0.0, ge=0.0, description="Ray GPUs per rollout worker.")
+    engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra engine "
+                                          "constructor arguments, e.g. for vllm "
+                                          "gpu_memory_utilization, enforce_eager, "
+                                          "tensor_parallel_size.")
 
     @field_validator("engine")
     @classmethod
@@ -104,8 +111,6 @@ class RolloutConfig(Section):
             if importlib.util.find_spec("vllm") is None:
                 raise ValueError("engine 'vllm' needs the vllm package (pip install "
                                  "'tether[vllm]' on a CUDA machine); use engine: hf on CPU")
-            raise ValueError("engine 'vllm' is not available in this version of Tether yet; "
-                             "use engine: hf")
         return engine
 
     @property
@@ -263,6 +268,9 @@ class TetherConfig(Section):
     def _cross_field(self):
         if self.rollout.group_size < 2 and self.algo.advantage in ("grpo", "drgrpo", "rloo"):
             raise ValueError("rollout.group_size must be ≥ 2 for group-relative advantages")
+        if self.rollout.engine == "vllm" and not self.algo.recompute_old_logprobs:
+            raise ValueError("rollout.engine vllm needs algo.recompute_old_logprobs: true (vLLM's "
+                             "log-probs differ numerically from the learner's)")
         return self
 
     def resource_demands(self) -> list:
@@ -281,7 +289,8 @@ class TetherConfig(Section):
         out: dict[str, Any] = {}
 
         def walk(prefix: str, value: Any) -> None:
-            if isinstance(value, dict) and value and prefix not in ("env.kwargs",):
+            if isinstance(value, dict) and value and prefix not in ("env.kwargs",
+                                                                    "rollout.engine_kwargs"):
                 for k, v in value.items():
                     walk(f"{prefix}.{k}" if prefix else k, v)
             else:

@@ -32,7 +32,7 @@ from ..policy.load import load_model_and_tokenizer, resolve_policy
 from ..rollout.base import SamplingParams
 from .checkpoint import load_checkpoint, save_checkpoint
 from .config import TetherConfig
-from .session import check_resources, start_ray, stop_ray
+from .session import check_reachable, check_resources, start_ray, stop_ray
 from .tracking import Tracker, default_tracking_uri
 
 
@@ -61,6 +61,15 @@ class LevelSampler:
         seeds = [(self.seed * 1_000_003 + self.position + k) % self.limit for k in range(n)]
         self.position += n
         return seeds
+
+
+def _first_line(exc: BaseException) -> str:
+    """The line of a (Ray-wrapped) error that says what happened, not where."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    cause = getattr(exc, "cause", None)
+    if cause is not None and str(cause).strip():
+        return f"{type(cause).__name__}: {str(cause).strip().splitlines()[-1]}"
+    return lines[0] if lines else type(exc).__name__
 
 
 class Timers(dict):
@@ -109,6 +118,8 @@ class Trainer:
     # -- setup ------------------------------------------------------------------------
     def setup(self) -> None:
         cfg = self.cfg
+        if cfg.ray.address:  # before the warm start: an unreachable cluster fails in seconds
+            check_reachable(cfg.ray.address)
         self.output_dir.mkdir(parents=True, exist_ok=True)
         demands = cfg.resource_demands()  # before the warm start: a run that can't fit fails now
         self.started_ray = start_ray(cfg.ray.address, cfg.ray.num_cpus,
@@ -134,7 +145,8 @@ class Trainer:
             RolloutWorker.options(num_cpus=cfg.rollout.num_cpus_per_worker,
                                   num_gpus=cfg.rollout.num_gpus_per_worker).remote(
                 self.model_path, cfg.env.id, env_kwargs, cfg.rollout.engine,
-                cfg.rollout.num_cpus_per_worker, cfg.model.dtype)
+                cfg.rollout.num_cpus_per_worker, cfg.model.dtype, cfg.rollout.engine_kwargs,
+                cfg.experiment.seed)
             for _ in range(cfg.rollout.num_workers)]
         self.learner = LearnerGroup.start(
             self.model_path, self.settings, lr=cfg.algo.lr, critic_lr=cfg.algo.critic_lr,
@@ -155,31 +167,49 @@ class Trainer:
         """
         shares = [s for s in np.array_split(np.arange(len(specs)), len(self.workers)) if len(s)]
         results: dict[int, list] = {}
+        last_error = ""
         for attempt in range(self.cfg.rollout.max_collect_attempts):
             refs = {k: self.workers[k].collect.remote([specs[i] for i in share], sampling,
                                                       seed * 131 + k, self.cfg.rollout.max_turns)
                     for k, share in enumerate(shares) if k not in results}
+            self.emit("collecting", {"attempt": attempt, "workers": sorted(refs),
+                                     "episodes": sum(len(shares[k]) for k in refs)})
             for k, ref in refs.items():
                 try:
                     results[k] = ray.get(ref)
                 except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as exc:
                     self.worker_failures += 1
+                    last_error = _first_line(exc)
                     self.emit("worker_failed", {"worker": k, "attempt": attempt,
-                                                "error": str(exc).splitlines()[0]})
+                                                "error": last_error})
                     self.restore_worker(k)
             if len(results) == len(shares):
                 return [t for k in range(len(shares)) for t in results[k]]
         raise RuntimeError(f"rollout workers failed {self.cfg.rollout.max_collect_attempts} "
-                           f"times in a row; giving up on this iteration")
+                           f"times in a row; giving up on this iteration (last error: "
+                           f"{last_error})")
 
     def restore_worker(self, k: int) -> None:
-        """Give a (restarted) worker the current weights before it collects again."""
-        if self.weights_ref is None:
-            return
-        try:
-            ray.get(self.workers[k].set_weights.remote(self.weights_ref, self.weights_version))
-        except ray.exceptions.RayError:
-            pass  # still restarting: the next attempt will fail and come back here
+        """Wait until a (restarting) worker answers, and give it the current weights.
+
+        Calls into an actor that Ray is restarting fail at once (ActorUnavailableError)
+        rather than wait, so this polls until the new process is up (it loads the
+        model) or ``rollout.restart_timeout_s`` has passed."""
+        worker = self.workers[k]
+        deadline = time.monotonic() + self.cfg.rollout.restart_timeout_s
+        while True:
+            try:
+                if self.weights_ref is None:  # the initial weights: the ones it loads itself
+                    ray.get(worker.stop_token_ids.remote())
+                else:
+                    ray.get(worker.set_weights.remote(self.weights_ref, self.weights_version))
+                return
+            except ray.exceptions.ActorUnavailableError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"rollout worker {k} did not come back within "
+                                       f"rollout.restart_timeout_s = "
+                                       f"{self.cfg.rollout.restart_timeout_s} s") from None
+                time.sleep(0.25)
 
     def training_specs(self, n_groups: int, first_group_id: int) -> list[EpisodeSpec]:
         seeds = self.sampler.take(n_groups)
@@ -349,6 +379,7 @@ class Trainer:
                                        "tether.stop_reason": self.stop_reason or "completed"
                                        if status == "FINISHED" else status.lower()})
                 self.tracker.finish(status)
+            self.release_actors()
             stop_ray(self.started_ray)
         return RunSummary(
             run_id=self.tracker.run_id, tracking_uri=self.tracker.uri,
@@ -356,6 +387,15 @@ class Trainer:
             seconds=time.perf_counter() - started, model_path=self.model_path,
             val_history=self.val_history, last_metrics=self.last_metrics,
             stop_reason=self.stop_reason, alarms=[e.to_dict() for e in self.alarms.events])
+
+    def release_actors(self) -> None:
+        """End this run's actors (a worker's environment pool goes with it), so a Ray
+        that outlives the run (a sweep, a test session) gets their resources back."""
+        for actor in [*getattr(self, "workers", []), getattr(self, "learner", None),
+                      getattr(self, "reference", None)]:
+            if actor is not None:
+                ray.kill(actor, no_restart=True)
+        self.workers, self.learner, self.reference = [], None, None
 
     def log_validation(self, it: int, metrics: dict[str, float]) -> None:
         val = self.validate()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +34,28 @@ class ClusterError(RuntimeError):
     """Ray cannot be started or reached (the message says what to do)."""
 
 
+def check_reachable(address: str, timeout: float = 10.0) -> None:
+    """Fail in seconds, with one line, when nothing listens at a ``host:port`` Ray address.
+
+    ``ray.init`` itself keeps retrying an unreachable GCS for minutes."""
+    target = address.removeprefix("ray://")
+    if address == "auto" or ":" not in target:
+        return  # "auto" reads the local cluster file; Ray reports that case itself
+    host, _, port = target.rpartition(":")
+    try:
+        port_number = int(port.split("/")[0])
+    except ValueError:
+        raise ClusterError(f"Ray address {address!r} is not host:port") from None
+    try:
+        with socket.create_connection((host.strip("[]"), port_number), timeout=timeout):
+            pass
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise ClusterError(f"the Ray cluster at {address} is unreachable ({reason}); start it "
+                           f"with `ray start --head`, check ray.address / --address, or drop "
+                           f"it to start a local Ray") from None
+
+
 def start_ray(address: str | None, num_cpus: int | None, required_cpus: float) -> bool:
     """Join ``address`` or start a fresh local Ray; return True if this call started it.
 
@@ -45,6 +68,8 @@ def start_ray(address: str | None, num_cpus: int | None, required_cpus: float) -
         return False
     runtime_env = {"env_vars": {"TOKENIZERS_PARALLELISM": "false", **QUIET_ENV,
                                 "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}}
+    if address:
+        check_reachable(address)
     try:
         if address:
             ray.init(address=address, runtime_env=runtime_env, log_to_driver=False)

@@ -43,7 +43,7 @@ def close_stale_children(uri: str, experiment_id: str, parent_run_id: str) -> in
 def results_rows(uri: str, experiment_id: str, parent_run_id: str, metric: str,
                  mode: str) -> list[dict]:
     """One row per trial (its FINISHED child run if any, else its latest), ranked."""
-    from .tracking import metric_key
+    from .tracking import metric_series
 
     client = MlflowClient(uri)
     by_trial: dict[str, Any] = {}
@@ -53,9 +53,8 @@ def results_rows(uri: str, experiment_id: str, parent_run_id: str, metric: str,
         if trial not in by_trial or by_trial[trial].info.status != "FINISHED":
             by_trial[trial] = run
 
-    def history(run_id: str, key: str) -> list[float]:
-        return [m.value for m in sorted(client.get_metric_history(run_id, metric_key(key)),
-                                        key=lambda m: m.step)]
+    def history(run_id: str, key: str) -> list[float]:  # one value per step (resumed runs)
+        return list(metric_series(client, run_id, key).values())
 
     rows = []
     for trial, run in by_trial.items():

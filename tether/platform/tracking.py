@@ -33,6 +33,21 @@ def metric_key(name: str) -> str:
     return _INVALID_KEY_CHARS.sub("_", name.replace("@", "_at_"))
 
 
+def metric_series(client: MlflowClient, run_id: str, key: str) -> dict[int, float]:
+    """``{step: value}`` of one metric, the last recorded value of each step.
+
+    A resumed run logs the steps after its checkpoint again; MLflow keeps both
+    values, so everything Tether reads back takes the latest (by timestamp, then
+    by the order MLflow returned them) instead of whichever comes first.
+    """
+    history = client.get_metric_history(run_id, metric_key(key))
+    latest: dict[int, tuple[int, int, float]] = {}
+    for order, m in enumerate(history):
+        if m.step not in latest or (m.timestamp, order) >= latest[m.step][:2]:
+            latest[m.step] = (m.timestamp, order, m.value)
+    return {step: latest[step][2] for step in sorted(latest)}
+
+
 def default_tracking_uri(output_dir: Path) -> str:
     return f"sqlite:///{(Path(output_dir).expanduser().resolve() / 'mlflow.db').as_posix()}"
 

@@ -87,8 +87,13 @@ def build_warm_model(spec: dict, out_dir: Path, progress=None) -> dict:
 def load_model_and_tokenizer(path, dtype: str = "float32"):
     """Load a causal LM and its tokenizer from a directory or hub id, in eval mode."""
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
-    tokenizer = AutoTokenizer.from_pretrained(str(path))
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype)
+    return model.eval(), load_tokenizer(path)
+
+
+def load_tokenizer(path):
+    """The tokenizer of a model directory or hub id, with a pad token (EOS if it has none)."""
+    tokenizer = AutoTokenizer.from_pretrained(str(path))
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    return model.eval(), tokenizer
+    return tokenizer

@@ -1,0 +1,127 @@
+"""GPU rollout engine: vLLM behind the same ``RolloutEngine`` interface as ``hf``.
+
+The engine takes token-id prompts (``{"prompt_token_ids": ...}``), so the agent
+loop and the learner agree exactly on tokens, and returns for every sampled token
+its log-prob from vLLM (``SamplingParams(logprobs=0)``: the sampled token only).
+
+Log-probs: the engine is built with ``logprobs_mode="processed_logprobs"``, i.e.
+after temperature scaling (vLLM treats greedy as temperature 1), so with
+``top_p == 1`` and ``top_k == 0`` they are ``log_softmax(logits / T)`` as in the
+``hf`` engine; with top-k/top-p they are of the truncated distribution.  vLLM's
+kernels (bf16, fused attention) also differ numerically from the learner's, so a
+config with ``rollout.engine: vllm`` must set ``algo.recompute_old_logprobs: true``
+(checked in ``RolloutConfig``'s parent); the sampler's log-probs are then only
+logged, never trained on.
+
+Weight sync: the learner's full state dict (HF parameter names) is handed to every
+vLLM worker with ``LLM.collective_rpc`` calling ``WeightSyncExtension.load_tether_weights``,
+which feeds it to the model runner's ``model.load_weights`` -- the mechanism of
+vLLM's RLHF examples (``worker_extension_cls`` + ``collective_rpc``).  On a cluster
+with NCCL between learner and sampler GPUs the same extension is the place for a
+broadcast; through Ray the tensors travel via the object store.
+
+vLLM needs CUDA (the official wheel); install with ``pip install 'tether[vllm]'``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from tether.rollout.base import Generation, RolloutEngine, SamplingParams
+
+logger = logging.getLogger(__name__)
+
+#: vLLM loads the extension by its qualified name in each of its worker processes.
+EXTENSION = "tether.rollout.vllm.WeightSyncExtension"
+
+
+class WeightSyncExtension:
+    """Mixed into vLLM's worker class (``worker_extension_cls``): weight loading by RPC."""
+
+    def load_tether_weights(self, named_tensors: list) -> int:
+        """Load ``[(hf_name, tensor), ...]`` into this worker's model; return the count."""
+        model = self.model_runner.model
+        device = next(model.parameters()).device
+        model.load_weights(weights=((name, tensor.to(device)) for name, tensor in named_tensors))
+        return len(named_tensors)
+
+
+class VLLMRolloutEngine(RolloutEngine):
+    """Batched sampling with vLLM's offline ``LLM`` on token-id prompts.
+
+    Args:
+        model: path (or hub id) of a Hugging Face causal LM directory with its tokenizer.
+        dtype: "float32", "bfloat16" or "auto".
+        max_context: model window (default: the model config's).
+        seed: engine seed; ``generate(seed=s)`` seeds each request as ``s * 1_000_003 + i``
+            (vLLM's per-request generators), so a row's sample does not depend on the batch.
+        **engine_kwargs: passed to ``vllm.LLM`` (e.g. ``gpu_memory_utilization``,
+            ``enforce_eager``, ``tensor_parallel_size``).
+    """
+
+    def __init__(self, model: str, pad_token_id: int | None = None,
+                 eos_token_ids: Sequence[int] = (), tokenizer=None, dtype: str = "auto",
+                 max_context: int | None = None, seed: int = 0, **engine_kwargs) -> None:
+        if not isinstance(model, str):
+            raise TypeError("the vllm engine loads the model itself: pass its path, not a model "
+                            f"object ({type(model).__name__})")
+        from vllm import LLM  # optional dependency (CUDA): imported only when used
+
+        self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
+        self.llm = LLM(model=model, tokenizer=model, dtype=dtype, seed=seed,
+                       max_model_len=max_context, logprobs_mode="processed_logprobs",
+                       worker_extension_cls=EXTENSION, **engine_kwargs)
+        self._max_context = int(self.llm.llm_engine.model_config.max_model_len)
+
+    @property
+    def max_context(self) -> int:
+        return self._max_context
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Every vLLM worker (all tensor-parallel ranks) loads the full state dict."""
+        named = [(name, tensor.detach().cpu()) for name, tensor in state_dict.items()]
+        self.llm.collective_rpc("load_tether_weights", args=(named,))
+        self.llm.reset_prefix_cache()  # cached prompt KV was computed with the old weights
+
+    def sampling_params(self, params: SamplingParams, request_seed: int | None):
+        from vllm import SamplingParams as VLLMSamplingParams
+
+        return VLLMSamplingParams(
+            n=1, max_tokens=params.max_new_tokens, temperature=params.temperature,
+            top_p=params.top_p, top_k=params.top_k, seed=request_seed, logprobs=0,
+            stop_token_ids=list(params.stop_token_ids), stop=list(params.stop_strings),
+            include_stop_str_in_output=True, ignore_eos=False)
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams,
+                 seed: int | None = None) -> list[Generation]:
+        if not prompts:
+            return []
+        for i, p in enumerate(prompts):
+            if len(p) == 0:
+                raise ValueError(f"prompt {i} is empty; every prompt needs at least one token")
+        window = self._max_context
+        kept = [list(p[-(window - 1):]) for p in prompts]
+        requests = [{"prompt_token_ids": ids} for ids in kept]
+        sampling = [self.sampling_params(params, None if seed is None else seed * 1_000_003 + i)
+                    for i in range(len(kept))]
+        outputs = self.llm.generate(requests, sampling, use_tqdm=False)
+        return [self.to_generation(out, params, len(ids), len(p) - len(ids))
+                for out, ids, p in zip(outputs, kept, prompts)]
+
+    @staticmethod
+    def to_generation(request_output, params: SamplingParams, prompt_len: int,
+                      n_truncated: int) -> Generation:
+        """vLLM's ``RequestOutput`` -> ``Generation`` (tokens, sampled-token log-probs, reason)."""
+        completion = request_output.outputs[0]
+        tokens = list(completion.token_ids)
+        logprobs = [float(step[token].logprob) for token, step in zip(tokens, completion.logprobs)]
+        if completion.finish_reason == "stop":
+            reason = "stop"
+        elif completion.finish_reason == "length":
+            reason = "length" if len(tokens) == params.max_new_tokens else "context"
+        else:
+            raise RuntimeError(f"vLLM request ended with finish_reason "
+                               f"{completion.finish_reason!r}")
+        meta = {"prompt_tokens": prompt_len, "truncated_prompt_tokens": n_truncated}
+        return Generation(token_ids=tokens, logprobs=logprobs, finish_reason=reason, meta=meta)
