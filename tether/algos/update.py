@@ -43,7 +43,7 @@ def _trim(batch: TrajectoryBatch, rows: torch.Tensor) -> TrajectoryBatch:
     width = int(sub.attention_mask.sum(-1).max())
     for name in ("input_ids", "attention_mask", "response_mask", "token_rewards",
                  "sampling_logprobs", "old_logprobs", "ref_logprobs", "values", "advantages",
-                 "returns"):
+                 "returns", "reasoning_mask"):
         value = getattr(sub, name)
         if value is not None:
             setattr(sub, name, value[:, :width])
@@ -86,6 +86,8 @@ def policy_update(model, optimizer, batch: TrajectoryBatch, s: UpdateSettings,
     rng = np.random.default_rng(seed)
     metrics: dict[str, list[float]] = {}
     need_entropy = True  # logged always; differentiated only when entropy_coef > 0
+    # Token entropy on the reasoning tokens, token-weighted over the update's forwards.
+    reasoning_entropy = torch.zeros(2, dtype=torch.float64)          # [sum, count]
     for _ in range(s.ppo_epochs):
         order = torch.as_tensor(rng.permutation(batch.size))
         for mb_rows in torch.tensor_split(order, min(s.minibatches, batch.size)):
@@ -107,6 +109,10 @@ def policy_update(model, optimizer, batch: TrajectoryBatch, s: UpdateSettings,
                     entropy_coef=s.entropy_coef, agg=s.loss_agg, denominator=denominator)
                 (task_loss + reg_loss).backward()
                 _accumulate(metrics, m)
+                if mb.reasoning_mask is not None:
+                    with torch.no_grad():
+                        reasoning_entropy += torch.stack([(entropy * mb.reasoning_mask).sum(),
+                                                          mb.reasoning_mask.sum()]).double()
                 if critic is not None:
                     values = critic(mb.input_ids, mb.attention_mask)
                     vf_loss, vm = value_loss(values, mb.values, mb.returns, mb.response_mask,
@@ -121,4 +127,7 @@ def policy_update(model, optimizer, batch: TrajectoryBatch, s: UpdateSettings,
                 torch.nn.utils.clip_grad_norm_(critic.parameters(), s.max_grad_norm)
                 critic_optimizer.step()
     model.eval()
-    return {k: float(np.mean(v)) for k, v in metrics.items()}
+    out = {k: float(np.mean(v)) for k, v in metrics.items()}
+    if reasoning_entropy[1] > 0:
+        out["collapse/reasoning_token_entropy"] = float(reasoning_entropy[0] / reasoning_entropy[1])
+    return out

@@ -21,8 +21,10 @@ import torch
 
 from ..actors.learner import Learner, ReferenceModel
 from ..actors.rollout_worker import RolloutWorker
+from ..agent.chat import ChatFormatter
 from ..agent.episode import EpisodeSpec
 from ..agent.metrics import group_trajectories, rollout_metrics, transcript
+from ..agent.pairs import SpanExtractor
 from ..algos.advantages import AdvantageInputs, compute_advantages
 from ..algos.batch import collate
 from ..algos.filters import FilterConfig, snr_filter
@@ -115,6 +117,7 @@ class Trainer:
             progress=lambda step, total, loss: self.emit("warm_start", {
                 "step": step, "total": total, "loss": loss})))
         _, self.tokenizer = load_model_and_tokenizer(self.model_path)
+        self.spans = SpanExtractor(ChatFormatter(self.tokenizer))
         uri = cfg.tracking.uri or default_tracking_uri(self.output_dir)
         self.tracker = Tracker(uri, cfg.experiment.name, self.output_dir / "artifacts",
                                run_name=cfg.experiment.run_name or
@@ -240,7 +243,8 @@ class Trainer:
 
     def prepare(self, trajectories):
         """Padded batch with old-policy (and reference) log-probs and critic values."""
-        batch = collate(trajectories, self.tokenizer.pad_token_id)
+        batch = collate(trajectories, self.tokenizer.pad_token_id,
+                        reasoning_masks=[self.spans.reasoning_mask(t) for t in trajectories])
         batch = ray.get(self.learner.prepare.remote(batch, self.cfg.algo.recompute_old_logprobs))
         if self.reference is not None:
             batch.ref_logprobs = ray.get(self.reference.logprobs.remote(
