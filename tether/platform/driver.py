@@ -228,8 +228,9 @@ class Trainer:
         if not d.enabled or not (it == 1 or it % d.every == 0):
             return {}
         heatmap = it % d.heatmap_every == 0 or it == 1
+        chain = d.information_chain and (it % d.chain_every == 0 or it == 1)
         result = ray.get(self.learner.diagnose.remote(collected, d, self.mi_ema_state,
-                                                      self.cfg.experiment.seed + it, heatmap))
+                                                      self.cfg.experiment.seed + it, heatmap, chain))
         self.mi_ema_state = result.ema_state
         for sampling, (scores, column) in result.matrices.items():
             from ..diagnostics.plots import cross_score_heatmap
@@ -288,7 +289,7 @@ class Trainer:
                 batch = self.prepare(pool)
             with timers("advantages"):
                 batch = self.advantages(batch)
-            if d.grad_snr_every and it % d.grad_snr_every == 0:
+            if d.enabled and d.grad_snr_every and it % d.grad_snr_every == 0:
                 with timers("grad_snr"):
                     metrics.update(ray.get(self.learner.grad_snr.remote(batch, d.grad_snr_buckets)))
             train = batch.select([i for i, t in enumerate(pool) if t.group_id in kept])
