@@ -55,6 +55,7 @@ def main() -> None:
     stages: dict[str, list[dict]] = {name: [] for name in trainers}
     for it in range(1, args.iterations + 1):
         order = ["on", "off"] if it % 2 else ["off", "on"]
+        success = {}
         for name in order:
             trainer = trainers[name]
             start = time.perf_counter()
@@ -62,10 +63,11 @@ def main() -> None:
             trainer.after_iteration(it, metrics)
             wall[name].append(time.perf_counter() - start)
             stages[name].append({k: v for k, v in metrics.items() if k.startswith("timing/")})
+            success[name] = metrics.get("rollout/success", float("nan"))
         print(f"iteration {it}: on {wall['on'][-1]:.1f} s (diagnose "
               f"{stages['on'][-1].get('timing/diagnose', 0):.1f}, grad_snr "
               f"{stages['on'][-1].get('timing/grad_snr', 0):.1f}), off {wall['off'][-1]:.1f} s; "
-              f"success on {metrics.get('rollout/success', float('nan')):.3f}", flush=True)
+              f"success on {success['on']:.3f} off {success['off']:.3f}", flush=True)
 
     for trainer in trainers.values():
         trainer.tracker.finish("FINISHED")
