@@ -18,4 +18,12 @@ if ! "$VENV/bin/python" -c "import torch, sys; sys.exit(torch.__version__.split(
   "$VENV/bin/python" -m pip install -q "torch==2.13.0" ${TETHER_TORCH_INDEX:+--index-url "$TETHER_TORCH_INDEX"}
 fi
 "$VENV/bin/python" -m pip install -q -e ".[test]"
+# The monitor's browser test drives the system Chromium (Debian's package) via Playwright.
+if ! command -v chromium >/dev/null && ! command -v chromium-browser >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium
+  else
+    echo "note: install chromium (e.g. sudo apt-get install chromium) for the browser test"
+  fi
+fi
 "$VENV/bin/python" -c "import torch, tether; print(f'tether {tether.__version__} ready: torch {torch.__version__}, CUDA {torch.version.cuda}')"

@@ -47,6 +47,15 @@ def test_run_finishes_and_logs_to_mlflow(finished_run):
     assert {"model", "samples"} <= artifacts
     samples = [a.path for a in client.list_artifacts(summary.run_id, "samples")]
     assert "samples/iter_0001.txt" in samples
+    # Per-prompt rewards for the report's heatmaps, matching the logged success.
+    from tether.analysis.source import load_run
+
+    loaded = load_run(client, run)
+    assert set(loaded.prompts) == {1, 2, 3} and len(loaded.prompts[1]) == cfg.rollout.groups
+    for it, groups in loaded.prompts.items():
+        assert all(len(g["rewards"]) == cfg.rollout.group_size for g in groups)
+        flat = [s for g in groups for s in g["success"]]
+        assert sum(flat) / len(flat) == pytest.approx(success[it])
 
 
 def test_collapse_diagnostics_are_logged(finished_run):

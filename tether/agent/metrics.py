@@ -17,6 +17,15 @@ def group_trajectories(trajectories: list[Trajectory]) -> dict[int, list[Traject
     return {g: sorted(ts, key=lambda t: t.sample_index) for g, ts in sorted(groups.items())}
 
 
+def group_rewards(trajectories: list[Trajectory]) -> list[dict]:
+    """Per prompt (group): its env seed, the members' rewards and successes, in group order.
+    The prompt-level reward and reward-variance heatmaps of the report read these."""
+    return [{"group_id": g, "env_seed": ts[0].env_seed,
+             "rewards": [float(t.reward) for t in ts],
+             "success": [float(t.success) for t in ts]}
+            for g, ts in group_trajectories(trajectories).items()]
+
+
 def rollout_metrics(trajectories: list[Trajectory], prefix: str = "rollout",
                     reasoning_tokens=None) -> dict[str, float]:
     """Success, reward statistics, in-group reward spread, lengths and format rates.

@@ -228,6 +228,139 @@ def sweep(spec: Path = typer.Argument(..., help="Sweep spec YAML: a run config p
         raise typer.Exit(1)
 
 
+def _tracking_uri(uri: Optional[str], output_dir: Optional[Path]) -> str:
+    """The given URI, else output_dir's SQLite store (the embedded default of `tether run`);
+    a SQLite file that does not exist is an error here, not a new empty store."""
+    from .config import TetherConfig
+    from .tracking import default_tracking_uri
+
+    uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri(
+        output_dir or TetherConfig().experiment.output_dir)
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
+        fail(f"tracking: no MLflow store at {uri[len('sqlite:///'):]}; pass --tracking-uri "
+             f"(the tracking.uri of the runs) or --output-dir (their experiment.output_dir)")
+    return uri
+
+
+TRACKING_URI = typer.Option(None, "--tracking-uri", help="MLflow tracking URI of the runs "
+                            "(default: MLFLOW_TRACKING_URI, else the SQLite store under "
+                            "--output-dir).")
+OUTPUT_DIR = typer.Option(None, "--output-dir", help="experiment.output_dir of the runs, "
+                          "whose mlflow.db is read when no tracking URI is given.")
+
+
+@app.command()
+def report(target: str = typer.Argument(..., help="A run id, a sweep's parent run id, or an "
+                                        "experiment name."),
+           tracking_uri: Optional[str] = TRACKING_URI,
+           output_dir: Optional[Path] = OUTPUT_DIR,
+           out: Optional[Path] = typer.Option(None, "--out", help="Where to write the report "
+                                              "(default: ./tether_report/<target>)."),
+           sampling: str = typer.Option("first_turn", "--sampling", help="Cross-scoring "
+                                        "sampling the analyses use: first_turn | trajectory."),
+           mi_name: str = typer.Option("mi_estimate", "--mi", help="MI proxy of the quartile, "
+                                       "regime and sensitivity views (e.g. mi_zscore_ema)."),
+           log: bool = typer.Option(True, "--log/--no-log", help="Log the report as artifacts "
+                                    "(report/) of the run or sweep parent.")):
+    """The paper's analyses (SPEC §9) over MLflow runs: figures (PNG + HTML) and report.html."""
+    from ..analysis.report import ReportSettings, build_report, log_report
+    from ..analysis.runs import DIAGNOSTICS, SAMPLINGS
+    from ..analysis.source import ReportError, load_target
+
+    if sampling not in SAMPLINGS:
+        fail(f"--sampling {sampling!r} is not one of {list(SAMPLINGS)}")
+    if mi_name not in DIAGNOSTICS:
+        fail(f"--mi {mi_name!r} is not one of {list(DIAGNOSTICS)}")
+    uri = _tracking_uri(tracking_uri, output_dir)
+    try:
+        resolved, runs = load_target(uri, target)
+    except ReportError as exc:
+        fail(f"report: {exc}")
+    out = out or Path("tether_report") / target.replace("/", "_")
+    settings = ReportSettings(sampling=sampling, mi_name=mi_name)
+    result = build_report(runs, out, f"Tether report: {resolved.kind} {resolved.label} "
+                          f"({len(runs)} runs)", settings, resolved.sweep_base)
+    for note in result.notes:
+        console.print(f"[yellow]note:[/] {note}", highlight=False)
+    for name, section in result.sections.items():
+        if section.rows:
+            table = Table(title=name)
+            for column in section.rows[0]:
+                if column != "run_id":
+                    table.add_column(column, justify="right")
+            for row in section.rows:
+                table.add_row(*[f"{v:.3g}" if isinstance(v, float) else str(v)
+                                for k, v in row.items() if k != "run_id"])
+            console.print(table)
+    if log:
+        from mlflow.tracking import MlflowClient
+
+        from .tracking import Tracker
+
+        client = MlflowClient(tracking_uri=uri)
+        log_to = resolved.log_to or Tracker(uri, client.get_experiment(
+            resolved.experiment_id).name, run_name=f"report-{target}",
+            tags={"tether.kind": "report"}).run_id
+        log_report(client, log_to, out)
+        if resolved.log_to is None:
+            client.set_terminated(log_to)
+        console.print(f"logged as artifacts report/ of run [cyan]{log_to}[/]")
+    console.print(f"report: [green]{(out / 'report.html').resolve()}[/] "
+                  f"({len(result.figures)} figures)")
+
+
+@app.command()
+def serve(tracking_uri: Optional[str] = TRACKING_URI,
+          output_dir: Optional[Path] = OUTPUT_DIR,
+          host: str = typer.Option("127.0.0.1", "--host", help="Interface to bind. Beyond "
+                                   "localhost (e.g. 0.0.0.0) a --token is required."),
+          port: int = typer.Option(8600, "--port", help="HTTP port of the page."),
+          token: Optional[str] = typer.Option(None, "--token", envvar="TETHER_SERVE_TOKEN",
+                                              help="Require this token: open the page as "
+                                              "http://HOST:PORT/?token=TOKEN (API: header "
+                                              "'Authorization: Bearer TOKEN'). Default: no "
+                                              "login (localhost only)."),
+          experiment: Optional[list[str]] = typer.Option(None, "--experiment", help="Only these "
+                                                         "experiments (repeatable; default all)."),
+          refresh: float = typer.Option(5.0, "--refresh", min=0.5, help="Page refresh, seconds."),
+          sampling: str = typer.Option("first_turn", "--sampling", help="Cross-scoring "
+                                       "sampling shown: first_turn | trajectory."),
+          address: Optional[str] = typer.Option(None, "--address", help="Run Serve on this Ray "
+                                                "cluster (default: a local Ray).")):
+    """Live collapse monitor: a Ray Serve page of the MLflow runs, refreshing while they train."""
+    from ..analysis.runs import SAMPLINGS
+
+    if sampling not in SAMPLINGS:
+        fail(f"--sampling {sampling!r} is not one of {list(SAMPLINGS)}")
+    uri = _tracking_uri(tracking_uri, output_dir)
+    from .session import ClusterError, prepare_process, start_ray, stop_ray
+
+    prepare_process(address)
+    from ..dashboards.monitor import is_loopback, start_monitor
+
+    if not is_loopback(host) and not token:
+        fail(f"--host {host} is beyond localhost: pass --token (or TETHER_SERVE_TOKEN) so "
+             f"the page is not open to the network")
+    try:
+        started = start_ray(address, None, 1)
+    except ClusterError as exc:
+        fail(str(exc))
+    import time
+
+    from ray import serve as ray_serve
+
+    try:
+        url = start_monitor(uri, host, port, token, experiment, refresh, sampling)
+        console.print(f"Tether monitor on [green]{url}[/]  (MLflow {uri}); Ctrl-C stops it")
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        console.print("stopping the monitor")
+    finally:
+        ray_serve.shutdown()
+        stop_ray(started)
+
+
 def main() -> None:  # pragma: no cover - console entry point
     app()
 

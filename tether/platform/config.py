@@ -231,7 +231,8 @@ class TrainerConfig(Section):
     val_temperature: float | None = Field(None, ge=0.0, description="Validation temperature "
                                           "(default: the rollout temperature).")
     checkpoint_every: int = Field(10, ge=1, description="Checkpoint every N iterations.")
-    samples_every: int = Field(5, ge=1, description="Log sample transcripts every N iterations.")
+    samples_every: int = Field(5, ge=1, description="Log sample transcripts and the per-prompt rewards "
+                               "(prompts/iter_N.json, for the report's heatmaps) every N iterations.")
     samples_per_log: int = Field(4, ge=0, description="Transcripts per sample artifact.")
 
 

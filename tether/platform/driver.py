@@ -23,7 +23,7 @@ from ..actors.learner import Learner, ReferenceModel
 from ..actors.rollout_worker import RolloutWorker
 from ..agent.chat import ChatFormatter
 from ..agent.episode import EpisodeSpec
-from ..agent.metrics import group_trajectories, rollout_metrics, transcript
+from ..agent.metrics import group_rewards, group_trajectories, rollout_metrics, transcript
 from ..agent.pairs import SpanExtractor
 from ..algos.advantages import AdvantageInputs, compute_advantages
 from ..algos.batch import collate
@@ -375,6 +375,9 @@ class Trainer:
             text = "\n\n".join(transcript(tr, self.tokenizer.decode)
                                 for tr in self.last_collected[:t.samples_per_log])
             self.tracker.log_text(text, f"samples/iter_{it:04d}.txt")
+        if it % t.samples_every == 0 or it == 1 or it == t.iterations:
+            self.tracker.log_json({"iteration": it, "groups": group_rewards(self.last_collected)},
+                                  f"prompts/iter_{it:04d}.json")
         self.iteration_done, self.last_metrics = it, metrics
         self.emit("iteration", {"iteration": it, "total": t.iterations, **metrics})
         for event in self.alarms.update(it, metrics):

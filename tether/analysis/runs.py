@@ -1,0 +1,102 @@
+"""What the analyses read: one training run's params, tags, metric histories and alarms.
+
+Pure data (no MLflow): ``tether.analysis.source`` fills it from a tracking store, tests
+may build it by hand. Metric names are the MLflow keys the driver logs (SPEC names with
+``@`` spelled ``_at_``): ``rollout/success``, ``filter/kept_ratio``,
+``collapse/<sampling>/mi_estimate``, ``val/success``, ...
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+SUCCESS = "rollout/success"
+VAL_SUCCESS = "val/success"
+REWARD_STD = "rollout/in_group_reward_std"
+KEPT_RATIO = "filter/kept_ratio"
+ZERO_VARIANCE = "filter/zero_variance_groups"
+REASONING_LENGTH = "rollout/reasoning_length"
+SAMPLINGS = ("first_turn", "trajectory")
+
+#: The diagnostics SPEC §9 correlates with success (per sampling, under ``collapse/<s>/``).
+DIAGNOSTICS = ("mi_zscore", "mi_zscore_ema", "mi_estimate", "mi_seq_estimate",
+               "retrieval_acc", "conditional_entropy_est", "reasoning_entropy_est",
+               "conditional_entropy_seq_est", "reasoning_entropy_seq_est")
+
+#: The curves each alarm concerns (metric-name prefixes); its evidence keys are added.
+ALARM_CURVES = {
+    "template_collapse": ("collapse/",),
+    "low_entropy_collapse": ("collapse/",),
+    "reward_variance_collapse": (REWARD_STD,),
+    "output_length_collapse": (REASONING_LENGTH,),
+    "empty_after_filter": (KEPT_RATIO, "filter/kept_groups"),
+}
+
+
+def collapse_key(sampling: str, name: str) -> str:
+    return f"collapse/{sampling}/{name}"
+
+
+@dataclass
+class RunData:
+    run_id: str
+    name: str
+    status: str = "FINISHED"
+    params: dict[str, str] = field(default_factory=dict)
+    tags: dict[str, str] = field(default_factory=dict)
+    #: metric key -> {step: value}, one value per step (the last one logged)
+    metrics: dict[str, dict[int, float]] = field(default_factory=dict)
+    #: alarm events (``alarms.json``): name, iteration, mode, message, evidence
+    alarms: list[dict] = field(default_factory=list)
+    #: iteration -> groups [{group_id, env_seed, rewards, success}] (``prompts/iter_N.json``)
+    prompts: dict[int, list[dict]] = field(default_factory=dict)
+
+    def has(self, key: str) -> bool:
+        return bool(self.metrics.get(key))
+
+    def series(self, key: str) -> tuple[np.ndarray, np.ndarray]:
+        """Steps and values of a metric, by step (empty arrays when never logged)."""
+        points = sorted(self.metrics.get(key, {}).items())
+        return (np.array([s for s, _ in points], dtype=np.int64),
+                np.array([v for _, v in points], dtype=np.float64))
+
+    def last(self, key: str) -> float | None:
+        points = self.metrics.get(key)
+        return points[max(points)] if points else None
+
+    @property
+    def latest_iteration(self) -> int:
+        """The last training iteration logged (step 0 is the pre-training validation)."""
+        steps = [s for points in self.metrics.values() for s in points]
+        return max(steps, default=0)
+
+    def final_success(self) -> float | None:
+        """Validation success after training when logged, else the last rollout success."""
+        val = self.metrics.get(VAL_SUCCESS, {})
+        trained = [s for s in val if s > 0]
+        if trained:
+            return val[max(trained)]
+        return self.last(SUCCESS)
+
+    def param(self, path: str) -> str | None:
+        """A config value: the sweep tag of a swept field wins over the logged param."""
+        return self.tags.get(f"sweep.param.{path}", self.params.get(path))
+
+    def alarm_steps(self) -> list[tuple[int, str]]:
+        """(iteration, name) of every alarm: the alarms.json events, else the tags."""
+        if self.alarms:
+            return sorted((int(a["iteration"]), str(a["name"])) for a in self.alarms)
+        return sorted((int(float(v)), k.split(".", 1)[1]) for k, v in self.tags.items()
+                      if k.startswith("alarm."))
+
+    def alarms_for(self, key: str) -> list[tuple[int, str]]:
+        """The alarms that concern the curve of ``key`` (by name, or by their evidence)."""
+        out = []
+        evidence = {a["name"]: set(a.get("evidence", {})) for a in self.alarms}
+        for step, name in self.alarm_steps():
+            prefixes = ALARM_CURVES.get(name, ())
+            if key.startswith(prefixes) or key in evidence.get(name, ()):
+                out.append((step, name))
+        return out

@@ -1,0 +1,158 @@
+"""Read Tether runs from MLflow into ``RunData`` (the only MLflow-aware analysis code).
+
+A target is a run id (a training run, or a sweep's parent: its children), or an
+experiment name (its Tether runs). A Tether training run carries the ``tether.env`` tag
+the driver sets; sweep parents carry ``tether.kind = sweep``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+from .runs import DIAGNOSTICS, RunData
+
+#: Metric keys the analyses and the monitor read (everything else is left in MLflow).
+WANTED = re.compile(r"^(rollout/|filter/|val/|grad_snr/|actor/entropy$|collapse/[^/]+/("
+                    + "|".join(DIAGNOSTICS) + r")$|collapse/[^/]+/(za|xa)/mi_estimate$)")
+
+
+class ReportError(RuntimeError):
+    """The target cannot be analysed (one line: what, where, what to do)."""
+
+
+@dataclass
+class Target:
+    kind: str                 # run | sweep | experiment
+    label: str
+    experiment_id: str
+    runs: list               # mlflow Run objects of the training runs
+    log_to: str | None        # the run that receives the report's artifacts
+    #: a sweep's swept fields -> their base values (what one-at-a-time trials vary from)
+    sweep_base: dict | None = None
+
+
+def is_tether_run(run) -> bool:
+    return "tether.env" in run.data.tags
+
+
+def _search(client: MlflowClient, experiment_ids: list[str], filter_string: str = ""):
+    runs, token = [], None
+    while True:
+        page = client.search_runs(experiment_ids, filter_string, max_results=1000,
+                                  page_token=token, order_by=["attributes.start_time ASC"])
+        runs += list(page)
+        token = page.token
+        if not token:
+            return runs
+
+
+def resolve(client: MlflowClient, target: str) -> Target:
+    """A run id, a sweep parent's run id, or an experiment name -> its training runs."""
+    run = None
+    if re.fullmatch(r"[0-9a-f]{32}", target):
+        try:
+            run = client.get_run(target)
+        except MlflowException:
+            run = None
+    if run is not None:
+        if is_tether_run(run):
+            return Target("run", run.info.run_name or target, run.info.experiment_id, [run],
+                          run.info.run_id)
+        children = [r for r in _search(client, [run.info.experiment_id],
+                                       f"tags.mlflow.parentRunId = '{target}'") if is_tether_run(r)]
+        if not children:
+            raise ReportError(f"run {target} is neither a Tether training run nor a sweep "
+                              f"parent with Tether trials")
+        return Target("sweep", run.info.run_name or target, run.info.experiment_id, children,
+                      run.info.run_id, sweep_base(client, target))
+    experiment = client.get_experiment_by_name(target)
+    if experiment is None:
+        raise ReportError(f"{target!r} is not a run id or an experiment name in "
+                          f"{client.tracking_uri} (list them with `mlflow ui` or "
+                          f"`mlflow experiments search`)")
+    runs = [r for r in _search(client, [experiment.experiment_id]) if is_tether_run(r)]
+    if not runs:
+        raise ReportError(f"experiment {target!r} has no Tether runs (runs tagged tether.env by "
+                          f"`tether run` or `tether sweep`)")
+    return Target("experiment", target, experiment.experiment_id, runs, None)
+
+
+def sweep_base(client: MlflowClient, parent_run_id: str) -> dict | None:
+    """A one-at-a-time sweep's base value of every swept field (from the parent's resolved
+    sweep spec); None for other designs, whose trials vary every field at once."""
+    from ..platform.sweep import swept_fields
+    from ..platform.sweep_spec import SweepSpec
+
+    data = _download_json(client, parent_run_id, "sweep_spec_resolved.json")
+    if data is None:
+        return None
+    try:
+        spec = SweepSpec.from_json(json.dumps(data))
+    except Exception:  # a spec from another Tether version: fall back to the runs' values
+        return None
+    return swept_fields(spec) if spec.sweep.design == "one_at_a_time" else None
+
+
+def metric_history(client: MlflowClient, run_id: str, key: str) -> dict[int, float]:
+    """{step: value}, the last value logged at each step (a resumed run may log a step
+    twice; the later write wins, by timestamp)."""
+    history = sorted(client.get_metric_history(run_id, key), key=lambda m: m.timestamp)
+    return {int(m.step): float(m.value) for m in history}
+
+
+def _download_json(client: MlflowClient, run_id: str, path: str):
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            local = client.download_artifacts(run_id, path, tmp)
+        except (MlflowException, OSError):
+            return None
+        return json.loads(Path(local).read_text())
+
+
+def load_run(client: MlflowClient, run, with_prompts: bool = True,
+             wanted: re.Pattern = WANTED) -> RunData:
+    """A run's params, tags, wanted metric histories, alarms and (optionally) the
+    prompt-level rewards of the early / mid / late iterations the heatmaps show."""
+    from .views import stage_iterations
+
+    run_id = run.info.run_id
+    metrics = {key: metric_history(client, run_id, key) for key in run.data.metrics
+               if wanted.match(key)}
+    alarms = []
+    if any(k.startswith("alarm.") for k in run.data.tags):
+        alarms = _download_json(client, run_id, "alarms.json") or []
+    prompts = {}
+    if with_prompts:
+        try:
+            files = {int(m.group(1)): f.path for f in client.list_artifacts(run_id, "prompts")
+                     if (m := re.search(r"iter_(\d+)\.json$", f.path))}
+        except (MlflowException, OSError):
+            files = {}
+        if files:
+            for it in set(stage_iterations(list(files)).values()):
+                data = _download_json(client, run_id, files[it])
+                if data:
+                    prompts[it] = data["groups"]
+    return RunData(run_id=run_id, name=run.info.run_name or run_id[:8], status=run.info.status,
+                   params=dict(run.data.params), tags=dict(run.data.tags), metrics=metrics,
+                   alarms=alarms, prompts=prompts)
+
+
+def load_target(tracking_uri: str, target: str, with_prompts: bool = True
+                ) -> tuple[Target, list[RunData]]:
+    from ..platform.tracking import TrackingError, check_reachable
+
+    try:
+        check_reachable(tracking_uri)
+    except TrackingError as exc:
+        raise ReportError(str(exc)) from None
+    client = MlflowClient(tracking_uri=tracking_uri)
+    resolved = resolve(client, target)
+    return resolved, [load_run(client, r, with_prompts) for r in resolved.runs]

@@ -1,0 +1,225 @@
+"""SPEC §9's numbers across runs, as pure functions of ``RunData``.
+
+- ``spearman_table``: each diagnostic against task success over every (run, checkpoint)
+  where both were logged, with a Fisher-z confidence interval (Bonett & Wright's
+  variance for Spearman's rho);
+- ``rv_quartiles``: (run, checkpoint) points by reward-variance quartile, with mean
+  success and MI per quartile;
+- ``regimes``: each run's path in the (H(Z|X), I(X;Z)) plane and the SPEC §1 regime of
+  its last point;
+- ``stochasticity_curves`` and ``sensitivity_trajectories``: the sweeps' views.
+Each returns its rows plus ``notes`` naming what could not be computed and why.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy import stats
+
+from .runs import REWARD_STD, SUCCESS, RunData, collapse_key
+
+REGIMES = {(True, True): "diverse and grounded", (True, False): "template collapse",
+           (False, True): "compressed but grounded", (False, False): "low-entropy collapse"}
+
+
+@dataclass
+class Result:
+    rows: list[dict] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    extra: dict = field(default_factory=dict)
+
+
+def paired_points(runs: list[RunData], x_key: str, y_key: str) -> tuple[np.ndarray, np.ndarray, list]:
+    """Values of two metrics at every (run, step) where both were logged."""
+    xs, ys, where = [], [], []
+    for run in runs:
+        x, y = run.metrics.get(x_key, {}), run.metrics.get(y_key, {})
+        for step in sorted(set(x) & set(y)):
+            xs.append(x[step]), ys.append(y[step]), where.append((run.run_id, step))
+    return np.array(xs, dtype=float), np.array(ys, dtype=float), where
+
+
+def spearman_ci(x, y, confidence: float = 0.95) -> dict:
+    """Spearman's rho and p-value (scipy) with a Fisher-z interval, SE² = (1 + rho²/2)/(n − 3)."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    n = len(x)
+    out = {"n": n, "rho": math.nan, "p": math.nan, "ci_low": math.nan, "ci_high": math.nan}
+    if n < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
+        return out
+    res = stats.spearmanr(x, y)
+    rho = float(res.statistic)
+    out.update(rho=rho, p=float(res.pvalue))
+    if n > 3:
+        if abs(rho) >= 1:
+            out.update(ci_low=rho, ci_high=rho)
+        else:
+            se = math.sqrt((1 + rho * rho / 2) / (n - 3))
+            z, zc = math.atanh(rho), float(stats.norm.ppf(0.5 + confidence / 2))
+            out.update(ci_low=math.tanh(z - zc * se), ci_high=math.tanh(z + zc * se))
+    return out
+
+
+def spearman_table(runs: list[RunData], sampling: str, diagnostics, success_key: str = SUCCESS,
+                   confidence: float = 0.95) -> Result:
+    result = Result()
+    for name in diagnostics:
+        key = collapse_key(sampling, name)
+        x, y, _ = paired_points(runs, key, success_key)
+        if len(x) == 0:
+            result.notes.append(f"{key}: not logged together with {success_key} in any run")
+            continue
+        row = {"diagnostic": name, "metric": key, **spearman_ci(x, y, confidence)}
+        if math.isnan(row["rho"]):
+            result.notes.append(f"{key}: Spearman undefined on {len(x)} checkpoint(s) "
+                                f"(needs ≥ 3 with both series varying)")
+        result.rows.append(row)
+    return result
+
+
+def quartile_of(values: np.ndarray) -> np.ndarray:
+    """Quartile 1..4 of each value by the sample's quartile edges, right-closed bins
+    (a value equal to an edge goes to the lower quartile, as ``pandas.qcut``)."""
+    edges = np.quantile(values, [0.25, 0.5, 0.75])
+    return 1 + np.searchsorted(edges, values, side="left")
+
+
+def rv_quartiles(runs: list[RunData], mi_key: str, rv_key: str = REWARD_STD,
+                 success_key: str = SUCCESS) -> Result:
+    """Mean success and MI per quartile of in-group reward std over (run, checkpoint)
+    points. Success uses every point with RV; MI the points of the quartile where it was
+    logged (diagnostics run at their own cadence)."""
+    result = Result()
+    rv, success, where = paired_points(runs, rv_key, success_key)
+    if len(rv) < 4:
+        result.notes.append(f"RV quartiles need ≥ 4 checkpoints with {rv_key} and "
+                            f"{success_key}; found {len(rv)}")
+        return result
+    quartile = quartile_of(rv)
+    by_run = {r.run_id: r for r in runs}
+    mi = np.array([by_run[rid].metrics.get(mi_key, {}).get(step, math.nan) for rid, step in where])
+    if np.isnan(mi).all():
+        result.notes.append(f"{mi_key}: not logged; RV quartiles show success only")
+    for q in range(1, 5):
+        sel = quartile == q
+        has_mi = sel & ~np.isnan(mi)
+        result.rows.append({"quartile": q, "n": int(sel.sum()),
+                            "rv_low": float(rv[sel].min()) if sel.any() else math.nan,
+                            "rv_high": float(rv[sel].max()) if sel.any() else math.nan,
+                            "success": float(success[sel].mean()) if sel.any() else math.nan,
+                            "mi_n": int(has_mi.sum()),
+                            "mi": float(mi[has_mi].mean()) if has_mi.any() else math.nan})
+    result.extra["assignments"] = {w: int(q) for w, q in zip(where, quartile)}
+    return result
+
+
+def regimes(runs: list[RunData], sampling: str, h_name: str = "conditional_entropy_est",
+            mi_name: str = "mi_estimate", thresholds: tuple[float, float] | None = None) -> Result:
+    """Each run's (H(Z|X), I(X;Z)) path and the regime of its last point. High/low is
+    relative to ``thresholds`` (H, I), by default the medians over every point of every
+    run in the report (a value at the median counts as high)."""
+    result = Result()
+    h_key, mi_key = collapse_key(sampling, h_name), collapse_key(sampling, mi_name)
+    paths = {}
+    for run in runs:
+        h, mi, where = paired_points([run], h_key, mi_key)
+        if len(h):
+            paths[run.run_id] = (np.array([s for _, s in where]), h, mi)
+        else:
+            result.notes.append(f"{run.name}: no {h_key} with {mi_key}; not on the regime plot")
+    if not paths:
+        return result
+    if thresholds is None:
+        all_h = np.concatenate([p[1] for p in paths.values()])
+        all_mi = np.concatenate([p[2] for p in paths.values()])
+        thresholds = (float(np.median(all_h)), float(np.median(all_mi)))
+    h_cut, mi_cut = thresholds
+    for run in runs:
+        if run.run_id not in paths:
+            continue
+        steps, h, mi = paths[run.run_id]
+        result.rows.append({"run_id": run.run_id, "run": run.name, "step": int(steps[-1]),
+                            "entropy": float(h[-1]), "mi": float(mi[-1]),
+                            "regime": REGIMES[(bool(h[-1] >= h_cut), bool(mi[-1] >= mi_cut))]})
+    result.extra.update(paths=paths, thresholds=thresholds, h_key=h_key, mi_key=mi_key)
+    return result
+
+
+def _number(value):
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return value
+
+
+def _sort_key(value):
+    return (0, value, "") if isinstance(value, float) else (1, 0.0, str(value))
+
+
+def filter_label(run: RunData) -> str:
+    strategy = run.param("filter.strategy") or "none"
+    return "none" if strategy == "none" else "filter"
+
+
+def stochasticity_curves(runs: list[RunData], path: str = "env.stochasticity") -> Result:
+    """Final success against the env's stochasticity, filter vs none (mean over seeds),
+    and the filter's gain at every level both were run."""
+    result = Result()
+    cells: dict[tuple[str, float], list[float]] = {}
+    for run in runs:
+        p, success = _number(run.param(path)), run.final_success()
+        if not isinstance(p, float) or success is None:
+            continue
+        cells.setdefault((filter_label(run), p), []).append(success)
+    levels = sorted({p for _, p in cells})
+    if len(levels) < 2:
+        result.notes.append(f"success vs stochasticity needs runs at ≥ 2 values of {path}; "
+                            f"found {len(levels)}")
+        return result
+    for p in levels:
+        row = {"stochasticity": p}
+        for label in ("filter", "none"):
+            row[label] = float(np.mean(cells[(label, p)])) if (label, p) in cells else math.nan
+            row[f"{label}_runs"] = len(cells.get((label, p), []))
+        row["gain"] = row["filter"] - row["none"]
+        result.rows.append(row)
+    if not any(r["none_runs"] for r in result.rows) or not any(r["filter_runs"] for r in result.rows):
+        result.notes.append("success vs stochasticity: no runs without a filter or none with "
+                            "one; the gain is undefined")
+    return result
+
+
+def sensitivity_trajectories(runs: list[RunData], fields: list[str], mi_key: str,
+                             base: dict | None = None) -> Result:
+    """For each swept field, its values in order, each as (final I(X;Z), final success).
+    With ``base`` (a one-at-a-time sweep's base values) a field's trajectory holds the
+    trials that vary only that field; without it (a product grid) each value is the mean
+    over the trials at that value, whatever the other fields."""
+    result = Result()
+    values = {f: [_number(r.param(f)) for r in runs] for f in fields}
+    for f in fields:
+        chosen = [k for k in range(len(runs)) if base is None or all(
+            str(values[g][k]) == str(_number(base.get(g))) for g in fields if g != f)]
+        points: dict = {}
+        for k in chosen:
+            run = runs[k]
+            mi, success = run.last(mi_key), run.final_success()
+            if values[f][k] is None or success is None:
+                continue
+            points.setdefault(values[f][k], []).append((mi, success, run.name))
+        if len(points) < 2:
+            result.notes.append(f"sensitivity of {f}: {len(points)} value(s) with results" + (
+                " among the trials whose other swept fields are at their base value"
+                if base is not None else "") + "; no trajectory, the point alone")
+            if not points:
+                continue
+        for value in sorted(points, key=_sort_key):
+            mis = [m for m, _, _ in points[value] if m is not None]
+            result.rows.append({"field": f, "value": value, "runs": len(points[value]),
+                                "mi": float(np.mean(mis)) if mis else math.nan,
+                                "success": float(np.mean([s for _, s, _ in points[value]]))})
+        if not any(m is not None for pts in points.values() for m, _, _ in pts):
+            result.notes.append(f"sensitivity of {f}: {mi_key} not logged; success only")
+    return result
