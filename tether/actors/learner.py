@@ -163,7 +163,7 @@ class Learner:
         return self.full_model
 
     def diagnose(self, trajectories, diagnostics_cfg, ema_state: dict | None, seed: int,
-                 keep_matrices: bool):
+                 keep_matrices: bool, information_chain: bool = True):
         """Cross-score MI proxies with the current (pre-update) policy."""
         from ..agent.chat import ChatFormatter
         from ..agent.pairs import SpanExtractor
@@ -178,7 +178,8 @@ class Learner:
             return collapse_diagnostics(
                 model, trajectories, self.extractor, diagnostics_cfg.samplings,
                 diagnostics_cfg.max_pairs, self.settings.temperature, ema_state, seed,
-                diagnostics_cfg.information_chain, diagnostics_cfg.method, keep_matrices)
+                information_chain, diagnostics_cfg.method, keep_matrices,
+                max_cells=diagnostics_cfg.max_cells)
 
     def grad_snr(self, batch: TrajectoryBatch, n_buckets: int) -> dict[str, float] | None:
         from ..diagnostics.runner import gradient_snr

@@ -56,8 +56,10 @@ class LearnerGroup:
     def update(self, batch: TrajectoryBatch) -> dict[str, float]:
         return self._all("update", batch)
 
-    def diagnose(self, trajectories, diagnostics_cfg, ema_state, seed: int, keep_matrices: bool):
-        return self._all("diagnose", trajectories, diagnostics_cfg, ema_state, seed, keep_matrices)
+    def diagnose(self, trajectories, diagnostics_cfg, ema_state, seed: int, keep_matrices: bool,
+                 information_chain: bool = True):
+        return self._all("diagnose", trajectories, diagnostics_cfg, ema_state, seed, keep_matrices,
+                         information_chain)
 
     def grad_snr(self, batch: TrajectoryBatch, n_buckets: int) -> dict[str, float]:
         return self._all("grad_snr", batch, n_buckets)

@@ -52,7 +52,7 @@ def _trim(batch: TrajectoryBatch, rows: torch.Tensor,
     width = int(sub.attention_mask.sum(-1).max())
     for name in ("input_ids", "attention_mask", "response_mask", "token_rewards",
                  "sampling_logprobs", "old_logprobs", "ref_logprobs", "values", "advantages",
-                 "returns"):
+                 "returns", "reasoning_mask"):
         value = getattr(sub, name)
         if value is not None:
             setattr(sub, name, value[:, :width].to(device) if device is not None
@@ -138,6 +138,8 @@ def policy_update(model, optimizer, batch: TrajectoryBatch, s: UpdateSettings,
     rng = np.random.default_rng(seed)
     metrics: dict[str, list[float]] = {}
     need_entropy = True  # logged always; differentiated only when entropy_coef > 0
+    # Token entropy on the reasoning tokens, token-weighted over the update's forwards.
+    reasoning_entropy = torch.zeros(2, dtype=torch.float64)          # [sum, count]
     for _ in range(s.ppo_epochs):
         order = torch.as_tensor(rng.permutation(batch.size))
         for mb_rows in torch.tensor_split(order, min(s.minibatches, batch.size)):
@@ -160,6 +162,10 @@ def policy_update(model, optimizer, batch: TrajectoryBatch, s: UpdateSettings,
                 (weight * (task_loss + reg_loss)).backward()
                 if weight:
                     _accumulate(metrics, m)
+                    if mb.reasoning_mask is not None:
+                        with torch.no_grad():
+                            reasoning_entropy += torch.stack(
+                                [(entropy * mb.reasoning_mask).sum(), mb.reasoning_mask.sum()]).double()
                 if critic is not None:
                     values = critic(mb.input_ids, mb.attention_mask)
                     vf_loss, vm = value_loss(values, mb.values, mb.returns, mb.response_mask,
@@ -176,6 +182,12 @@ def policy_update(model, optimizer, batch: TrajectoryBatch, s: UpdateSettings,
                 clip_grad_norm(critic.parameters(), s.max_grad_norm)
                 critic_optimizer.step()
     model.eval()
+    if reasoning_entropy[1] > 0:  # [sum, count] per rank, joined over ranks below
+        metrics["_reasoning_entropy"] = reasoning_entropy.tolist()
     if gather_metrics is not None:
         metrics = gather_metrics(metrics)
-    return {k: float(np.mean(v)) for k, v in metrics.items()}
+    pairs = metrics.pop("_reasoning_entropy", [])
+    out = {k: float(np.mean(v)) for k, v in metrics.items()}
+    if pairs and sum(pairs[1::2]) > 0:
+        out["collapse/reasoning_token_entropy"] = float(sum(pairs[0::2]) / sum(pairs[1::2]))
+    return out

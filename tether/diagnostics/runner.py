@@ -28,14 +28,14 @@ class DiagnosticsResult:
 def collapse_diagnostics(model, trajectories, extractor: SpanExtractor, samplings, max_pairs: int,
                          temperature: float, ema_state: dict | None, seed: int,
                          information_chain_links: bool = True, method: str = "auto",
-                         keep_matrices: bool = False) -> DiagnosticsResult:
+                         keep_matrices: bool = False, max_cells: int | None = None) -> DiagnosticsResult:
     rng = np.random.default_rng(seed)
     spans = [extractor.turns(t) for t in trajectories]
     ema_state = dict(ema_state or {})
     metrics: dict[str, float] = {}
     matrices = {}
     for sampling in samplings:
-        pairs = sample_pairs(spans, sampling, max_pairs, rng)
+        pairs = sample_pairs(spans, sampling, max_pairs, rng, max_cells=max_cells)
         if not pairs:
             continue
         result = information_chain(

@@ -212,8 +212,15 @@ class DiagnosticsConfig(Section):
                     "trajectory (one random turn per trajectory).")
     max_pairs: int = Field(32, ge=2, description="Pairs M cross-scored per sampling (cost "
                            "grows with M x distinct prompts).")
+    max_cells: int = Field(256, ge=4, description="Cap on the cross-score matrix of a sampling, "
+                           "M pairs x N distinct prompts: pairs are subsampled until it fits. "
+                           "first_turn (8 prompts x 32 pairs) fits as is; trajectory sampling, "
+                           "whose prompts are nearly all distinct, keeps ~16 pairs.")
     information_chain: bool = Field(True, description="Also log I(Z;A) and I(X;A) beside "
                                     "I(X;Z).")
+    chain_every: int = Field(10, ge=1, description="Score the information-chain links I(Z;A) "
+                             "and I(X;A) every N iterations (and at iteration 1), on diagnostic "
+                             "iterations; each costs about as much as I(X;Z).")
     method: Literal["auto", "shared_prefix", "prefix", "naive"] = Field(
         "auto", description="Cross-scoring implementation (prefix KV reuse unless naive).")
     heatmap_every: int = Field(10, ge=1, description="Log the cross-score matrix as a heatmap "
@@ -222,7 +229,8 @@ class DiagnosticsConfig(Section):
                                 "every N iterations (0 = off), SPEC §8.")
     grad_snr_buckets: int = Field(6, ge=1, description="RV quantile buckets of the gradient-SNR "
                                   "analysis.")
-    enabled: bool = Field(True, description="Run the collapse diagnostics at all.")
+    enabled: bool = Field(True, description="Run the collapse diagnostics at all (cross-scoring, "
+                          "heatmaps and gradient SNR).")
 
 
 class TrainerConfig(Section):

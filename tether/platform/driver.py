@@ -21,8 +21,10 @@ import torch
 
 from ..actors.learner_group import LearnerGroup
 from ..actors.rollout_worker import RolloutWorker
+from ..agent.chat import ChatFormatter
 from ..agent.episode import EpisodeSpec
 from ..agent.metrics import group_rewards, group_trajectories, rollout_metrics, transcript
+from ..agent.pairs import SpanExtractor
 from ..algos.advantages import AdvantageInputs, compute_advantages
 from ..algos.batch import collate
 from ..algos.filters import FilterConfig, snr_filter
@@ -130,6 +132,7 @@ class Trainer:
             progress=lambda step, total, loss: self.emit("warm_start", {
                 "step": step, "total": total, "loss": loss})))
         _, self.tokenizer = load_model_and_tokenizer(self.model_path)
+        self.spans = SpanExtractor(ChatFormatter(self.tokenizer))
         uri = cfg.tracking.uri or default_tracking_uri(self.output_dir)
         self.tracker = Tracker(uri, cfg.experiment.name, self.output_dir / "artifacts",
                                run_name=cfg.experiment.run_name or
@@ -258,8 +261,9 @@ class Trainer:
         if not d.enabled or not (it == 1 or it % d.every == 0):
             return {}
         heatmap = it % d.heatmap_every == 0 or it == 1
+        chain = d.information_chain and (it % d.chain_every == 0 or it == 1)
         result = self.learner.diagnose(collected, d, self.mi_ema_state,
-                                       self.cfg.experiment.seed + it, heatmap)
+                                       self.cfg.experiment.seed + it, heatmap, chain)
         self.mi_ema_state = result.ema_state
         for sampling, (scores, column) in result.matrices.items():
             from ..diagnostics.plots import cross_score_heatmap
@@ -273,7 +277,8 @@ class Trainer:
 
     def prepare(self, trajectories):
         """Padded batch with old-policy (and reference) log-probs and critic values."""
-        batch = collate(trajectories, self.tokenizer.pad_token_id)
+        batch = collate(trajectories, self.tokenizer.pad_token_id,
+                        reasoning_masks=[self.spans.reasoning_mask(t) for t in trajectories])
         return self.learner.prepare(batch, self.cfg.algo.recompute_old_logprobs)
 
     def advantages(self, batch):
@@ -318,7 +323,7 @@ class Trainer:
                 batch = self.prepare(pool)
             with timers("advantages"):
                 batch = self.advantages(batch)
-            if d.grad_snr_every and it % d.grad_snr_every == 0:
+            if d.enabled and d.grad_snr_every and it % d.grad_snr_every == 0:
                 with timers("grad_snr"):
                     metrics.update(self.learner.grad_snr(batch, d.grad_snr_buckets))
             train = batch.select([i for i, t in enumerate(pool) if t.group_id in kept])
