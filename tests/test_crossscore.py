@@ -62,7 +62,7 @@ def test_temperature_changes_the_scores(micro):
     assert not np.allclose(hot.S, cold.S)
 
 
-def test_long_reasoning_is_truncated_and_counted():
+def test_long_reasoning_is_truncated_and_counted(caplog):
     model = build_tiny_model(tiny_config("micro", max_context=64), seed=0)
     rng = np.random.default_rng(2)
     contexts = [random_ids(rng, 1, 40, 41)[0], random_ids(rng, 1, 20, 21)[0]]   # longest leaves 24 tokens
@@ -76,6 +76,14 @@ def test_long_reasoning_is_truncated_and_counted():
         np.testing.assert_allclose(res.L[0], res.S[0] / 24)
     capped = cross_score_pairs(model, contexts, continuations, max_continuation_tokens=5)
     assert capped.info["truncated_reasoning"] == 2 and capped.lengths.tolist() == [5, 5]
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 4                                       # one line per truncating call
+    assert "1 of 2 continuations longer than 24 tokens were truncated" in warnings[0]
+    assert "2 of 2 continuations longer than 5 tokens" in warnings[-1]
+    # Through the information chain the count is a logged metric, never NaN.
+    pairs = [ScoringPair(tuple(contexts[k]), tuple(continuations[k]), (3,)) for k in range(2)]
+    xz = information_chain(model, pairs).metrics["xz"]
+    assert xz["truncated_reasoning"] == 1.0 and np.isfinite(xz["mi_estimate"])
 
 
 def test_bad_inputs_raise(micro):
@@ -182,3 +190,36 @@ def test_information_chain_without_valid_pairs_reports_no_mi(micro):
                                     "truncated_reasoning": 0.0}
     assert result.metrics["za"] == {"num_pairs": 0.0, "num_prompts": 0.0, "truncated_action": 0.0}
     assert result.ema_state["xz"] is None
+
+
+def test_single_distinct_prompt_logs_mi_as_missing(micro):
+    """One prompt for every pair (e.g. a one-level batch): MI is undefined, so its keys are
+    absent (not NaN) while the entropies and counts are logged, and nothing raises."""
+    rng = np.random.default_rng(6)
+    prompt = tuple(random_ids(rng, 1, 6, 7)[0])
+    pairs = [ScoringPair(prompt, tuple(r), (5,)) for r in random_ids(rng, 6, 2, 8)]
+    result = information_chain(micro, pairs, answer_prefix_ids=[9])
+    xz, xa = result.metrics["xz"], result.metrics["xa"]
+    assert xz["num_prompts"] == 1 and xz["num_pairs"] == 6
+    for metrics in (xz, xa):
+        assert not {"mi_estimate", "mi_zscore", "mi_zscore_ema", "retrieval_acc"} & set(metrics)
+        assert all(np.isfinite(v) for v in metrics.values())
+    assert xz["conditional_entropy_est"] > 0
+    assert result.ema_state["xz"] is None                           # nothing to average yet
+    assert result.metrics["za"]["num_prompts"] == 6                  # distinct reasonings: defined
+    flat = result.flat("collapse/first_turn")
+    assert "collapse/first_turn/mi_estimate" not in flat and "collapse/first_turn/za/mi_estimate" in flat
+
+
+def test_max_cells_caps_pairs_times_distinct_prompts():
+    rng = np.random.default_rng(3)
+    # first_turn: 8 groups x 4 samples share 8 prompts -> 32 x 8 = 256 cells, kept whole.
+    grouped = make_batch(n_groups=8, group_size=4, turns=3)
+    assert len(sample_pairs(grouped, "first_turn", 32, rng, max_cells=256)) == 32
+    # Distinct prompts for every trajectory (as trajectory sampling of multi-turn episodes):
+    # N grows with M, so M x N <= 256 keeps 16 pairs.
+    distinct = [[Turn([k, 100 + t], [k, t], [t]) for t in range(3)] for k in range(32)]
+    pairs = sample_pairs(distinct, "trajectory", 32, np.random.default_rng(4), max_cells=256)
+    assert len(pairs) == 16 and len({p.prompt_ids for p in pairs}) == 16
+    assert [p.prompt_ids[0] for p in pairs] == sorted(p.prompt_ids[0] for p in pairs)   # batch order kept
+    assert len(sample_pairs(distinct, "trajectory", 32, np.random.default_rng(4))) == 32   # no cap

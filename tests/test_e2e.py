@@ -74,6 +74,8 @@ def test_collapse_diagnostics_are_logged(finished_run):
         assert abs(mi[1]) <= 10.0
         chance = _history(client, summary.run_id, "collapse/first_turn/retrieval_chance")[1]
         assert 0.0 < chance <= 1.0
+        # The information chain is scored at iteration 1 (then every chain_every = 10).
+        assert set(_history(client, summary.run_id, f"collapse/{sampling}/za/num_pairs")) == {1}
     images = [a.path for a in client.list_artifacts(summary.run_id, "diagnostics")]
     assert any(p.endswith("cross_scores_first_turn_0001.png") for p in images)
 
@@ -124,6 +126,9 @@ def test_updates_happen_when_groups_are_kept(finished_run):
     # The KL to the reference is logged exactly on iterations that updated.
     assert set(kl) == {it for it in kept if kept[it] > 0}
     assert all(v >= -1e-6 for v in kl.values())
+    # Reasoning-token entropy sits beside actor/entropy on every update.
+    entropy = _history(client, summary.run_id, "collapse/reasoning_token_entropy")
+    assert set(entropy) == set(kl) and all(v > 0 for v in entropy.values())
 
 
 def test_same_seed_same_first_iteration(finished_run, micro_policy, models_dir, ray_local,

@@ -207,7 +207,7 @@ def test_ray_job_stop_then_resume_reruns_only_unfinished_trials(cluster, tmp_pat
                 if c.info.status == "FINISHED"}
     assert 1 <= len(finished) < 4
 
-    trial_actors = {"RolloutWorker", "Learner", "ReferenceModel", "EnvPoolActor", "ImplicitFunc"}
+    trial_actors = {"RolloutWorker", "Learner", "EnvPoolActor", "ImplicitFunc"}
     _wait(lambda: not trial_actors & set(_alive_actor_classes(cluster)), 120,
           "the trial actors to end")
 

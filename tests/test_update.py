@@ -56,3 +56,37 @@ def test_micro_batching_does_not_change_the_gradient(sampled, agg):
         grads.append(torch.cat([p.grad.flatten() for p in m.parameters() if p.grad is not None]))
     assert torch.allclose(grads[0], grads[1], atol=1e-5, rtol=1e-4)
     assert torch.allclose(grads[0], grads[2], atol=1e-5, rtol=1e-4)
+
+
+def test_reasoning_token_entropy_is_the_policy_entropy_on_reasoning_tokens(sampled, micro_policy):
+    from tether.agent.chat import ChatFormatter
+    from tether.agent.pairs import SpanExtractor
+
+    model, batch, _ = sampled
+    _, tok, formatter, engine, sampling = _setup(micro_policy)
+    specs = [EpisodeSpec(g, 40 + g, k) for g in range(2) for k in range(3)]
+    trajs = run_episodes(engine, formatter, LocalEnvBatch("tether/FrozenLake-v0"), specs, sampling, 5)
+    spans = SpanExtractor(ChatFormatter(tok))
+    masks = [spans.reasoning_mask(t) for t in trajs]
+    # The mask covers exactly each turn's reasoning span, inside the agent's tokens.
+    for traj, mask in zip(trajs, masks):
+        expected = [tok_id for turn in spans.turns(traj) for tok_id in turn.reasoning_ids]
+        assert [t for t, m in zip(traj.token_ids, mask) if m] == expected
+        assert all(traj.loss_mask[i] for i, m in enumerate(mask) if m)
+    with_mask = collate(trajs, tok.pad_token_id, reasoning_masks=masks)
+    assert torch.equal(with_mask.input_ids, batch.input_ids)      # same episodes as the fixture
+    assert 0 < with_mask.reasoning_mask.sum() < with_mask.response_mask.sum()
+    with_mask.old_logprobs, with_mask.advantages = batch.old_logprobs, batch.advantages
+    m = copy.deepcopy(model)
+    optimizer = torch.optim.SGD(m.parameters(), lr=0.0)            # weights stay: pre-update entropy
+    metrics = policy_update(m, optimizer, with_mask, UpdateSettings(micro_batch_size=4))
+    with torch.no_grad():
+        _, entropy = token_logprobs(model, batch.input_ids, batch.attention_mask, with_entropy=True)
+    reasoning = with_mask.reasoning_mask
+    expected = float((entropy * reasoning).sum() / reasoning.sum())
+    assert metrics["collapse/reasoning_token_entropy"] == pytest.approx(expected, rel=1e-5)
+    response = float((entropy * batch.response_mask).sum() / batch.response_mask.sum())
+    assert expected != pytest.approx(response, rel=1e-3)           # not the all-response entropy
+    plain = copy.deepcopy(model)                                   # no reasoning mask: no metric
+    assert "collapse/reasoning_token_entropy" not in policy_update(
+        plain, torch.optim.SGD(plain.parameters(), lr=0.0), batch, UpdateSettings())

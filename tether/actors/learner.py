@@ -1,8 +1,17 @@
-"""Learner and reference-model actors: state (model, optimiser) around the pure update."""
+"""Learner ranks: state (policy, critic, frozen reference, optimisers) around the pure update.
+
+One ``Learner`` actor is one rank of the learner group (``learner_group.py``). With
+world size 1 it holds plain models, exactly the single learner. With world size W
+> 1 the W actors form one ``torch.distributed`` process group (gloo on CPU, NCCL on
+GPU) and shard the policy, the critic and the frozen reference with FSDP2
+(``fully_shard`` over a 1-D device mesh); every method is then a collective that
+all ranks run together, and rank 0's return value speaks for the group.
+"""
 
 from __future__ import annotations
 
 import math
+import socket
 from pathlib import Path
 
 import ray
@@ -14,98 +23,211 @@ from ..policy.critic import ValueModel
 from ..policy.load import load_model_and_tokenizer
 
 
+def shard_with_fsdp(model: torch.nn.Module, mesh) -> torch.nn.Module:
+    """FSDP2: one parameter group per transformer block (the model's ``_no_split_modules``
+    classes, e.g. ``Qwen2DecoderLayer``), then the root (embeddings, tied head, norms)."""
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    hf_model = getattr(model, "backbone", model)  # the critic wraps a backbone
+    block_names = set(getattr(hf_model, "_no_split_modules", None) or ())
+    for module in model.modules():
+        if type(module).__name__ in block_names:
+            fully_shard(module, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            # Sum, don't average, over ranks: each rank's loss already carries the
+            # whole minibatch's denominator (algos/update.py).
+            module.set_gradient_divide_factor(1.0)
+            module.set_force_sum_reduction_for_comms(True)
+    return model
+
+
 @ray.remote(max_restarts=0)
 class Learner:
     def __init__(self, model_path: str, settings: UpdateSettings, lr: float, critic_lr: float,
-                 use_critic: bool, threads: int, seed: int, dtype: str = "float32") -> None:
+                 use_critic: bool, threads: int, seed: int, dtype: str = "float32",
+                 use_reference: bool = False, rank: int = 0, world_size: int = 1) -> None:
         torch.set_num_threads(max(1, math.ceil(threads)))
         torch.manual_seed(seed)
+        self.model_path, self.dtype, self.lr, self.critic_lr = model_path, dtype, lr, critic_lr
+        self.rank, self.world_size = rank, world_size
+        self.device = torch.device("cuda" if torch.cuda.is_available() and ray.get_gpu_ids()
+                                   else "cpu")
         self.model, self.tokenizer = load_model_and_tokenizer(model_path, dtype)
         self.settings = settings
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=0.0)
         self.critic = ValueModel(model_path) if use_critic else None
-        self.critic_optimizer = (torch.optim.AdamW(self.critic.parameters(), lr=critic_lr)
-                                 if self.critic is not None else None)
+        #: The frozen initial policy, for the KL regulariser.
+        self.reference = load_model_and_tokenizer(model_path, dtype)[0] if use_reference else None
+        if self.reference is not None:
+            self.reference.requires_grad_(False)
         self.updates = 0
         self.extractor = None
+        self.full_model = None  # rank 0's unsharded copy for the diagnostics (world size > 1)
+        self.optimizer = self.critic_optimizer = None
 
+    # -- the group --------------------------------------------------------------------
+    def rendezvous(self) -> str:
+        """A ``tcp://host:port`` on this (rank 0's) node for the process group to meet at."""
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        return f"tcp://{ray.util.get_node_ip_address()}:{port}"
+
+    def setup(self, init_method: str | None) -> str:
+        """Join the process group and shard (world size > 1); build the optimisers.
+        Returns the process group's backend ("none" at world size 1)."""
+        backend, mesh = "none", None
+        if self.device.type == "cuda":
+            torch.cuda.set_device(0)  # Ray shows each actor only its own GPU(s)
+        if self.world_size > 1:
+            import torch.distributed as dist
+            from torch.distributed.device_mesh import init_device_mesh
+
+            backend = "nccl" if self.device.type == "cuda" else "gloo"
+            dist.init_process_group(backend, init_method=init_method, rank=self.rank,
+                                    world_size=self.world_size)
+            mesh = init_device_mesh(self.device.type, (self.world_size,))
+        for name in ("model", "critic", "reference"):
+            module = getattr(self, name)
+            if module is not None:
+                module = module.to(self.device)
+                setattr(self, name, module if mesh is None else shard_with_fsdp(module, mesh))
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.lr, weight_decay=0.0)
+        self.critic_optimizer = (torch.optim.AdamW(self.critic.parameters(), lr=self.critic_lr)
+                                 if self.critic is not None else None)
+        return backend
+
+    def _sum_over_ranks(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Rows computed on different ranks (zeros elsewhere), joined by summing."""
+        if self.world_size > 1:
+            import torch.distributed as dist
+
+            tensor = tensor.to(self.device)
+            dist.all_reduce(tensor)
+        return tensor.cpu()
+
+    def _gather_metrics(self, metrics: dict[str, list[float]]) -> dict[str, list[float]]:
+        if self.world_size == 1:
+            return metrics
+        import torch.distributed as dist
+
+        per_rank: list = [None] * self.world_size
+        dist.all_gather_object(per_rank, metrics)
+        return {k: [v for m in per_rank for v in m.get(k, [])]
+                for k in dict.fromkeys(k for m in per_rank for k in m)}
+
+    # -- training ---------------------------------------------------------------------
     def prepare(self, batch: TrajectoryBatch, recompute_old_logprobs: bool) -> TrajectoryBatch:
-        """Old-policy log-probs (and critic values) before the update.
+        """Old-policy log-probs, reference log-probs and critic values before the update.
 
         The sampler ran on exactly these weights, so its log-probs are the old
         policy's; recomputing them is a full forward pass spent on the same numbers.
         """
-        s = self.settings
+        s, split = self.settings, {"rank": self.rank, "world_size": self.world_size}
         if recompute_old_logprobs:
-            batch.old_logprobs = batch_logprobs(self.model, batch, s.temperature, s.micro_batch_size)
+            batch.old_logprobs = self._sum_over_ranks(batch_logprobs(
+                self.model, batch, s.temperature, s.micro_batch_size, **split))
         else:
             batch.old_logprobs = batch.sampling_logprobs.clone()
+        if self.reference is not None:
+            batch.ref_logprobs = self._sum_over_ranks(batch_logprobs(
+                self.reference, batch, s.temperature, s.micro_batch_size, **split))
         if self.critic is not None:
-            batch.values = batch_values(self.critic, batch, s.micro_batch_size)
+            batch.values = self._sum_over_ranks(batch_values(
+                self.critic, batch, s.micro_batch_size, **split))
         return batch
 
     def update(self, batch: TrajectoryBatch) -> dict[str, float]:
         metrics = policy_update(self.model, self.optimizer, batch, self.settings,
                                 seed=self.updates, critic=self.critic,
-                                critic_optimizer=self.critic_optimizer)
+                                critic_optimizer=self.critic_optimizer, rank=self.rank,
+                                world_size=self.world_size, gather_metrics=self._gather_metrics)
         self.updates += 1
         return metrics
 
+    # -- analyses (on the whole policy) -----------------------------------------------
+    def _analysis_model(self):
+        """The policy as one module: itself, or (world size > 1) rank 0's unsharded copy
+        refreshed from the gathered weights; None on the other ranks.  The diagnostics
+        take gradients and build KV caches on the whole model, which FSDP's sharded
+        parameters do not allow."""
+        if self.world_size == 1:
+            return self.model
+        state = self.state_dict()  # collective: every rank takes part
+        if self.rank != 0:
+            return None
+        if self.full_model is None:
+            self.full_model = load_model_and_tokenizer(self.model_path, self.dtype)[0].to(self.device)
+        self.full_model.load_state_dict(state)
+        return self.full_model
+
     def diagnose(self, trajectories, diagnostics_cfg, ema_state: dict | None, seed: int,
-                 keep_matrices: bool):
+                 keep_matrices: bool, information_chain: bool = True):
         """Cross-score MI proxies with the current (pre-update) policy."""
         from ..agent.chat import ChatFormatter
         from ..agent.pairs import SpanExtractor
         from ..diagnostics.runner import collapse_diagnostics
 
+        model = self._analysis_model()
+        if model is None:
+            return None
         if self.extractor is None:
             self.extractor = SpanExtractor(ChatFormatter(self.tokenizer))
         with torch.no_grad():
             return collapse_diagnostics(
-                self.model, trajectories, self.extractor, diagnostics_cfg.samplings,
+                model, trajectories, self.extractor, diagnostics_cfg.samplings,
                 diagnostics_cfg.max_pairs, self.settings.temperature, ema_state, seed,
-                diagnostics_cfg.information_chain, diagnostics_cfg.method, keep_matrices)
+                information_chain, diagnostics_cfg.method, keep_matrices,
+                max_cells=diagnostics_cfg.max_cells)
 
-    def grad_snr(self, batch: TrajectoryBatch, n_buckets: int) -> dict[str, float]:
+    def grad_snr(self, batch: TrajectoryBatch, n_buckets: int) -> dict[str, float] | None:
         from ..diagnostics.runner import gradient_snr
 
-        return gradient_snr(self.model, batch, self.settings, n_buckets)
+        model = self._analysis_model()
+        return None if model is None else gradient_snr(model, batch, self.settings, n_buckets)
 
+    # -- weights and checkpoints ------------------------------------------------------
     def state_dict(self) -> dict:
-        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        """The policy's full (unsharded) weights on CPU: rank 0 has them, others get {}."""
+        if self.world_size == 1:
+            return {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    def save(self, path: str) -> str:
+        return get_model_state_dict(self.model, options=StateDictOptions(
+            full_state_dict=True, cpu_offload=True))
+
+    def save(self, path: str) -> str | None:
+        model = self._analysis_model()
+        if model is None:
+            return None
         Path(path).mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(path)
+        model.save_pretrained(path)
         self.tokenizer.save_pretrained(path)
         return path
 
     def full_state(self) -> dict:
-        """Everything a checkpoint needs to resume the learner."""
-        state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                 "updates": self.updates, "torch_rng": torch.get_rng_state()}
+        """Everything a checkpoint needs to resume the learner (full, unsharded tensors,
+        optimiser state keyed by parameter name), the same at every world size."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        state = {"updates": self.updates, "torch_rng": torch.get_rng_state()}
+        state["model"], state["optimizer"] = get_state_dict(self.model, self.optimizer,
+                                                            options=options)
         if self.critic is not None:
-            state["critic"] = self.critic.state_dict()
-            state["critic_optimizer"] = self.critic_optimizer.state_dict()
+            state["critic"], state["critic_optimizer"] = get_state_dict(
+                self.critic, self.critic_optimizer, options=options)
         return state
 
     def load_full_state(self, state: dict) -> None:
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+        options = StateDictOptions(full_state_dict=True)
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
+                       optim_state_dict=state["optimizer"], options=options)
         self.updates = state["updates"]
         torch.set_rng_state(state["torch_rng"])
         if self.critic is not None and "critic" in state:
-            self.critic.load_state_dict(state["critic"])
-            self.critic_optimizer.load_state_dict(state["critic_optimizer"])
-
-
-@ray.remote(max_restarts=-1, max_task_retries=3)
-class ReferenceModel:
-    """The frozen initial policy, for the KL regulariser."""
-
-    def __init__(self, model_path: str, threads: int, dtype: str = "float32") -> None:
-        torch.set_num_threads(max(1, math.ceil(threads)))
-        self.model, _ = load_model_and_tokenizer(model_path, dtype)
-
-    def logprobs(self, batch: TrajectoryBatch, temperature: float, micro_batch_size: int):
-        return batch_logprobs(self.model, batch, temperature, micro_batch_size)
+            set_state_dict(self.critic, self.critic_optimizer, model_state_dict=state["critic"],
+                           optim_state_dict=state["critic_optimizer"], options=options)

@@ -45,6 +45,23 @@ class SpanExtractor:
             return reasoning, tuple(rest[start:stop]) if stop > start else ()
         return reasoning, ()
 
+    def reasoning_mask(self, trajectory: Trajectory) -> list[int]:
+        """1 on the trajectory's reasoning tokens (each reply's tokens before ``</think>``).
+
+        A reply without ``</think>`` has no reasoning (as in `turns`).  When the tags are
+        not single tokens, the reasoning is taken to be the first ``len(encode(reasoning))``
+        reply tokens (generation starts right after the forced ``<think>``).
+        """
+        mask = [0] * len(trajectory.token_ids)
+        for turn in trajectory.turns:
+            reply = trajectory.token_ids[turn.reply_start:turn.reply_end]
+            if self.single:
+                n = reply.index(self.think_close) if self.think_close in reply else 0
+            else:
+                n = min(len(self.formatter.encode(turn.reasoning)) if turn.reasoning else 0, len(reply))
+            mask[turn.reply_start:turn.reply_start + n] = [1] * n
+        return mask
+
     def turns(self, trajectory: Trajectory) -> list[TurnSpans]:
         out = []
         for turn in trajectory.turns:

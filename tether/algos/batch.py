@@ -26,11 +26,18 @@ class TrajectoryBatch:
     values: torch.Tensor | None = None          # [B, T]
     advantages: torch.Tensor | None = None      # [B, T]
     returns: torch.Tensor | None = None         # [B, T]
+    reasoning_mask: torch.Tensor | None = None  # [B, T] float, reasoning tokens (inside <think>)
     meta: dict = field(default_factory=dict)
 
     @property
     def size(self) -> int:
         return int(self.input_ids.shape[0])
+
+    def to(self, device) -> "TrajectoryBatch":
+        """The same batch with its tensors on ``device``."""
+        return TrajectoryBatch(**{f.name: getattr(self, f.name).to(device)
+                                  if isinstance(getattr(self, f.name), torch.Tensor)
+                                  else getattr(self, f.name) for f in fields(self)})
 
     def select(self, rows) -> "TrajectoryBatch":
         rows = torch.as_tensor(rows, dtype=torch.long)
@@ -41,8 +48,10 @@ class TrajectoryBatch:
         return TrajectoryBatch(**kw)
 
 
-def collate(trajectories, pad_id: int) -> TrajectoryBatch:
-    """Pad trajectories into one batch (rows in the given order)."""
+def collate(trajectories, pad_id: int, reasoning_masks=None) -> TrajectoryBatch:
+    """Pad trajectories into one batch (rows in the given order); ``reasoning_masks``
+    (one 0/1 list per trajectory, e.g. `SpanExtractor.reasoning_mask`) fills
+    ``reasoning_mask``."""
     width = max(len(t.token_ids) for t in trajectories)
     n = len(trajectories)
     input_ids = torch.full((n, width), pad_id, dtype=torch.long)
@@ -57,12 +66,17 @@ def collate(trajectories, pad_id: int) -> TrajectoryBatch:
         response[row, :length] = torch.tensor(traj.loss_mask, dtype=torch.float32)
         rewards[row, :length] = torch.tensor(traj.token_rewards())
         sampling[row, :length] = torch.tensor(traj.sampling_logprobs)
+    reasoning = None
+    if reasoning_masks is not None:
+        reasoning = torch.zeros((n, width))
+        for row, mask in enumerate(reasoning_masks):
+            reasoning[row, :len(mask)] = torch.tensor(mask, dtype=torch.float32)
     groups = {g: k for k, g in enumerate(dict.fromkeys(t.group_id for t in trajectories))}
     return TrajectoryBatch(
         input_ids=input_ids, attention_mask=attention, response_mask=response,
         token_rewards=rewards, scores=torch.tensor([t.reward for t in trajectories]),
         group_index=torch.tensor([groups[t.group_id] for t in trajectories]),
-        sampling_logprobs=sampling)
+        sampling_logprobs=sampling, reasoning_mask=reasoning)
 
 
 def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,

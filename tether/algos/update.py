@@ -3,10 +3,18 @@
 Micro-batches pass the minibatch's token (or sequence) count as the aggregation
 denominator, so their summed gradients equal the full minibatch's gradient: the
 micro-batch size changes memory, never the math.
+
+Data parallel (the FSDP learner group): rank r of W runs micro-batches r, r+W,
+r+2W, ... of each minibatch, still with the whole minibatch's denominator, and the
+group sums (not averages) the gradients, so the step equals the world-size-1 step.
+Every rank runs the same number of forward/backward passes (FSDP's collectives run
+in lockstep): a rank short of micro-batches runs a copy of one with weight 0.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,40 +45,76 @@ def aggregation_denominator(mask: torch.Tensor, mode: str) -> float:
     return float((mask.sum(-1) > 0).sum().clamp_min(1))
 
 
-def _trim(batch: TrajectoryBatch, rows: torch.Tensor) -> TrajectoryBatch:
-    """Rows of a batch, cut to their longest sequence (less padding to compute)."""
+def _trim(batch: TrajectoryBatch, rows: torch.Tensor,
+          device: torch.device | None = None) -> TrajectoryBatch:
+    """Rows of a batch, cut to their longest sequence (less padding to compute), on ``device``."""
     sub = batch.select(rows)
     width = int(sub.attention_mask.sum(-1).max())
     for name in ("input_ids", "attention_mask", "response_mask", "token_rewards",
                  "sampling_logprobs", "old_logprobs", "ref_logprobs", "values", "advantages",
-                 "returns"):
+                 "returns", "reasoning_mask"):
         value = getattr(sub, name)
         if value is not None:
-            setattr(sub, name, value[:, :width])
+            setattr(sub, name, value[:, :width].to(device) if device is not None
+                    else value[:, :width])
     return sub
 
 
+def rank_micro_batches(rows: torch.Tensor, micro_batch_size: int, rank: int = 0,
+                       world_size: int = 1) -> list[tuple[torch.Tensor, float]]:
+    """This rank's micro-batches of ``rows`` as (rows, weight): micro-batch k goes to
+    rank k % world_size; a rank left short pads with a one-row copy of weight 0, so
+    every rank makes ceil(n_micro / world_size) passes."""
+    chunks = list(torch.split(rows, micro_batch_size))
+    passes = math.ceil(len(chunks) / world_size)
+    return [(chunks[k], 1.0) if k < len(chunks) else (chunks[0][:1], 0.0)
+            for k in (step * world_size + rank for step in range(passes))]
+
+
+def _device(model) -> torch.device:
+    return next(model.parameters()).device
+
+
 @torch.no_grad()
-def batch_logprobs(model, batch: TrajectoryBatch, temperature: float, micro_batch_size: int):
-    """Per-token log-probs of the batch under ``model`` (no grad), [B, T]."""
+def batch_logprobs(model, batch: TrajectoryBatch, temperature: float, micro_batch_size: int,
+                   rank: int = 0, world_size: int = 1):
+    """Per-token log-probs of the batch under ``model`` (no grad), [B, T].
+
+    With ``world_size`` > 1 only this rank's rows are filled (the others stay 0), so
+    the ranks' outputs sum to the whole batch's."""
     out = torch.zeros(batch.input_ids.shape)
-    for start in range(0, batch.size, micro_batch_size):
-        rows = torch.arange(start, min(start + micro_batch_size, batch.size))
-        sub = _trim(batch, rows)
+    for rows, weight in rank_micro_batches(torch.arange(batch.size), micro_batch_size,
+                                           rank, world_size):
+        sub = _trim(batch, rows, _device(model))
         lp, _ = token_logprobs(model, sub.input_ids, sub.attention_mask, temperature)
-        out[rows, :lp.shape[1]] = lp
+        if weight:
+            out[rows, :lp.shape[1]] = lp.float().cpu()
     return out
 
 
 @torch.no_grad()
-def batch_values(critic, batch: TrajectoryBatch, micro_batch_size: int):
+def batch_values(critic, batch: TrajectoryBatch, micro_batch_size: int,
+                 rank: int = 0, world_size: int = 1):
+    """Critic values [B, T]; rows split over ranks as in ``batch_logprobs``."""
     out = torch.zeros(batch.input_ids.shape)
-    for start in range(0, batch.size, micro_batch_size):
-        rows = torch.arange(start, min(start + micro_batch_size, batch.size))
-        sub = _trim(batch, rows)
+    for rows, weight in rank_micro_batches(torch.arange(batch.size), micro_batch_size,
+                                           rank, world_size):
+        sub = _trim(batch, rows, _device(critic))
         v = critic(sub.input_ids, sub.attention_mask)
-        out[rows, :v.shape[1]] = v
+        if weight:
+            out[rows, :v.shape[1]] = v.float().cpu()
     return out
+
+
+def clip_grad_norm(parameters, max_norm: float) -> torch.Tensor:
+    """``clip_grad_norm_`` that also takes FSDP2's sharded (DTensor) gradients: the
+    total norm is reduced over the shards before the clip coefficient is applied."""
+    params = [p for p in parameters if p.grad is not None]
+    total = torch.nn.utils.get_total_norm([p.grad for p in params])
+    if hasattr(total, "full_tensor"):  # a DTensor holding a partial (per-shard) norm
+        total = total.full_tensor()
+    torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+    return total
 
 
 def _accumulate(metrics: dict[str, list[float]], new: dict[str, float]) -> None:
@@ -79,13 +123,23 @@ def _accumulate(metrics: dict[str, list[float]], new: dict[str, float]) -> None:
 
 
 def policy_update(model, optimizer, batch: TrajectoryBatch, s: UpdateSettings,
-                  seed: int = 0, critic=None, critic_optimizer=None) -> dict[str, float]:
-    """PPO epochs over ``batch`` (advantages and old log-probs already set)."""
+                  seed: int = 0, critic=None, critic_optimizer=None, rank: int = 0,
+                  world_size: int = 1,
+                  gather_metrics: Callable[[dict[str, list[float]]], dict[str, list[float]]]
+                  | None = None) -> dict[str, float]:
+    """PPO epochs over ``batch`` (advantages and old log-probs already set).
+
+    Data parallel: every rank passes the whole batch and its ``rank``; the caller's
+    gradient reduction must sum over ranks, and ``gather_metrics`` joins the ranks'
+    per-micro-batch metric lists (so the means are over all micro-batches)."""
     assert batch.advantages is not None and batch.old_logprobs is not None
     model.train()
+    device = _device(model)
     rng = np.random.default_rng(seed)
     metrics: dict[str, list[float]] = {}
     need_entropy = True  # logged always; differentiated only when entropy_coef > 0
+    # Token entropy on the reasoning tokens, token-weighted over the update's forwards.
+    reasoning_entropy = torch.zeros(2, dtype=torch.float64)          # [sum, count]
     for _ in range(s.ppo_epochs):
         order = torch.as_tensor(rng.permutation(batch.size))
         for mb_rows in torch.tensor_split(order, min(s.minibatches, batch.size)):
@@ -94,8 +148,8 @@ def policy_update(model, optimizer, batch: TrajectoryBatch, s: UpdateSettings,
             optimizer.zero_grad(set_to_none=True)
             if critic_optimizer is not None:
                 critic_optimizer.zero_grad(set_to_none=True)
-            for start in range(0, len(mb_rows), s.micro_batch_size):
-                mb = _trim(batch, mb_rows[start:start + s.micro_batch_size])
+            for rows, weight in rank_micro_batches(mb_rows, s.micro_batch_size, rank, world_size):
+                mb = _trim(batch, rows, device)
                 logprobs, entropy = token_logprobs(model, mb.input_ids, mb.attention_mask,
                                                    s.temperature, with_entropy=need_entropy)
                 if s.entropy_coef == 0.0 and entropy is not None:
@@ -105,20 +159,35 @@ def policy_update(model, optimizer, batch: TrajectoryBatch, s: UpdateSettings,
                     ref_logprobs=mb.ref_logprobs, entropy=entropy, clip_low=s.clip_low,
                     clip_high=s.clip_high, kl_coef=s.kl_coef, kl_estimator=s.kl_estimator,
                     entropy_coef=s.entropy_coef, agg=s.loss_agg, denominator=denominator)
-                (task_loss + reg_loss).backward()
-                _accumulate(metrics, m)
+                (weight * (task_loss + reg_loss)).backward()
+                if weight:
+                    _accumulate(metrics, m)
+                    if mb.reasoning_mask is not None:
+                        with torch.no_grad():
+                            reasoning_entropy += torch.stack(
+                                [(entropy * mb.reasoning_mask).sum(), mb.reasoning_mask.sum()]).double()
                 if critic is not None:
                     values = critic(mb.input_ids, mb.attention_mask)
                     vf_loss, vm = value_loss(values, mb.values, mb.returns, mb.response_mask,
                                              agg=s.loss_agg, denominator=denominator)
-                    vf_loss.backward()
-                    _accumulate(metrics, vm)
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), s.max_grad_norm)
-            _accumulate(metrics, {"actor/grad_norm": float(grad_norm)})
+                    (weight * vf_loss).backward()
+                    if weight:
+                        _accumulate(metrics, vm)
+            grad_norm = clip_grad_norm(model.parameters(), s.max_grad_norm)
+            if rank == 0:  # the same (whole-model) norm on every rank: count it once
+                _accumulate(metrics, {"actor/grad_norm": float(grad_norm)})
             if torch.isfinite(grad_norm):
                 optimizer.step()
             if critic is not None:
-                torch.nn.utils.clip_grad_norm_(critic.parameters(), s.max_grad_norm)
+                clip_grad_norm(critic.parameters(), s.max_grad_norm)
                 critic_optimizer.step()
     model.eval()
-    return {k: float(np.mean(v)) for k, v in metrics.items()}
+    if reasoning_entropy[1] > 0:  # [sum, count] per rank, joined over ranks below
+        metrics["_reasoning_entropy"] = reasoning_entropy.tolist()
+    if gather_metrics is not None:
+        metrics = gather_metrics(metrics)
+    pairs = metrics.pop("_reasoning_entropy", [])
+    out = {k: float(np.mean(v)) for k, v in metrics.items()}
+    if pairs and sum(pairs[1::2]) > 0:
+        out["collapse/reasoning_token_entropy"] = float(sum(pairs[0::2]) / sum(pairs[1::2]))
+    return out

@@ -27,6 +27,7 @@ reasoning removed); see `information_chain`.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from contextlib import contextmanager
@@ -39,6 +40,8 @@ import torch
 from transformers import AttentionInterface, DynamicCache
 
 from tether.diagnostics.mi import mi_proxies, prompt_columns, valid_reasoning_rate
+
+log = logging.getLogger(__name__)
 
 ScoringMethod = Literal["auto", "shared_prefix", "prefix", "naive"]
 SCORING_METHODS: tuple[str, ...] = ("auto", "shared_prefix", "prefix", "naive")
@@ -77,14 +80,16 @@ class CrossScores:
 # ---------------------------------------------------------------- sampling
 
 def sample_pairs(trajectories: Sequence[Sequence[Any]], sampling: Sampling, max_pairs: int,
-                 rng: np.random.Generator) -> list[ScoringPair]:
+                 rng: np.random.Generator, max_cells: int | None = None) -> list[ScoringPair]:
     """Pick the pairs to cross-score from a batch of trajectories (lists of turns).
 
     - ``first_turn``: turn 1 of each trajectory (prompts repeat within a group);
     - ``trajectory``: one uniformly random turn of each trajectory.
     When there are more than ``max_pairs`` (non-empty) trajectories a uniform random
     subset of them is used, kept in batch order. Turns are converted with
-    `ScoringPair.from_turn`.
+    `ScoringPair.from_turn`. With ``max_cells``, uniformly random pairs are then dropped
+    until M pairs x N distinct prompts <= max_cells: the scoring cost is ~M·N, and
+    ``trajectory`` sampling has N ≈ M (its multi-turn prompts are nearly all distinct).
     """
     if sampling not in SAMPLINGS:
         raise ValueError(f"unknown sampling {sampling!r}; choose one of {list(SAMPLINGS)}")
@@ -99,6 +104,9 @@ def sample_pairs(trajectories: Sequence[Sequence[Any]], sampling: Sampling, max_
         turns = trajectories[k]
         turn = turns[0] if sampling == "first_turn" else turns[int(rng.integers(len(turns)))]
         pairs.append(ScoringPair.from_turn(turn))
+    if max_cells is not None:
+        while len(pairs) > 1 and len(pairs) * len({p.prompt_ids for p in pairs}) > max_cells:
+            del pairs[int(rng.integers(len(pairs)))]
     return pairs
 
 
@@ -299,6 +307,10 @@ def cross_score_pairs(model, contexts: Sequence[Sequence[int]], continuations: S
                          f"in the model window ({window} tokens); shorten the prompt or raise the window")
     if cap is not None:
         info["truncated_reasoning"] = sum(1 for y in continuations if len(y) > cap)
+        if info["truncated_reasoning"]:
+            log.warning("cross-scoring: %d of %d continuations longer than %d tokens were truncated "
+                        "(model window %s, longest context %d tokens)", info["truncated_reasoning"], m,
+                        cap, window, max(len(c) for c in contexts))
         continuations = [list(y[:cap]) for y in continuations]
     info["continuation_cap"] = cap
 

@@ -28,14 +28,14 @@ class DiagnosticsResult:
 def collapse_diagnostics(model, trajectories, extractor: SpanExtractor, samplings, max_pairs: int,
                          temperature: float, ema_state: dict | None, seed: int,
                          information_chain_links: bool = True, method: str = "auto",
-                         keep_matrices: bool = False) -> DiagnosticsResult:
+                         keep_matrices: bool = False, max_cells: int | None = None) -> DiagnosticsResult:
     rng = np.random.default_rng(seed)
     spans = [extractor.turns(t) for t in trajectories]
     ema_state = dict(ema_state or {})
     metrics: dict[str, float] = {}
     matrices = {}
     for sampling in samplings:
-        pairs = sample_pairs(spans, sampling, max_pairs, rng)
+        pairs = sample_pairs(spans, sampling, max_pairs, rng, max_cells=max_cells)
         if not pairs:
             continue
         result = information_chain(
@@ -73,7 +73,7 @@ def gradient_snr(model, batch, settings, n_buckets: int) -> dict[str, float]:
         key = tuple(groups)
         if key not in cache:
             rows = torch.nonzero(torch.isin(batch.group_index, torch.tensor(groups))).squeeze(-1)
-            sub = batch.select(rows)
+            sub = batch.select(rows).to(next(model.parameters()).device)
             logprobs, entropy = token_logprobs(model, sub.input_ids, sub.attention_mask,
                                                settings.temperature, with_entropy=True)
             task, reg, _ = ppo_objective(

@@ -152,9 +152,14 @@ class AlgoConfig(Section):
                                          "agree when weights sync every iteration; recompute "
                                          "when the engine's numerics differ, e.g. vLLM).")
     use_critic: bool = Field(False, description="Train a value model (gae).")
-    num_cpus: float = Field(1.0, ge=0.0, description="Ray CPUs of the learner.")
-    num_gpus: float = Field(0.0, ge=0.0, description="Ray GPUs of the learner.")
-    threads: int = Field(2, ge=1, description="torch threads of the learner.")
+    learner_world_size: int = Field(1, ge=1, description="Learner ranks: Ray actors forming "
+                                    "one torch.distributed group (gloo on CPU, NCCL on GPU) "
+                                    "that shards policy, critic and reference with FSDP2 "
+                                    "(1 = a single unsharded learner).")
+    num_cpus: float = Field(1.0, ge=0.0, description="Ray CPUs of each learner rank.")
+    num_gpus: float = Field(0.0, ge=0.0, description="Ray GPUs of each learner rank (> 0 "
+                            "puts the learner on GPU, NCCL between ranks).")
+    threads: int = Field(2, ge=1, description="torch threads of each learner rank.")
 
     @model_validator(mode="before")
     @classmethod
@@ -207,8 +212,15 @@ class DiagnosticsConfig(Section):
                     "trajectory (one random turn per trajectory).")
     max_pairs: int = Field(32, ge=2, description="Pairs M cross-scored per sampling (cost "
                            "grows with M x distinct prompts).")
+    max_cells: int = Field(256, ge=4, description="Cap on the cross-score matrix of a sampling, "
+                           "M pairs x N distinct prompts: pairs are subsampled until it fits. "
+                           "first_turn (8 prompts x 32 pairs) fits as is; trajectory sampling, "
+                           "whose prompts are nearly all distinct, keeps ~16 pairs.")
     information_chain: bool = Field(True, description="Also log I(Z;A) and I(X;A) beside "
                                     "I(X;Z).")
+    chain_every: int = Field(10, ge=1, description="Score the information-chain links I(Z;A) "
+                             "and I(X;A) every N iterations (and at iteration 1), on diagnostic "
+                             "iterations; each costs about as much as I(X;Z).")
     method: Literal["auto", "shared_prefix", "prefix", "naive"] = Field(
         "auto", description="Cross-scoring implementation (prefix KV reuse unless naive).")
     heatmap_every: int = Field(10, ge=1, description="Log the cross-score matrix as a heatmap "
@@ -217,7 +229,8 @@ class DiagnosticsConfig(Section):
                                 "every N iterations (0 = off), SPEC §8.")
     grad_snr_buckets: int = Field(6, ge=1, description="RV quantile buckets of the gradient-SNR "
                                   "analysis.")
-    enabled: bool = Field(True, description="Run the collapse diagnostics at all.")
+    enabled: bool = Field(True, description="Run the collapse diagnostics at all (cross-scoring, "
+                          "heatmaps and gradient SNR).")
 
 
 class TrainerConfig(Section):
@@ -267,6 +280,17 @@ class TetherConfig(Section):
             raise ValueError("rollout.engine vllm needs algo.recompute_old_logprobs: true (vLLM's "
                              "log-probs differ numerically from the learner's)")
         return self
+
+    def resource_demands(self) -> list:
+        """The Ray actors the run starts and the CPUs/GPUs each asks for."""
+        from .session import ResourceDemand
+
+        r, a = self.rollout, self.algo
+        return [ResourceDemand("rollout worker", "rollout.num_workers", r.num_workers,
+                               "rollout.num_cpus_per_worker", r.num_cpus_per_worker,
+                               "rollout.num_gpus_per_worker", r.num_gpus_per_worker),
+                ResourceDemand("learner rank", "algo.learner_world_size", a.learner_world_size,
+                               "algo.num_cpus", a.num_cpus, "algo.num_gpus", a.num_gpus)]
 
     def flat(self) -> dict[str, Any]:
         """The resolved config as dotted keys (MLflow params, sweep spaces)."""

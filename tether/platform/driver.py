@@ -19,10 +19,12 @@ import numpy as np
 import ray
 import torch
 
-from ..actors.learner import Learner, ReferenceModel
+from ..actors.learner_group import LearnerGroup
 from ..actors.rollout_worker import RolloutWorker
+from ..agent.chat import ChatFormatter
 from ..agent.episode import EpisodeSpec
 from ..agent.metrics import group_rewards, group_trajectories, rollout_metrics, transcript
+from ..agent.pairs import SpanExtractor
 from ..algos.advantages import AdvantageInputs, compute_advantages
 from ..algos.batch import collate
 from ..algos.filters import FilterConfig, snr_filter
@@ -32,7 +34,7 @@ from ..policy.load import load_model_and_tokenizer, resolve_policy
 from ..rollout.base import SamplingParams
 from .checkpoint import load_checkpoint, save_checkpoint
 from .config import TetherConfig
-from .session import check_reachable, start_ray, stop_ray
+from .session import check_reachable, check_resources, start_ray, stop_ray
 from .tracking import Tracker, default_tracking_uri
 
 
@@ -121,11 +123,16 @@ class Trainer:
         if cfg.ray.address:  # before the warm start: an unreachable cluster fails in seconds
             check_reachable(cfg.ray.address)
         self.output_dir.mkdir(parents=True, exist_ok=True)
+        demands = cfg.resource_demands()  # before the warm start: a run that can't fit fails now
+        self.started_ray = start_ray(cfg.ray.address, cfg.ray.num_cpus,
+                                     sum(d.count * d.cpus for d in demands))
+        check_resources(demands)
         self.model_path = str(resolve_policy(
             cfg.model, cfg.env, cfg.experiment.seed, cfg.rollout.max_reply_tokens,
             progress=lambda step, total, loss: self.emit("warm_start", {
                 "step": step, "total": total, "loss": loss})))
         _, self.tokenizer = load_model_and_tokenizer(self.model_path)
+        self.spans = SpanExtractor(ChatFormatter(self.tokenizer))
         uri = cfg.tracking.uri or default_tracking_uri(self.output_dir)
         self.tracker = Tracker(uri, cfg.experiment.name, self.output_dir / "artifacts",
                                run_name=cfg.experiment.run_name or
@@ -135,8 +142,6 @@ class Trainer:
         if self.resume_run_id is None:
             self.tracker.log_params(cfg.flat())
         self.tracker.set_tags({"tether.model_path": self.model_path, "tether.env": cfg.env.id})
-        required = cfg.rollout.num_workers * cfg.rollout.num_cpus_per_worker + cfg.algo.num_cpus
-        self.started_ray = start_ray(cfg.ray.address, cfg.ray.num_cpus, required)
         env_kwargs = {"stochasticity": cfg.env.stochasticity,
                       "format_penalty": cfg.env.format_penalty, **cfg.env.kwargs}
         self.workers = [
@@ -146,11 +151,12 @@ class Trainer:
                 cfg.rollout.num_cpus_per_worker, cfg.model.dtype, cfg.rollout.engine_kwargs,
                 cfg.experiment.seed)
             for _ in range(cfg.rollout.num_workers)]
-        self.learner = Learner.options(num_cpus=cfg.algo.num_cpus, num_gpus=cfg.algo.num_gpus).remote(
-            self.model_path, self.settings, cfg.algo.lr, cfg.algo.critic_lr, cfg.algo.use_critic,
-            cfg.algo.threads, cfg.experiment.seed, cfg.model.dtype)
-        self.reference = (ReferenceModel.options(num_cpus=0).remote(
-            self.model_path, cfg.algo.threads, cfg.model.dtype) if cfg.algo.kl_coef > 0 else None)
+        self.learner = LearnerGroup.start(
+            self.model_path, self.settings, lr=cfg.algo.lr, critic_lr=cfg.algo.critic_lr,
+            use_critic=cfg.algo.use_critic, use_reference=cfg.algo.kl_coef > 0,
+            threads=cfg.algo.threads, seed=cfg.experiment.seed, dtype=cfg.model.dtype,
+            world_size=cfg.algo.learner_world_size, num_cpus=cfg.algo.num_cpus,
+            num_gpus=cfg.algo.num_gpus)
         stops = ray.get(self.workers[0].stop_token_ids.remote())
         self.sampling = SamplingParams(**{**self.sampling.__dict__, "stop_token_ids": stops})
 
@@ -255,8 +261,9 @@ class Trainer:
         if not d.enabled or not (it == 1 or it % d.every == 0):
             return {}
         heatmap = it % d.heatmap_every == 0 or it == 1
-        result = ray.get(self.learner.diagnose.remote(collected, d, self.mi_ema_state,
-                                                      self.cfg.experiment.seed + it, heatmap))
+        chain = d.information_chain and (it % d.chain_every == 0 or it == 1)
+        result = self.learner.diagnose(collected, d, self.mi_ema_state,
+                                       self.cfg.experiment.seed + it, heatmap, chain)
         self.mi_ema_state = result.ema_state
         for sampling, (scores, column) in result.matrices.items():
             from ..diagnostics.plots import cross_score_heatmap
@@ -270,12 +277,9 @@ class Trainer:
 
     def prepare(self, trajectories):
         """Padded batch with old-policy (and reference) log-probs and critic values."""
-        batch = collate(trajectories, self.tokenizer.pad_token_id)
-        batch = ray.get(self.learner.prepare.remote(batch, self.cfg.algo.recompute_old_logprobs))
-        if self.reference is not None:
-            batch.ref_logprobs = ray.get(self.reference.logprobs.remote(
-                batch, self.settings.temperature, self.settings.micro_batch_size))
-        return batch
+        batch = collate(trajectories, self.tokenizer.pad_token_id,
+                        reasoning_masks=[self.spans.reasoning_mask(t) for t in trajectories])
+        return self.learner.prepare(batch, self.cfg.algo.recompute_old_logprobs)
 
     def advantages(self, batch):
         a = self.cfg.algo
@@ -288,10 +292,15 @@ class Trainer:
         return batch
 
     def sync_weights(self, version: int) -> None:
-        self.weights_ref, self.weights_version = self.learner.state_dict.remote(), version
-        for k, worker in enumerate(self.workers):
+        """Learner -> rollout workers: the gathered full weights go into the Ray object
+        store once and every worker fetches them from there (the CPU path).  A GPU
+        engine that takes weights another way (vLLM: NCCL broadcast / collective RPC
+        into its workers) does it behind ``RolloutEngine.load_state_dict``."""
+        self.weights_ref, self.weights_version = self.learner.state_dict(), version
+        loads = [worker.set_weights.remote(self.weights_ref, version) for worker in self.workers]
+        for k, load in enumerate(loads):
             try:
-                ray.get(worker.set_weights.remote(self.weights_ref, version))
+                ray.get(load)
             except ray.exceptions.RayActorError:
                 self.worker_failures += 1
                 self.restore_worker(k)
@@ -314,13 +323,13 @@ class Trainer:
                 batch = self.prepare(pool)
             with timers("advantages"):
                 batch = self.advantages(batch)
-            if d.grad_snr_every and it % d.grad_snr_every == 0:
+            if d.enabled and d.grad_snr_every and it % d.grad_snr_every == 0:
                 with timers("grad_snr"):
-                    metrics.update(ray.get(self.learner.grad_snr.remote(batch, d.grad_snr_buckets)))
+                    metrics.update(self.learner.grad_snr(batch, d.grad_snr_buckets))
             train = batch.select([i for i, t in enumerate(pool) if t.group_id in kept])
             train.advantages = train.advantages * filtered.loss_scale
             with timers("update"):
-                metrics.update(ray.get(self.learner.update.remote(train)))
+                metrics.update(self.learner.update(train))
             with timers("sync"):
                 self.sync_weights(it)
         metrics["filter/update_skipped"] = float(not kept)
@@ -362,7 +371,7 @@ class Trainer:
                     break
             if self.cfg.tracking.log_model:
                 final_dir = self.output_dir / "models" / self.tracker.run_id
-                ray.get(self.learner.save.remote(str(final_dir)))
+                self.learner.save(str(final_dir))
                 self.tracker.log_artifacts(final_dir, "model")
             status = "FINISHED"
         except KeyboardInterrupt:
@@ -405,6 +414,7 @@ class Trainer:
         t = self.cfg.trainer
         if it % t.val_every == 0 or it == t.iterations:
             self.log_validation(it, metrics)
+        logging_started = time.perf_counter()
         self.tracker.log_metrics(metrics, step=it)
         if t.samples_per_log and (it % t.samples_every == 0 or it == 1):
             text = "\n\n".join(transcript(tr, self.tokenizer.decode)
@@ -413,6 +423,9 @@ class Trainer:
         if it % t.samples_every == 0 or it == 1 or it == t.iterations:
             self.tracker.log_json({"iteration": it, "groups": group_rewards(self.last_collected)},
                                   f"prompts/iter_{it:04d}.json")
+        # The logging's own time cannot be in the dict it logs: it follows on its own.
+        metrics["timing/log"] = time.perf_counter() - logging_started
+        self.tracker.log_metrics({"timing/log": metrics["timing/log"]}, step=it)
         self.iteration_done, self.last_metrics = it, metrics
         self.emit("iteration", {"iteration": it, "total": t.iterations, **metrics})
         for event in self.alarms.update(it, metrics):
@@ -430,7 +443,7 @@ class Trainer:
         """Load a checkpoint into the learner, workers and driver; return its iteration."""
         state = load_checkpoint(path)
         driver = state["driver"]
-        ray.get(self.learner.load_full_state.remote(state["learner"]))
+        self.learner.load_full_state(state["learner"])
         self.sampler.position = driver["sampler_position"]
         self.mi_ema_state = driver["mi_ema_state"]
         self.alarms.load_state_dict(driver["alarms"])
@@ -456,7 +469,7 @@ class Trainer:
         self.tracker.log_json([e.to_dict() for e in self.alarms.events], "alarms.json")
 
     def checkpoint(self, it: int) -> Path:
-        learner_state = ray.get(self.learner.full_state.remote())
+        learner_state = self.learner.full_state()
         driver_state = {"iteration": it, "sampler_position": self.sampler.position,
                         "run_id": self.tracker.run_id, "numpy_rng": np.random.get_state(),
                         "torch_rng": torch.get_rng_state(), "config": self.cfg.model_dump(mode="json"),

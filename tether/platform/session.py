@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -88,3 +89,60 @@ def stop_ray(started: bool) -> None:
 
     if started and ray.is_initialized():
         ray.shutdown()
+
+
+@dataclass(frozen=True)
+class ResourceDemand:
+    """``count`` actors (config field ``count_field``) of ``cpus``/``gpus`` each."""
+
+    name: str
+    count_field: str
+    count: int
+    cpus_field: str
+    cpus: float
+    gpus_field: str
+    gpus: float
+
+
+def cluster_capacity() -> tuple[dict[str, float], dict[str, float]]:
+    """(total, largest single node) of CPU and GPU the cluster can ever have: the live
+    nodes, or, on an autoscaling cluster, what its node types can grow to."""
+    import ray
+
+    nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+    total = {k: sum(n.get(k, 0.0) for n in nodes) for k in ("CPU", "GPU")}
+    largest = {k: max((n.get(k, 0.0) for n in nodes), default=0.0) for k in ("CPU", "GPU")}
+    try:  # the autoscaler's node types (Ray private API; absent on a fixed cluster)
+        from ray._private.state import state
+
+        config = state.get_cluster_config()
+        grown = state.get_max_resources_from_cluster_config() or {}
+    except Exception:
+        config, grown = None, {}
+    for group in getattr(config, "node_group_configs", None) or ():
+        if group.max_count != 0:
+            for k in largest:
+                largest[k] = max(largest[k], float(group.resources.get(k, 0)))
+    for k in total:
+        total[k] = max(total[k], float(grown.get(k, 0)))
+    return total, largest
+
+
+def check_resources(demands: list[ResourceDemand]) -> None:
+    """Fail at start, in one line, when the config asks for CPUs or GPUs the cluster can
+    never provide (Ray would otherwise leave the actors pending forever)."""
+    total, largest = cluster_capacity()
+    for resource, key in (("cpus", "CPU"), ("gpus", "GPU")):
+        for d in demands:
+            each, field = getattr(d, resource), getattr(d, f"{resource}_field")
+            if each > largest[key]:
+                raise ClusterError(
+                    f"{field} = {each:g}: each {d.name} asks for {each:g} {key} but no node of "
+                    f"the cluster has more than {largest[key]:g}; lower it or add bigger nodes")
+        asked = sum(d.count * getattr(d, resource) for d in demands)
+        if asked > total[key]:
+            parts = " + ".join(f"{d.count_field} {d.count} x {getattr(d, f'{resource}_field')} "
+                               f"{getattr(d, resource):g}" for d in demands if getattr(d, resource))
+            raise ClusterError(f"the config asks for {asked:g} {key} ({parts}) but the cluster "
+                               f"can provide at most {total[key]:g}; lower them or use a bigger "
+                               f"cluster (ray.address)")

@@ -122,17 +122,17 @@ def trial_bundles(cfg, head) -> list[dict[str, float]]:
         return {k: v for k, v in (("CPU", cpu), ("GPU", gpu)) if v > 0}
 
     r, a = cfg.rollout, cfg.algo
-    actors = bundle(r.num_workers * r.num_cpus_per_worker + a.num_cpus,
-                    r.num_workers * r.num_gpus_per_worker + a.num_gpus)
+    actors = bundle(r.num_workers * r.num_cpus_per_worker + a.learner_world_size * a.num_cpus,
+                    r.num_workers * r.num_gpus_per_worker + a.learner_world_size * a.num_gpus)
     return [bundle(head.cpu, head.gpu)] + ([actors] if actors else [])
 
 
 def check_resources(spec: SweepSpec, totals: dict[str, float], largest_node: dict[str, float]):
     """Fail with one line if a trial can never be placed on this cluster."""
-    fields = {"CPU": "rollout.num_workers x rollout.num_cpus_per_worker + algo.num_cpus + "
-                     "sweep.resources.cpu",
-              "GPU": "rollout.num_workers x rollout.num_gpus_per_worker + algo.num_gpus + "
-                     "sweep.resources.gpu"}
+    fields = {"CPU": "rollout.num_workers x rollout.num_cpus_per_worker + "
+                     "algo.learner_world_size x algo.num_cpus + sweep.resources.cpu",
+              "GPU": "rollout.num_workers x rollout.num_gpus_per_worker + "
+                     "algo.learner_world_size x algo.num_gpus + sweep.resources.gpu"}
     for values, cfg in spec.resource_cases():
         bundles = trial_bundles(cfg, spec.sweep.resources)
         for kind in ("CPU", "GPU"):
@@ -187,10 +187,9 @@ def _release_actors(trainer) -> None:
     group) for the next trial, whose actors need the CPUs these hold."""
     import ray
 
-    for actor in [*getattr(trainer, "workers", []), getattr(trainer, "learner", None),
-                  getattr(trainer, "reference", None)]:
-        if actor is not None:
-            ray.kill(actor, no_restart=True)
+    learner = getattr(trainer, "learner", None)  # a LearnerGroup: its rank actors
+    for actor in [*getattr(trainer, "workers", []), *(learner.ranks if learner else [])]:
+        ray.kill(actor, no_restart=True)
 
 
 def swept_fields(spec: SweepSpec) -> dict[str, Any]:

@@ -1,0 +1,164 @@
+"""The FSDP learner group: two Ray actors (gloo, FSDP2) train to the same parameters as
+one learner, its gathered state loads at any world size, and a config the cluster can
+never hold fails at start."""
+
+import pytest
+import ray
+import torch
+
+from tether.agent.episode import EpisodeSpec, LocalEnvBatch, run_episodes
+from tether.algos.batch import collate
+from tether.algos.update import UpdateSettings, rank_micro_batches
+from tether.actors.learner_group import LearnerGroup
+from tether.policy.load import load_model_and_tokenizer
+from tests.conftest import micro_config_dict
+from tests.test_episode import _setup
+
+
+def test_rank_micro_batches_cover_rows_once_with_equal_pass_counts():
+    rows = torch.arange(10)
+    split = [rank_micro_batches(rows, 3, r, 3) for r in range(3)]  # 4 micro-batches, 3 ranks
+    assert [len(s) for s in split] == [2, 2, 2]
+    real = torch.cat([r for s in split for r, w in s if w == 1.0])
+    assert sorted(real.tolist()) == list(range(10))
+    assert [w for s in split for _, w in s].count(0.0) == 2
+    assert [r.tolist() for r, _ in rank_micro_batches(rows, 4)] == [[0, 1, 2, 3], [4, 5, 6, 7],
+                                                                    [8, 9]]
+
+
+@pytest.fixture(scope="module")
+def batches(micro_policy):
+    """Three batches of sampled trajectories with advantages of both signs."""
+    model, tok, formatter, engine, sampling = _setup(micro_policy)
+    out = []
+    for i in range(3):
+        specs = [EpisodeSpec(g, 60 + 3 * i + g, k) for g in range(3) for k in range(3)]
+        trajs = run_episodes(engine, formatter, LocalEnvBatch("tether/FrozenLake-v0"), specs,
+                             sampling, 11 + i)
+        batch = collate(trajs, tok.pad_token_id)
+        sign = torch.tensor([(-1.0) ** (t.group_id + t.sample_index) for t in trajs])
+        batch.advantages = sign[:, None] * (1 + torch.rand(batch.input_ids.shape,
+                                                           generator=torch.Generator().manual_seed(i)))
+        batch.returns = batch.advantages.clone()
+        out.append(batch)
+    return out
+
+
+def _train(policy, batches, world_size, use_critic):
+    # 9 rows, 2 minibatches of 5 and 4 rows, micro-batches of 2: odd counts, so a rank pads.
+    settings = UpdateSettings(kl_coef=0.05, entropy_coef=0.01, minibatches=2, micro_batch_size=2,
+                              loss_agg="token-mean", max_grad_norm=0.5)
+    group = LearnerGroup.start(str(policy), settings, lr=5e-3, critic_lr=5e-3,
+                               use_critic=use_critic, use_reference=True, threads=1, seed=0,
+                               world_size=world_size, num_cpus=0.5)
+    try:
+        metrics = []
+        for batch in batches:
+            prepared = group.prepare(batch, recompute_old_logprobs=True)
+            metrics.append(group.update(prepared))
+        weights = ray.get(group.state_dict())
+        return weights, group.full_state(), metrics, prepared, group
+    except BaseException:
+        group.shutdown()
+        raise
+
+
+@pytest.mark.parametrize("use_critic", [False, True], ids=["grpo", "ppo-critic"])
+def test_world_size_2_matches_world_size_1(micro_policy, batches, ray_local, use_critic):
+    one = _train(micro_policy, batches, 1, use_critic)
+    two = _train(micro_policy, batches, 2, use_critic)
+    try:
+        assert two[4].backend == "gloo" and one[4].backend == "none"
+        (w1, state1, m1, prep1, _), (w2, state2, m2, prep2, _) = one, two
+        # Old, reference log-probs and values computed on split rows, joined whole.
+        for name in ("old_logprobs", "ref_logprobs") + (("values",) if use_critic else ()):
+            assert torch.allclose(getattr(prep1, name), getattr(prep2, name), atol=1e-5), name
+            assert getattr(prep2, name).abs().sum() > 0
+        assert w1.keys() == w2.keys()
+        initial = load_model_and_tokenizer(micro_policy)[0].state_dict()
+        moved = max(float((w1[k] - initial[k]).abs().max()) for k in w1)
+        assert moved > 1e-3  # the updates changed the weights, so equality means something
+        for k in w1:
+            assert torch.allclose(w1[k], w2[k], atol=1e-5, rtol=0), (k, (w1[k] - w2[k]).abs().max())
+        if use_critic:
+            for k in state1["critic"]:
+                assert torch.allclose(state1["critic"][k], state2["critic"][k], atol=1e-5), k
+        # Adam moments, keyed by parameter name at both world sizes.
+        for name, s1 in state1["optimizer"]["state"].items():
+            assert torch.allclose(s1["exp_avg"], state2["optimizer"]["state"][name]["exp_avg"],
+                                  atol=1e-6), name
+        for a, b in zip(m1, m2):
+            assert a.keys() == b.keys()
+            for k in ("actor/pg_loss", "actor/grad_norm", "actor/kl_loss", "actor/approx_kl"):
+                assert a[k] == pytest.approx(b[k], rel=1e-4, abs=1e-6), k
+        # A world-size-2 checkpoint resumes a world-size-1 learner (and vice versa: one format).
+        one[4].load_full_state(state2)
+        assert all(torch.equal(w2[k], v) for k, v in ray.get(one[4].state_dict()).items())
+        assert one[4].full_state()["updates"] == len(batches)
+    finally:
+        one[4].shutdown()
+        two[4].shutdown()
+
+
+def test_resources_the_cluster_can_never_provide_fail_at_start(tmp_path, ray_local):
+    """No GPU on this machine, 4 CPUs in the test Ray: one clear line naming the field,
+    before the warm start builds anything or an MLflow run exists."""
+    from tether.platform.config import build_config
+    from tether.platform.driver import Trainer
+    from tether.platform.session import ClusterError, check_resources
+
+    gpus = build_config(micro_config_dict(tmp_path, algo={"num_gpus": 1}))
+    with pytest.raises(ClusterError, match=r"^algo.num_gpus = 1: each learner rank asks for 1 GPU"):
+        check_resources(gpus.resource_demands())
+    cpus = build_config(micro_config_dict(tmp_path, algo={"learner_world_size": 8}))
+    with pytest.raises(ClusterError) as err:
+        check_resources(cpus.resource_demands())
+    message = str(err.value)
+    assert "\n" not in message and "asks for 10 CPU" in message
+    assert "algo.learner_world_size 8 x algo.num_cpus 1" in message
+    check_resources(build_config(micro_config_dict(tmp_path)).resource_demands())  # fits
+    trainer = Trainer(gpus)
+    with pytest.raises(ClusterError):
+        trainer.run()
+    assert trainer.tracker is None and not (tmp_path / "models").exists()
+
+
+@pytest.mark.slow
+def test_trainer_with_learner_world_size_2(micro_policy, models_dir, ray_local, tmp_path):
+    """End to end through the Trainer: the FSDP group (gloo) trains, checkpoints and
+    syncs weights each iteration; iteration 1 (same initial weights, same seeded batch)
+    gives the world-size-1 run's update metrics."""
+    from mlflow.tracking import MlflowClient
+
+    from tether.platform.config import build_config
+    from tether.platform.driver import Trainer
+
+    runs = {}
+    for world_size in (1, 2):
+        cfg = build_config(micro_config_dict(
+            tmp_path / f"w{world_size}", algo={"learner_world_size": world_size,
+                                               "num_cpus": 0.5, "threads": 1},
+            rollout={"num_cpus_per_worker": 0.5},
+            trainer={"iterations": 2, "val_every": 2}, filter={"strategy": "none"},
+            diagnostics={"every": 2, "grad_snr_every": 2, "grad_snr_buckets": 2}))
+        cfg.model.cache_dir = models_dir
+        runs[world_size] = Trainer(cfg).run()
+    client = MlflowClient(runs[2].tracking_uri)
+    for world_size, summary in runs.items():
+        assert summary.status == "FINISHED" and summary.iterations == 2
+    two = runs[2].run_id
+    history = {k: {m.step: m.value for m in MlflowClient(runs[2].tracking_uri)
+                   .get_metric_history(two, k)} for k in ("timing/sync", "timing/log",
+                                                         "actor/pg_loss", "actor/grad_norm")}
+    assert set(history["timing/sync"]) == {1, 2} and min(history["timing/sync"].values()) > 0
+    assert set(history["timing/log"]) == {1, 2}
+    one = {k: MlflowClient(runs[1].tracking_uri).get_metric_history(runs[1].run_id, k)
+           for k in ("actor/pg_loss", "actor/grad_norm")}
+    for k, values in one.items():
+        first = next(m.value for m in values if m.step == 1)
+        assert history[k][1] == pytest.approx(first, rel=1e-4, abs=1e-6), k
+    run = client.get_run(two)
+    assert run.data.params["algo.learner_world_size"] == "2"
+    assert "grad_snr/q1/task_grad_norm" in run.data.metrics  # the analyses on rank 0's copy
+    assert "collapse/first_turn/num_pairs" in run.data.metrics
+    assert {"model"} <= {a.path for a in client.list_artifacts(two)}

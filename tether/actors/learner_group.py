@@ -1,0 +1,84 @@
+"""The learner group: W ``Learner`` rank actors that the driver talks to as one learner.
+
+    group = LearnerGroup.start(model_path, settings, ..., world_size=2, num_cpus=1)
+    batch = group.prepare(batch, recompute_old_logprobs=False)
+    metrics = group.update(batch)
+    weights = group.state_dict()      # an ObjectRef: rollout workers fetch it from the
+                                      # Ray object store (the CPU weight sync)
+
+Every call goes to all ranks at once (they run collectives together) with the
+batch put into the object store once; rank 0's answer is the group's. With world
+size 1 there is one rank, no process group and no sharding: the single learner.
+"""
+
+from __future__ import annotations
+
+import ray
+
+from ..algos.batch import TrajectoryBatch
+from ..algos.update import UpdateSettings
+from .learner import Learner
+
+
+class LearnerGroup:
+    def __init__(self, ranks: list) -> None:
+        self.ranks = ranks
+
+    @classmethod
+    def start(cls, model_path: str, settings: UpdateSettings, *, lr: float, critic_lr: float,
+              use_critic: bool, use_reference: bool, threads: int, seed: int,
+              dtype: str = "float32", world_size: int = 1, num_cpus: float = 1.0,
+              num_gpus: float = 0.0) -> "LearnerGroup":
+        """Start the ranks (``num_cpus``/``num_gpus`` each), form the process group, shard."""
+        ranks = [Learner.options(num_cpus=num_cpus, num_gpus=num_gpus).remote(
+            model_path, settings, lr, critic_lr, use_critic, threads, seed, dtype,
+            use_reference=use_reference, rank=rank, world_size=world_size)
+            for rank in range(world_size)]
+        group = cls(ranks)
+        init_method = ray.get(ranks[0].rendezvous.remote()) if world_size > 1 else None
+        group.backend = group._all("setup", init_method)
+        return group
+
+    @property
+    def world_size(self) -> int:
+        return len(self.ranks)
+
+    def _all(self, method: str, *args):
+        """Call ``method`` on every rank (large arguments go to the object store once)
+        and return rank 0's result."""
+        args = tuple(ray.put(a) if isinstance(a, (TrajectoryBatch, list, dict)) else a
+                     for a in args) if self.world_size > 1 else args
+        return ray.get([getattr(rank, method).remote(*args) for rank in self.ranks])[0]
+
+    def prepare(self, batch: TrajectoryBatch, recompute_old_logprobs: bool) -> TrajectoryBatch:
+        return self._all("prepare", batch, recompute_old_logprobs)
+
+    def update(self, batch: TrajectoryBatch) -> dict[str, float]:
+        return self._all("update", batch)
+
+    def diagnose(self, trajectories, diagnostics_cfg, ema_state, seed: int, keep_matrices: bool,
+                 information_chain: bool = True):
+        return self._all("diagnose", trajectories, diagnostics_cfg, ema_state, seed, keep_matrices,
+                         information_chain)
+
+    def grad_snr(self, batch: TrajectoryBatch, n_buckets: int) -> dict[str, float]:
+        return self._all("grad_snr", batch, n_buckets)
+
+    def state_dict(self) -> ray.ObjectRef:
+        """The full policy weights as an object-store reference (rank 0 gathers them)."""
+        refs = [rank.state_dict.remote() for rank in self.ranks]
+        ray.get(refs[1:])  # the other ranks' part of the gather (and their errors)
+        return refs[0]
+
+    def full_state(self) -> dict:
+        return self._all("full_state")
+
+    def load_full_state(self, state: dict) -> None:
+        self._all("load_full_state", state)
+
+    def save(self, path: str) -> str:
+        return self._all("save", path)
+
+    def shutdown(self) -> None:
+        for rank in self.ranks:
+            ray.kill(rank)
