@@ -396,11 +396,11 @@ class Trainer:
     def release_actors(self) -> None:
         """End this run's actors (a worker's environment pool goes with it), so a Ray
         that outlives the run (a sweep, a test session) gets their resources back."""
-        for actor in [*getattr(self, "workers", []), getattr(self, "learner", None),
-                      getattr(self, "reference", None)]:
-            if actor is not None:
-                ray.kill(actor, no_restart=True)
-        self.workers, self.learner, self.reference = [], None, None
+        for worker in getattr(self, "workers", []):
+            ray.kill(worker, no_restart=True)
+        if getattr(self, "learner", None) is not None:
+            self.learner.shutdown()  # its rank actors (and the reference model inside)
+        self.workers, self.learner = [], None
 
     def log_validation(self, it: int, metrics: dict[str, float]) -> None:
         val = self.validate()

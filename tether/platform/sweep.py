@@ -173,23 +173,11 @@ def run_trial(config: dict[str, Any], spec_json: str, parent_run_id: str) -> Non
             tune.report({k: float(v) for k, v in data.items() if k != "total" and
                          isinstance(v, (int, float)) and math.isfinite(float(v))})
 
-    trainer = Trainer(cfg, on_event, parent_run_id=parent_run_id, run_tags=tags)
-    try:
-        summary = trainer.run()
-    finally:
-        _release_actors(trainer)
+    # The run ends its actors itself, so the next trial Tune starts in this process
+    # (and placement group) gets their CPUs.
+    summary = Trainer(cfg, on_event, parent_run_id=parent_run_id, run_tags=tags).run()
     if summary.status != "FINISHED":
         raise RuntimeError(f"trial {trial_id} ended {summary.status}")
-
-
-def _release_actors(trainer) -> None:
-    """End a finished trial's actors now: Tune reuses the trial process (and placement
-    group) for the next trial, whose actors need the CPUs these hold."""
-    import ray
-
-    learner = getattr(trainer, "learner", None)  # a LearnerGroup: its rank actors
-    for actor in [*getattr(trainer, "workers", []), *(learner.ranks if learner else [])]:
-        ray.kill(actor, no_restart=True)
 
 
 def swept_fields(spec: SweepSpec) -> dict[str, Any]:
