@@ -1,5 +1,6 @@
 """Bad cluster input fails at start with one clear line."""
 
+import os
 import socket
 import subprocess
 import sys
@@ -28,3 +29,28 @@ def test_unreachable_address_says_so_within_30_seconds(tmp_path):
     assert f"127.0.0.1:{port} is unreachable" in lines[0] and "ray start --head" in lines[0]
     assert elapsed < 30, f"took {elapsed:.1f} s"
     assert not (tmp_path / "models").exists()  # failed before the warm start
+
+
+LOCAL_RAY_ADDRESSES = """
+from tether.platform.session import prepare_process, start_ray, stop_ray
+prepare_process(None)  # as the CLI does, before Ray is imported
+import ray
+started = start_ray(None, 1, 1)
+print("NODE", ray.nodes()[0]["NodeManagerAddress"])
+print("GCS", ray.get_runtime_context().gcs_address)
+stop_ray(started)
+"""
+
+
+def test_local_ray_services_stay_on_loopback(tmp_path):
+    """A local Ray started the way the CLI starts it advertises and binds 127.0.0.1,
+    not the machine's outward address (Ray's default on Linux)."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_ADDRESS")}
+    done = subprocess.run([sys.executable, "-c", LOCAL_RAY_ADDRESSES], capture_output=True,
+                          text=True, timeout=180, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    found = dict(line.split(" ", 1) for line in done.stdout.splitlines()
+                 if line.startswith(("NODE ", "GCS ")))
+    assert found["NODE"] == "127.0.0.1", done.stdout
+    assert found["GCS"].startswith("127.0.0.1:"), done.stdout

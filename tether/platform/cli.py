@@ -205,13 +205,13 @@ def sweep(spec: Path = typer.Argument(..., help="Sweep spec YAML: a run config p
     from .config import ConfigError
     from .session import prepare_process
 
-    prepare_process(address or os.environ.get("RAY_ADDRESS"))
     from .sweep_spec import load_sweep_spec
 
     try:
         sweep_spec = load_sweep_spec(spec, overrides or [])
     except ConfigError as exc:
         fail(f"sweep spec: {exc}")
+    prepare_process(address or os.environ.get("RAY_ADDRESS") or sweep_spec.base.ray.address)
     from .session import ClusterError
     from .sweep import SweepError, results_table, run_sweep
     from .tracking import TrackingError

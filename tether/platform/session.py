@@ -23,8 +23,22 @@ def prepare_process(address: str | None) -> None:
     for key, value in QUIET_ENV.items():
         os.environ.setdefault(key, value)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if not address:
+        keep_local_ray_on_loopback()
     if address and "RAY_AUTH_MODE" not in os.environ and TOKEN_FILE.is_file():
         os.environ["RAY_AUTH_MODE"] = "token"
+
+
+def keep_local_ray_on_loopback() -> None:
+    """Make a local Ray started by this process bind its services to 127.0.0.1.
+
+    On Linux Ray replaces ``_node_ip_address="127.0.0.1"`` by the machine's outward
+    address (``resolve_ip_for_localhost``) unless multi-node clustering is off, as it is
+    by default on macOS; the switch is read once, when Ray is imported.  Only for a
+    local instance: a driver joining a cluster must advertise a reachable address.
+    """
+    if "RAY_ADDRESS" not in os.environ:
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 
 TOKEN_FILE = Path(os.environ.get("RAY_AUTH_TOKEN_PATH", Path.home() / ".ray" / "auth_token"))
