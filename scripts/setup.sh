@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Create .venv and install Tether with its test tools.
+# Create .venv and install Tether; `--test` adds the test tools (pytest, Playwright and
+# Debian's Chromium for the monitor's browser test).
 #
 # torch is installed first and pinned to 2.13.0, so pip never picks a newer
 # (multi-GB CUDA) build.  On a machine without a GPU, point TETHER_TORCH_INDEX at
@@ -8,6 +9,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${TETHER_VENV:-.venv}
+WITH_TESTS=0
+for arg in "$@"; do
+  case "$arg" in
+    --test) WITH_TESTS=1 ;;
+    *) echo "usage: bash scripts/setup.sh [--test]" >&2; exit 2 ;;
+  esac
+done
 PYTHON=${PYTHON:-python3}
 
 if [ ! -x "$VENV/bin/python" ]; then
@@ -17,9 +25,13 @@ fi
 if ! "$VENV/bin/python" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '2.13.0')" 2>/dev/null; then
   "$VENV/bin/python" -m pip install -q "torch==2.13.0" ${TETHER_TORCH_INDEX:+--index-url "$TETHER_TORCH_INDEX"}
 fi
-"$VENV/bin/python" -m pip install -q -e ".[test]"
+if [ "$WITH_TESTS" = 0 ]; then
+  "$VENV/bin/python" -m pip install -q -e .
+else
+  "$VENV/bin/python" -m pip install -q -e ".[test]"
+fi
 # The monitor's browser test drives the system Chromium (Debian's package) via Playwright.
-if ! command -v chromium >/dev/null && ! command -v chromium-browser >/dev/null; then
+if [ "$WITH_TESTS" = 1 ] && ! command -v chromium >/dev/null && ! command -v chromium-browser >/dev/null; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium
   else
