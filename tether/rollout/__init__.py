@@ -1,34 +1,47 @@
-"""Rollout engines behind one interface; build one by name with ``make_engine``."""
+"""Rollout engines behind one interface; build one by name with ``make_engine``.
+
+The engines import torch and their inference library only when one is built, so code
+that needs just the interface (an environment-pool actor, the config) starts without
+them.
+"""
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 
 from tether.rollout.base import Generation, RolloutEngine, SamplingParams
-from tether.rollout.hf import HFRolloutEngine
 
-#: Engine kinds available in this install, by name (vllm only where the package is).
-ENGINES: dict[str, type[RolloutEngine]] = {"hf": HFRolloutEngine}
+#: Engine kinds by name: the module and class that implement each.
+ENGINES: dict[str, tuple[str, str]] = {"hf": ("tether.rollout.hf", "HFRolloutEngine"),
+                                       "vllm": ("tether.rollout.vllm", "VLLMRolloutEngine")}
 
 
 def vllm_available() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
+def engine_class(kind: str) -> type[RolloutEngine]:
+    if kind not in ENGINES:
+        raise ValueError(f"unknown rollout engine {kind!r}; choose one of {sorted(ENGINES)}")
+    if kind == "vllm" and not vllm_available():
+        raise ValueError("rollout engine 'vllm' needs the vllm package (pip install "
+                         "'tether[vllm]' on a CUDA machine); use 'hf' on CPU")
+    module, name = ENGINES[kind]
+    return getattr(importlib.import_module(module), name)
+
+
 def make_engine(kind: str, model, **kwargs) -> RolloutEngine:
     """Build a rollout engine by name: ``make_engine("hf", model, pad_token_id=0)`` takes a
     loaded model, ``make_engine("vllm", "path/to/model")`` a model path (vLLM loads it)."""
-    if kind == "vllm":
-        if not vllm_available():
-            raise ValueError("rollout engine 'vllm' needs the vllm package (pip install "
-                             "'tether[vllm]' on a CUDA machine); use 'hf' on CPU")
-        from tether.rollout.vllm import VLLMRolloutEngine
+    return engine_class(kind)(model, **kwargs)
 
-        return VLLMRolloutEngine(model, **kwargs)
-    if kind in ENGINES:
-        return ENGINES[kind](model, **kwargs)
-    raise ValueError(f"unknown rollout engine {kind!r}; choose one of {sorted(ENGINES) + ['vllm']}")
+
+def __getattr__(name: str):  # ``from tether.rollout import HFRolloutEngine``, imported on use
+    if name == "HFRolloutEngine":
+        return engine_class("hf")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = ["ENGINES", "Generation", "HFRolloutEngine", "RolloutEngine", "SamplingParams",
-           "make_engine", "vllm_available"]
+           "engine_class", "make_engine", "vllm_available"]
