@@ -131,3 +131,31 @@ def test_sigkill_then_resume_continues_the_same_run(micro_policy, models_dir, tm
     assert row["iterations"] == ITERATIONS
     assert row["success_final"] == metric_history(client, run_id, "rollout/success")[ITERATIONS]
     assert not _leftover_ray(first.pid), "Ray processes outlived their SIGKILLed driver"
+
+
+def test_sigterm_ends_the_run_like_ctrl_c(micro_policy, models_dir, tmp_path):
+    """`kill <pid>` (SIGTERM) mid-run: one line, exit 130, the MLflow run marked KILLED,
+    and no process of the local Ray left behind (Ray's own handler would abort instead)."""
+    cfg = micro_config_dict(
+        tmp_path, rollout={"num_workers": 1}, algo={"preset": "grpo", "kl_coef": 0.0},
+        trainer={"iterations": 50, "val_every": 50, "val_episodes": 2, "checkpoint_every": 1,
+                 "samples_per_log": 0},
+        diagnostics={"enabled": False}, tracking={"log_model": False},
+        model={"cache_dir": str(models_dir)}, ray={"num_cpus": 2})
+    spec = tmp_path / "run.yaml"
+    spec.write_text(yaml.safe_dump(cfg))
+    out = tmp_path / "runs"
+    uri = f"sqlite:///{out / 'mlflow.db'}"
+    run = subprocess.Popen([sys.executable, "-m", "tether.platform.cli", "run", str(spec)],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    run_id = _wait_for_step(uri, out, 1, run)
+    run.send_signal(signal.SIGTERM)
+    output, _ = run.communicate(timeout=120)
+    assert run.returncode == 130, output[-3000:]
+    assert "interrupted; the MLflow run is marked KILLED" in output
+    assert "SIGTERM received" not in output  # Ray's abort handler did not run
+    finished = MlflowClient(uri).get_run(run_id)
+    assert finished.info.status == "KILLED"
+    assert finished.data.tags["tether.status"] == "KILLED"
+    assert _leftover_ray(run.pid) == []

@@ -95,7 +95,28 @@ def start_ray(address: str | None, num_cpus: int | None, required_cpus: float) -
     except Exception as exc:  # Ray raises several types (ConnectionError, RuntimeError, ...)
         where = f"the Ray cluster at {address}" if address else "a local Ray instance"
         raise ClusterError(f"could not start or join {where}: {exc}".splitlines()[0]) from None
+    interrupt_on_sigterm()
     return True
+
+
+def interrupt_on_sigterm() -> None:
+    """Make SIGTERM (``kill``, a scheduler's preemption) end the process like Ctrl-C.
+
+    ``ray.init`` installs a handler that dumps a stack and aborts on SIGTERM, which
+    leaves the MLflow run RUNNING and the local Ray's processes behind; raising
+    KeyboardInterrupt instead runs the same clean-up as Ctrl-C (run marked KILLED,
+    actors ended, Ray stopped).  Installed after ``ray.init``, in the main thread only.
+    """
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, interrupt)
 
 
 def stop_ray(started: bool) -> None:
