@@ -221,8 +221,9 @@ class DiagnosticsConfig(Section):
     chain_every: int = Field(10, ge=1, description="Score the information-chain links I(Z;A) "
                              "and I(X;A) every N iterations (and at iteration 1), on diagnostic "
                              "iterations; each costs about as much as I(X;Z).")
-    method: Literal["auto", "shared_prefix", "prefix", "naive"] = Field(
-        "auto", description="Cross-scoring implementation (prefix KV reuse unless naive).")
+    method: Literal["auto", "multi_prefix", "shared_prefix", "prefix", "naive"] = Field(
+        "auto", description="Cross-scoring implementation (prefix KV reuse unless naive; auto = "
+        "multi_prefix, many contexts per forward, when the model's attention allows it).")
     heatmap_every: int = Field(10, ge=1, description="Log the cross-score matrix as a heatmap "
                                "every N iterations.")
     grad_snr_every: int = Field(10, ge=0, description="Gradient SNR by reward-variance bucket "
