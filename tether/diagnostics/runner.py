@@ -50,12 +50,35 @@ def collapse_diagnostics(model, trajectories, extractor: SpanExtractor, sampling
     return DiagnosticsResult(metrics, ema_state, matrices)
 
 
-def gradient_snr(model, batch, settings, n_buckets: int) -> dict[str, float]:
+def trim_right_padding(batch):
+    """The batch without the columns after its longest row (right padding only).
+
+    A bucket's rows are padded to the whole batch's longest trajectory; the trailing
+    columns where every row is padding change no log-prob, entropy or loss of a real
+    token (causal attention, masked out of every aggregate), so dropping them changes
+    no value, only the cost of the forward and backward passes.
+    """
+    import torch
+
+    from ..algos.batch import TrajectoryBatch
+
+    width = int(batch.attention_mask.sum(dim=1).max())
+    if width == batch.input_ids.shape[1]:
+        return batch
+    return TrajectoryBatch(**{f: (v[:, :width] if isinstance(v, torch.Tensor) and v.dim() == 2
+                                  and v.shape[1] == batch.input_ids.shape[1] else v)
+                              for f, v in vars(batch).items()})
+
+
+def gradient_snr(model, batch, settings, n_buckets: int, trim_padding: bool = True) -> dict[str, float]:
     """SPEC §8: per reward-variance bucket of groups, the task-loss and regulariser-loss
-    gradient norms measured separately (two backward passes), their ratio and mean RV.
+    gradient norms measured separately (two backward passes of one shared forward),
+    their ratio and mean RV.
 
     ``batch`` holds every collected group (before filtering) with advantages set;
     the losses are those of the update (same clip, coefficients and aggregation).
+    ``trim_padding`` drops each bucket's all-padding trailing columns
+    (`trim_right_padding`: same values, less work).
     """
     import torch
 
@@ -73,7 +96,10 @@ def gradient_snr(model, batch, settings, n_buckets: int) -> dict[str, float]:
         key = tuple(groups)
         if key not in cache:
             rows = torch.nonzero(torch.isin(batch.group_index, torch.tensor(groups))).squeeze(-1)
-            sub = batch.select(rows).to(next(model.parameters()).device)
+            sub = batch.select(rows)
+            if trim_padding:
+                sub = trim_right_padding(sub)
+            sub = sub.to(next(model.parameters()).device)
             logprobs, entropy = token_logprobs(model, sub.input_ids, sub.attention_mask,
                                                settings.temperature, with_entropy=True)
             task, reg, _ = ppo_objective(
