@@ -106,9 +106,10 @@ def test_task_and_regulariser_may_share_one_forward():
     assert model.w.grad is None
 
 
-def test_trimmed_buckets_give_the_untrimmed_norms(micro_policy):
-    """The learner's gradient SNR on a real micro-model batch: dropping each bucket's
-    all-padding columns (the fast path) changes no norm beyond float noise."""
+def test_micro_batched_grad_snr_equals_one_forward_per_bucket(micro_policy):
+    """The learner's gradient SNR on a real micro-model batch: the fast path (length-sorted
+    micro-batches of 2 rows, trimmed, gradients summed) gives the reference's norms (one
+    forward per bucket padded to the batch) for every loss aggregation."""
     from tether.agent.episode import EpisodeSpec, LocalEnvBatch, run_episodes
     from tether.algos.batch import collate
     from tether.algos.update import UpdateSettings
@@ -129,12 +130,13 @@ def test_trimmed_buckets_give_the_untrimmed_norms(micro_policy):
     short = trim_right_padding(batch.select(torch.nonzero(lengths < lengths.max()).squeeze(-1)))
     assert short.input_ids.shape[1] < batch.input_ids.shape[1]
     assert short.advantages.shape == short.input_ids.shape and short.scores.shape == (short.size,)
-    settings = UpdateSettings(kl_coef=0.05, entropy_coef=0.01, loss_agg="seq-mean-token-mean")
-    fast = gradient_snr(model, batch, settings, n_buckets=4, trim_padding=True)
-    slow = gradient_snr(model, batch, settings, n_buckets=4, trim_padding=False)
-    assert set(fast) == set(slow) and "grad_snr/q4/task_grad_norm" in fast
-    for key, value in slow.items():
-        assert fast[key] == pytest.approx(value, rel=1e-5, abs=1e-9), key
+    for agg in ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum"):
+        settings = UpdateSettings(kl_coef=0.05, entropy_coef=0.01, loss_agg=agg, micro_batch_size=2)
+        fast = gradient_snr(model, batch, settings, n_buckets=4, micro_batched=True)
+        slow = gradient_snr(model, batch, settings, n_buckets=4, micro_batched=False)
+        assert set(fast) == set(slow) and "grad_snr/q4/task_grad_norm" in fast
+        for key, value in slow.items():
+            assert fast[key] == pytest.approx(value, rel=1e-5, abs=1e-9), (agg, key)
     assert slow["grad_snr/q1/task_grad_norm"] == pytest.approx(0.0, abs=1e-12)   # all-zero group: no task signal
     assert slow["grad_snr/q4/task_grad_norm"] > 0 and slow["grad_snr/q4/reg_grad_norm"] > 0
     assert all(p.grad is None for p in model.parameters())
