@@ -118,7 +118,7 @@ def gradient_snr(model, batch, settings, n_buckets: int, micro_batched: bool = T
             rows = bucket_rows(groups)
             denominator = aggregation_denominator(batch.response_mask[rows], settings.loss_agg)
             lengths = batch.attention_mask[rows].sum(dim=1).tolist()
-            for chunk in length_chunks(lengths, max(1, settings.micro_batch_size), overhead=64):
+            for chunk in length_chunks(lengths, max(1, settings.micro_batch_size), overhead=512):
                 sub = trim_right_padding(batch.select(rows[torch.as_tensor(chunk)])).to(device)
                 yield objective(sub, denominator)
 
