@@ -6,25 +6,75 @@ iteration by iteration (A B, B A, ...) so machine load drifts hit both alike. Sa
 same weights, same levels: the diagnostics do not touch the policy, so both collect the
 same batches and the only difference is the diagnostics' work (cross-scoring, heatmaps,
 gradient SNR). Reports the ratio of mean iteration wall time (iteration stages plus
-logging/alarms/checkpoint), and the mean per-stage times.
+logging/alarms/checkpoint), the same ratio in CPU seconds (driver + every Ray process
+it started, from /proc: less sensitive to other jobs on the machine than wall time),
+and the mean per-stage times.
+
+``--at 1,2,5,10`` runs only those iteration numbers (the cadences look at the number):
+one representative of every diagnostics schedule in iterations 1..``--window``, and the
+overhead over the window is then also reported with each unmeasured iteration counted as
+the measured one with the same schedule (what fires: I(X;Z), chain, heatmap, grad SNR).
 
     PYTHONPATH=. python benchmarks/diagnostics_overhead.py --iterations 10 \\
+        model.cache_dir=/tmp/diag_work/models
+    PYTHONPATH=. python benchmarks/diagnostics_overhead.py --at 1,2,5,10 --window 10 \\
         model.cache_dir=/tmp/diag_work/models
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from pathlib import Path
 
 import numpy as np
 
 
+def _process_cpu_seconds() -> dict[int, float]:
+    """user + system CPU seconds of this process and all its descendants (Ray's local
+    gcs/raylet/workers are started by the driver), from /proc."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    stats = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            stats[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / ticks)  # ppid, cpu
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in stats.items():
+        children.setdefault(ppid, []).append(pid)
+    out, todo = {}, [os.getpid()]
+    while todo:
+        pid = todo.pop()
+        if pid in stats:
+            out[pid] = stats[pid][1]
+        todo.extend(children.get(pid, []))
+    return out
+
+
+def _cpu_delta(before: dict[int, float], after: dict[int, float]) -> float:
+    return sum(cpu - before.get(pid, 0.0) for pid, cpu in after.items())
+
+
+def schedule(d, it: int) -> tuple[bool, ...]:
+    """What the diagnostics run at iteration ``it`` (driver.diagnose / iteration cadences)."""
+    xz = it == 1 or it % d.every == 0
+    return (xz, xz and d.information_chain and (it == 1 or it % d.chain_every == 0),
+            xz and (it == 1 or it % d.heatmap_every == 0),
+            bool(d.grad_snr_every) and it % d.grad_snr_every == 0)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="experiments/quickstart.yaml")
     parser.add_argument("--iterations", type=int, default=10)
+    parser.add_argument("--at", default=None, help="comma-separated iteration numbers to run instead")
+    parser.add_argument("--window", type=int, default=10, help="iterations 1..window for the "
+                        "cadence-weighted overhead (with --at)")
     parser.add_argument("--out", default="/tmp/tether_diag_overhead")
     parser.add_argument("overrides", nargs="*", help="dotted config overrides for both runs")
     args = parser.parse_args()
@@ -51,32 +101,53 @@ def main() -> None:
     print(f"diagnostics: every {d.every}, chain_every {d.chain_every}, heatmap_every {d.heatmap_every}, "
           f"grad_snr_every {d.grad_snr_every}, max_pairs {d.max_pairs}, max_cells {d.max_cells}", flush=True)
 
+    steps = [int(x) for x in args.at.split(",")] if args.at else list(range(1, args.iterations + 1))
     wall: dict[str, list[float]] = {name: [] for name in trainers}
+    cpu: dict[str, list[float]] = {name: [] for name in trainers}
     stages: dict[str, list[dict]] = {name: [] for name in trainers}
-    for it in range(1, args.iterations + 1):
-        order = ["on", "off"] if it % 2 else ["off", "on"]
+    for k, it in enumerate(steps):
+        order = ["on", "off"] if k % 2 == 0 else ["off", "on"]
         success = {}
         for name in order:
             trainer = trainers[name]
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), _process_cpu_seconds()
             metrics = trainer.iteration(it)
             trainer.after_iteration(it, metrics)
             wall[name].append(time.perf_counter() - start)
+            cpu[name].append(_cpu_delta(cpu_start, _process_cpu_seconds()))
             stages[name].append({k: v for k, v in metrics.items() if k.startswith("timing/")})
             success[name] = metrics.get("rollout/success", float("nan"))
-        print(f"iteration {it}: on {wall['on'][-1]:.1f} s (diagnose "
+        print(f"iteration {it} (load {os.getloadavg()[0]:.1f}): on {wall['on'][-1]:.1f} s, "
+              f"{cpu['on'][-1]:.1f} CPU s (diagnose "
               f"{stages['on'][-1].get('timing/diagnose', 0):.1f}, grad_snr "
-              f"{stages['on'][-1].get('timing/grad_snr', 0):.1f}), off {wall['off'][-1]:.1f} s; "
+              f"{stages['on'][-1].get('timing/grad_snr', 0):.1f}), off {wall['off'][-1]:.1f} s, "
+              f"{cpu['off'][-1]:.1f} CPU s; "
               f"success on {success['on']:.3f} off {success['off']:.3f}", flush=True)
 
     for trainer in trainers.values():
         trainer.tracker.finish("FINISHED")
     mean = {name: float(np.mean(v)) for name, v in wall.items()}
-    print("\n| run | mean iteration s | iterations (s) |")
-    print("|---|---|---|")
+    mean_cpu = {name: float(np.mean(v)) for name, v in cpu.items()}
+    print(f"\niterations {steps}")
+    print("| run | mean iteration s | mean CPU s | iterations (wall s) | iterations (CPU s) |")
+    print("|---|---|---|---|---|")
     for name in trainers:
-        print(f"| diagnostics {name} | {mean[name]:.1f} | {', '.join(f'{w:.0f}' for w in wall[name])} |")
-    print(f"\noverhead (mean on / mean off - 1): {100 * (mean['on'] / mean['off'] - 1):+.1f} %")
+        print(f"| diagnostics {name} | {mean[name]:.1f} | {mean_cpu[name]:.1f} | "
+              f"{', '.join(f'{w:.0f}' for w in wall[name])} | {', '.join(f'{w:.0f}' for w in cpu[name])} |")
+    print(f"\noverhead over the iterations run (mean on / mean off - 1): wall "
+          f"{100 * (mean['on'] / mean['off'] - 1):+.1f} %, CPU {100 * (mean_cpu['on'] / mean_cpu['off'] - 1):+.1f} %")
+    if args.at:
+        sched = {schedule(d, it): k for k, it in enumerate(steps)}
+        missing = sorted({it for it in range(1, args.window + 1) if schedule(d, it) not in sched})
+        if missing:
+            print(f"no measured iteration has the schedule of iterations {missing}: no window estimate")
+        else:
+            rep = [sched[schedule(d, it)] for it in range(1, args.window + 1)]
+            for label, series in (("wall", wall), ("CPU", cpu)):
+                on = sum(series["on"][k] for k in rep)
+                off = sum(series["off"][k] for k in rep)
+                print(f"cadence-weighted overhead over iterations 1..{args.window} ({label}, each "
+                      f"iteration counted as the measured one with its schedule): {100 * (on / off - 1):+.1f} %")
     keys = sorted({k for rows in stages.values() for row in rows for k in row})
     print("\n| stage | on, mean s per iteration | off, mean s per iteration |")
     print("|---|---|---|")

@@ -40,10 +40,10 @@ def test_all_methods_agree(kv_heads):
     contexts = random_ids(rng, 5, 3, 40)
     continuations = random_ids(rng, 11, 1, 25) + [[7]]     # includes a one-token continuation
     results = {method: cross_score_pairs(model, contexts, continuations, 0.7, method=method, batch_size=bs)
-               for method, bs in (("naive", 9), ("prefix", 4), ("shared_prefix", 5))}
+               for method, bs in (("naive", 9), ("prefix", 4), ("shared_prefix", 5), ("multi_prefix", 3))}
     naive = results["naive"]
     assert naive.S.shape == (12, 5)
-    for method in ("prefix", "shared_prefix"):
+    for method in ("prefix", "shared_prefix", "multi_prefix"):
         np.testing.assert_allclose(results[method].S, naive.S, atol=1e-4, rtol=0)
         np.testing.assert_allclose(results[method].L, naive.L, atol=1e-4, rtol=0)
     lengths = np.array([len(c) for c in continuations])
@@ -51,6 +51,38 @@ def test_all_methods_agree(kv_heads):
     for i, j in ((0, 0), (3, 4), (11, 2)):
         assert naive.S[i, j] == pytest.approx(manual_score(model, contexts[j], continuations[i], 0.7), abs=1e-4)
     assert model.config._attn_implementation == attention_before   # restored after shared_prefix
+
+
+@pytest.mark.parametrize("kv_heads", [2, 1])
+def test_multi_prefix_matches_naive_in_any_chunking(kv_heads):
+    """Contexts of very different lengths, encoded 2 at a time and scored 1-3 per forward
+    (padded prefixes masked, per-row positions), and continuations in length chunks."""
+    from tether.diagnostics.multiprefix import score_multi_prefix
+
+    config = tiny_config("micro", max_context=256)
+    config.num_key_value_heads = kv_heads
+    model = build_tiny_model(config, seed=2)
+    rng = np.random.default_rng(10 + kv_heads)
+    contexts = random_ids(rng, 7, 1, 60)
+    continuations = random_ids(rng, 9, 1, 30) + [[3], [4, 5]]
+    naive = cross_score_pairs(model, contexts, continuations, 1.3, method="naive").S
+    for kwargs in ({"batch_size": 128}, {"batch_size": 3, "context_batch": 2, "max_tokens": 40},
+                   {"batch_size": 1, "context_batch": 1, "max_tokens": 1}):
+        with torch.inference_mode():
+            S = score_multi_prefix(model, contexts, continuations, 1.3, **kwargs)
+        np.testing.assert_allclose(S, naive, atol=1e-4, rtol=0)
+    assert cross_score_pairs(model, contexts, continuations, 1.3).info["method"] == "multi_prefix"
+
+
+def test_length_chunks_split_off_long_outliers():
+    from tether.diagnostics.multiprefix import length_chunks
+
+    lengths = [3, 2, 40, 3, 2, 4, 3, 2]
+    chunks = length_chunks(lengths, max_rows=128, overhead=4)
+    assert sorted(i for c in chunks for i in c.tolist()) == list(range(8))      # a partition
+    assert [c.tolist() for c in chunks][-1] == [2]                               # the outlier alone
+    assert all(len(c) <= 3 for c in length_chunks(lengths, max_rows=3, overhead=0))
+    assert len(length_chunks(lengths, max_rows=128, overhead=10 ** 6)) == 1     # calls dear: one chunk
 
 
 def test_temperature_changes_the_scores(micro):

@@ -104,3 +104,39 @@ def test_task_and_regulariser_may_share_one_forward():
     reg_norm = float((4 * model.w.detach()).norm())              # d/dw 0.5 (2w)^2 = 4w
     assert [r["reg_grad_norm"] for r in rows] == pytest.approx([reg_norm] * 3)
     assert model.w.grad is None
+
+
+def test_micro_batched_grad_snr_equals_one_forward_per_bucket(micro_policy):
+    """The learner's gradient SNR on a real micro-model batch: the fast path (length-sorted
+    micro-batches of 2 rows, trimmed, gradients summed) gives the reference's norms (one
+    forward per bucket padded to the batch) for every loss aggregation."""
+    from tether.agent.episode import EpisodeSpec, LocalEnvBatch, run_episodes
+    from tether.algos.batch import collate
+    from tether.algos.update import UpdateSettings
+    from tether.diagnostics.runner import gradient_snr, trim_right_padding
+    from tests.test_episode import _setup
+
+    model, tok, formatter, engine, sampling = _setup(micro_policy)
+    specs = [EpisodeSpec(g, 70 + g, k) for g in range(4) for k in range(3)]
+    trajs = run_episodes(engine, formatter, LocalEnvBatch("tether/FrozenLake-v0"), specs, sampling, 3)
+    batch = collate(trajs, tok.pad_token_id)
+    batch.scores = torch.tensor([0.0, 0.0, 0.0, 1.0, 0.0, 0.5, 1.0, 0.0, 0.2, 0.3, 0.9, 0.1])
+    batch.old_logprobs = batch.sampling_logprobs.clone()
+    batch.ref_logprobs = batch.sampling_logprobs - 0.05 * batch.response_mask
+    mean = torch.stack([batch.scores[batch.group_index == g].mean() for g in batch.group_index])
+    batch.advantages = (batch.scores - mean)[:, None] * batch.response_mask
+    lengths = batch.attention_mask.sum(dim=1)
+    assert int(lengths.min()) < batch.input_ids.shape[1]            # something to trim
+    short = trim_right_padding(batch.select(torch.nonzero(lengths < lengths.max()).squeeze(-1)))
+    assert short.input_ids.shape[1] < batch.input_ids.shape[1]
+    assert short.advantages.shape == short.input_ids.shape and short.scores.shape == (short.size,)
+    for agg in ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum"):
+        settings = UpdateSettings(kl_coef=0.05, entropy_coef=0.01, loss_agg=agg, micro_batch_size=2)
+        fast = gradient_snr(model, batch, settings, n_buckets=4, micro_batched=True)
+        slow = gradient_snr(model, batch, settings, n_buckets=4, micro_batched=False)
+        assert set(fast) == set(slow) and "grad_snr/q4/task_grad_norm" in fast
+        for key, value in slow.items():
+            assert fast[key] == pytest.approx(value, rel=1e-5, abs=1e-9), (agg, key)
+    assert slow["grad_snr/q1/task_grad_norm"] == pytest.approx(0.0, abs=1e-12)   # all-zero group: no task signal
+    assert slow["grad_snr/q4/task_grad_norm"] > 0 and slow["grad_snr/q4/reg_grad_norm"] > 0
+    assert all(p.grad is None for p in model.parameters())

@@ -7,7 +7,7 @@ every c_j at the rollout temperature τ:
     S[i, j] = Σ_t log softmax(logits / τ)[y_i,t]   given c_j and y_i,<t
     L[i, j] = S[i, j] / len(y_i)
 
-Three implementations that agree to 1e-4 (``method=``):
+Four implementations that agree to 1e-4 (``method=``):
 - ``naive``: every (c_j, y_i) re-encoded as one sequence — M·N full forwards;
 - ``prefix``: each context encoded once, its KV cache (a transformers DynamicCache)
   expanded along the batch dimension, and all continuations (right-padded, masked)
@@ -16,7 +16,11 @@ Three implementations that agree to 1e-4 (``method=``):
   cache through a registered attention function, so the prefix keys/values are
   never copied per row (memory O(P) instead of O(B·P) per layer) — for models that
   dispatch attention through ``AttentionInterface`` with full attention (Qwen2,
-  Llama, ...). ``auto`` (default) picks it when it applies, else ``prefix``.
+  Llama, ...);
+- ``multi_prefix`` (`tether.diagnostics.multiprefix`): as ``shared_prefix``, but the
+  contexts are encoded in batches and one forward scores a length-homogeneous chunk
+  of continuations under many contexts at once — far fewer, larger model calls.
+``auto`` (default) picks ``multi_prefix`` when the attention hook applies, else ``prefix``.
 
 The same machinery gives the information chain beyond the paper: I(Z;A) (actions
 under each prompt+reasoning) and I(X;A) (actions under each prompt with the
@@ -43,8 +47,8 @@ from tether.diagnostics.mi import mi_proxies, prompt_columns, valid_reasoning_ra
 
 log = logging.getLogger(__name__)
 
-ScoringMethod = Literal["auto", "shared_prefix", "prefix", "naive"]
-SCORING_METHODS: tuple[str, ...] = ("auto", "shared_prefix", "prefix", "naive")
+ScoringMethod = Literal["auto", "multi_prefix", "shared_prefix", "prefix", "naive"]
+SCORING_METHODS: tuple[str, ...] = ("auto", "multi_prefix", "shared_prefix", "prefix", "naive")
 Sampling = Literal["first_turn", "trajectory"]
 SAMPLINGS: tuple[str, ...] = ("first_turn", "trajectory")
 
@@ -279,9 +283,9 @@ def cross_score_pairs(model, contexts: Sequence[Sequence[int]], continuations: S
     if method not in SCORING_METHODS:
         raise ValueError(f"unknown cross-scoring method {method!r}; choose one of {list(SCORING_METHODS)}")
     if method == "auto":
-        method = "shared_prefix" if supports_shared_prefix(model) else "prefix"
-    if method == "shared_prefix" and not supports_shared_prefix(model):
-        raise ValueError("method 'shared_prefix' needs full attention dispatched through the HF "
+        method = "multi_prefix" if supports_shared_prefix(model) else "prefix"
+    if method in ("shared_prefix", "multi_prefix") and not supports_shared_prefix(model):
+        raise ValueError(f"method {method!r} needs full attention dispatched through the HF "
                          "AttentionInterface; use method='prefix' for this model")
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
@@ -315,7 +319,10 @@ def cross_score_pairs(model, contexts: Sequence[Sequence[int]], continuations: S
     info["continuation_cap"] = cap
 
     start = time.perf_counter()
-    score = _score_naive if method == "naive" else partial(_score_prefix, shared=method == "shared_prefix")
+    if method == "multi_prefix":
+        from .multiprefix import score_multi_prefix as score
+    else:
+        score = _score_naive if method == "naive" else partial(_score_prefix, shared=method == "shared_prefix")
     with torch.inference_mode():
         S = score(model, contexts, continuations, temperature, batch_size)
     info["seconds"] = time.perf_counter() - start

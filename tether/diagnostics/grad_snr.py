@@ -13,7 +13,7 @@ regulariser's stays flat, so low-RV prompts carry mostly input-agnostic signal.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 import torch
@@ -75,6 +75,46 @@ def bucket_grad_norms(model: torch.nn.Module, task_loss_fn: LossFn, reg_loss_fn:
         row: dict[str, float] = {"bucket": float(k), "num_groups": float(len(groups))}
         row["task_grad_norm"] = _grad_norm(task_loss_fn(groups), params)
         row["reg_grad_norm"] = _grad_norm(reg_loss_fn(groups), params)
+        if row["reg_grad_norm"] > 0:
+            row["snr"] = row["task_grad_norm"] / row["reg_grad_norm"]
+        if rv is not None and groups:
+            row["mean_rv"] = float(rv[groups].mean())
+        rows.append(row)
+    return rows
+
+
+def bucket_grad_norms_accumulated(model: torch.nn.Module,
+                                  parts_fn: Callable[[list[int]], Iterable[tuple[torch.Tensor, torch.Tensor]]],
+                                  buckets: Sequence[Sequence[int]],
+                                  group_reward_std: np.ndarray | None = None) -> list[dict[str, float]]:
+    """As `bucket_grad_norms`, for buckets whose losses come in parts (micro-batches).
+
+    ``parts_fn(group_indices)`` yields ``(task_part, reg_part)`` per micro-batch, each pair
+    from one forward, with the parts summing to the bucket's task and regulariser losses
+    (e.g. a shared aggregation denominator). Per part, each gradient comes from its own
+    ``torch.autograd.grad`` pass; the task and regulariser gradients are summed over the
+    parts separately, so the norms are those of the whole bucket's two losses.
+    """
+    params = [p for p in model.parameters() if p.requires_grad]
+    rv = None if group_reward_std is None else np.asarray(group_reward_std, dtype=np.float64).reshape(-1)
+    rows = []
+    for k, bucket in enumerate(buckets, start=1):
+        groups = [int(g) for g in bucket]
+        sums: dict[str, list[torch.Tensor | None]] = {"task": [None] * len(params),
+                                                       "reg": [None] * len(params)}
+        for task, reg in parts_fn(groups):
+            for name, loss in (("task", task), ("reg", reg)):
+                if not loss.requires_grad:
+                    continue
+                grads = torch.autograd.grad(loss, params, allow_unused=True, retain_graph=True)
+                acc = sums[name]
+                for i, g in enumerate(grads):
+                    if g is not None:
+                        acc[i] = g.detach().double() if acc[i] is None else acc[i] + g.detach().double()
+        row: dict[str, float] = {"bucket": float(k), "num_groups": float(len(groups))}
+        for name in ("task", "reg"):
+            squares = [g.pow(2).sum() for g in sums[name] if g is not None]
+            row[f"{name}_grad_norm"] = float(torch.stack(squares).sum().sqrt()) if squares else 0.0
         if row["reg_grad_norm"] > 0:
             row["snr"] = row["task_grad_norm"] / row["reg_grad_norm"]
         if rv is not None and groups:

@@ -50,42 +50,88 @@ def collapse_diagnostics(model, trajectories, extractor: SpanExtractor, sampling
     return DiagnosticsResult(metrics, ema_state, matrices)
 
 
-def gradient_snr(model, batch, settings, n_buckets: int) -> dict[str, float]:
+def trim_right_padding(batch):
+    """The batch without the columns after its longest row (right padding only).
+
+    A bucket's rows are padded to the whole batch's longest trajectory; the trailing
+    columns where every row is padding change no log-prob, entropy or loss of a real
+    token (causal attention, masked out of every aggregate), so dropping them changes
+    no value, only the cost of the forward and backward passes.
+    """
+    import torch
+
+    from ..algos.batch import TrajectoryBatch
+
+    width = int(batch.attention_mask.sum(dim=1).max())
+    if width == batch.input_ids.shape[1]:
+        return batch
+    return TrajectoryBatch(**{f: (v[:, :width] if isinstance(v, torch.Tensor) and v.dim() == 2
+                                  and v.shape[1] == batch.input_ids.shape[1] else v)
+                              for f, v in vars(batch).items()})
+
+
+def gradient_snr(model, batch, settings, n_buckets: int, micro_batched: bool = True) -> dict[str, float]:
     """SPEC §8: per reward-variance bucket of groups, the task-loss and regulariser-loss
-    gradient norms measured separately (two backward passes), their ratio and mean RV.
+    gradient norms measured separately (two backward passes of one shared forward),
+    their ratio and mean RV.
 
     ``batch`` holds every collected group (before filtering) with advantages set;
     the losses are those of the update (same clip, coefficients and aggregation).
+    ``micro_batched`` (the fast path): a bucket's rows are sorted by length and cut into
+    micro-batches of similar length (`length_chunks`, at most ``settings.micro_batch_size``
+    rows), each trimmed of its all-padding columns, with the bucket's aggregation
+    denominator, and the per-part gradients summed (`bucket_grad_norms_accumulated`):
+    the same losses and norms as one forward over the bucket padded to the batch's
+    longest row (``micro_batched=False``, the reference), with much less padding.
     """
     import torch
 
     from ..algos.batch import token_logprobs
     from ..algos.losses import ppo_objective
-    from .grad_snr import bucket_grad_norms, grad_snr_metrics, rv_buckets
+    from ..algos.update import aggregation_denominator
+    from .grad_snr import bucket_grad_norms, bucket_grad_norms_accumulated, grad_snr_metrics, rv_buckets
+    from .multiprefix import length_chunks
 
+    device = next(model.parameters()).device
     n_groups = int(batch.group_index.max()) + 1
     group_std = np.array([float(batch.scores[batch.group_index == g].std(unbiased=True))
                           if int((batch.group_index == g).sum()) > 1 else 0.0
                           for g in range(n_groups)])
-    cache: dict[tuple, tuple] = {}
+    buckets = rv_buckets(group_std, n_buckets)
 
-    def losses(groups: list[int]):
-        key = tuple(groups)
-        if key not in cache:
-            rows = torch.nonzero(torch.isin(batch.group_index, torch.tensor(groups))).squeeze(-1)
-            sub = batch.select(rows).to(next(model.parameters()).device)
-            logprobs, entropy = token_logprobs(model, sub.input_ids, sub.attention_mask,
-                                               settings.temperature, with_entropy=True)
-            task, reg, _ = ppo_objective(
-                logprobs, logprobs.detach(), sub.advantages, sub.response_mask,
-                ref_logprobs=sub.ref_logprobs, entropy=entropy, clip_low=settings.clip_low,
-                clip_high=settings.clip_high, kl_coef=settings.kl_coef,
-                kl_estimator=settings.kl_estimator, entropy_coef=settings.entropy_coef,
-                agg=settings.loss_agg)
-            cache.clear()
-            cache[key] = (task, reg)
-        return cache[key]
+    def bucket_rows(groups: list[int]):
+        return torch.nonzero(torch.isin(batch.group_index, torch.tensor(groups))).squeeze(-1)
 
-    rows = bucket_grad_norms(model, lambda g: losses(g)[0], lambda g: losses(g)[1],
-                             rv_buckets(group_std, n_buckets), group_std)
+    def objective(sub, denominator=None):
+        logprobs, entropy = token_logprobs(model, sub.input_ids, sub.attention_mask,
+                                           settings.temperature, with_entropy=True)
+        task, reg, _ = ppo_objective(
+            logprobs, logprobs.detach(), sub.advantages, sub.response_mask,
+            ref_logprobs=sub.ref_logprobs, entropy=entropy, clip_low=settings.clip_low,
+            clip_high=settings.clip_high, kl_coef=settings.kl_coef,
+            kl_estimator=settings.kl_estimator, entropy_coef=settings.entropy_coef,
+            agg=settings.loss_agg, denominator=denominator)
+        return task, reg
+
+    if micro_batched:
+        def parts(groups: list[int]):
+            rows = bucket_rows(groups)
+            denominator = aggregation_denominator(batch.response_mask[rows], settings.loss_agg)
+            lengths = batch.attention_mask[rows].sum(dim=1).tolist()
+            for chunk in length_chunks(lengths, max(1, settings.micro_batch_size), overhead=512):
+                sub = trim_right_padding(batch.select(rows[torch.as_tensor(chunk)])).to(device)
+                yield objective(sub, denominator)
+
+        rows = bucket_grad_norms_accumulated(model, parts, buckets, group_std)
+    else:
+        cache: dict[tuple, tuple] = {}
+
+        def losses(groups: list[int]):
+            key = tuple(groups)
+            if key not in cache:
+                cache.clear()
+                cache[key] = objective(batch.select(bucket_rows(groups)).to(device))
+            return cache[key]
+
+        rows = bucket_grad_norms(model, lambda g: losses(g)[0], lambda g: losses(g)[1], buckets, group_std)
     return grad_snr_metrics(rows)

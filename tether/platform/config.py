@@ -220,13 +220,19 @@ class DiagnosticsConfig(Section):
                                     "I(X;Z).")
     chain_every: int = Field(10, ge=1, description="Score the information-chain links I(Z;A) "
                              "and I(X;A) every N iterations (and at iteration 1), on diagnostic "
-                             "iterations; each costs about as much as I(X;Z).")
-    method: Literal["auto", "shared_prefix", "prefix", "naive"] = Field(
-        "auto", description="Cross-scoring implementation (prefix KV reuse unless naive).")
+                             "iterations (so it takes effect on multiples of `every`). I(Z;A) has "
+                             "one context per pair (M x M scores); with multi_prefix scoring the "
+                             "two links together cost about as much as I(X;Z).")
+    method: Literal["auto", "multi_prefix", "shared_prefix", "prefix", "naive"] = Field(
+        "auto", description="Cross-scoring implementation (prefix KV reuse unless naive; auto = "
+        "multi_prefix, many contexts per forward, when the model's attention allows it).")
     heatmap_every: int = Field(10, ge=1, description="Log the cross-score matrix as a heatmap "
                                "every N iterations.")
     grad_snr_every: int = Field(10, ge=0, description="Gradient SNR by reward-variance bucket "
-                                "every N iterations (0 = off), SPEC §8.")
+                                "every N iterations (0 = off), SPEC §8: one forward and two "
+                                "gradient passes over every collected trajectory (before "
+                                "filtering), about 1-2 updates' worth of compute; every 10 gives "
+                                "a 400-iteration run 40 analyses.")
     grad_snr_buckets: int = Field(6, ge=1, description="RV quantile buckets of the gradient-SNR "
                                   "analysis.")
     enabled: bool = Field(True, description="Run the collapse diagnostics at all (cross-scoring, "
