@@ -23,7 +23,9 @@ per row.  Our engine also returns per-token log-probs; ``generate`` does not.
 
 ``--flops`` measures the machine's fp32 matmul peak once (median of 5 square
 ``torch.mm`` of size 2048, 2 x n^3 FLOP each), then the no-stop scenario at batch
-128 (every row makes 64 tokens), and reports each side's achieved FLOP/s as
+128 (every row makes 64 tokens) on two prompt sets -- ``distinct`` (128 different
+prompts, as above) and ``grpo`` (8 prompts x 16 samples, lengths 100-300, the
+shape of a GRPO batch) -- and reports each side's achieved FLOP/s as
 2 x parameters x generated tokens/s (the matmul FLOP of a decode token; attention
 over the cache is not counted) and its fraction of the peak.
 """
@@ -113,8 +115,14 @@ def timed(fn) -> tuple[float, int, float]:
     return time.perf_counter() - t0, n, time.process_time() - c0
 
 
-def bench(model, engine, batch: int, stop_ids: tuple[int, ...], reps: int) -> dict:
-    prompts = make_prompts(batch, seed=batch)
+def make_group_prompts(batch: int, group: int, seed: int) -> list[list[int]]:
+    """batch / group distinct prompts, each repeated ``group`` times (adjacent)."""
+    return [p for p in make_prompts(batch // group, seed) for _ in range(group)]
+
+
+def bench(model, engine, batch: int, stop_ids: tuple[int, ...], reps: int,
+          prompts: list[list[int]] | None = None) -> dict:
+    prompts = prompts or make_prompts(batch, seed=batch)
     ids, mask = left_pad(prompts)
     run_a = lambda rep: run_ours(engine, prompts, stop_ids, seed=rep)  # noqa: E731
     run_b = lambda rep: run_hf(model, ids, mask, stop_ids, seed=rep)  # noqa: E731
@@ -145,14 +153,16 @@ def matmul_peak(n: int = 2048, reps: int = 5) -> float:
 def flops_report(model, engine, reps: int) -> None:
     params = sum(p.numel() for p in model.parameters())
     peak = matmul_peak()
-    r = bench(model, engine, 128, (), reps)
-    print(f"fp32 matmul peak (2048^3 torch.mm, median of 5): {peak / 1e9:.1f} GFLOP/s")
-    for side, key in (("HFRolloutEngine", "ours"), ("model.generate", "hf")):
-        tps = r[f"{key}_tps"]
-        achieved = 2 * params * tps
-        print(f"{side:16} batch 128 no-stop: {tps:7.0f} tokens/s  {achieved / 1e9:6.1f} GFLOP/s  "
-              f"{100 * achieved / peak:5.1f} % of peak  (wall {r[f'{key}_s']:.2f} s, "
-              f"cpu {r[f'{key}_cpu']:.1f} s)")
+    print(f"fp32 matmul peak (2048^3 torch.mm, median of 5): {peak / 1e9:.1f} GFLOP/s", flush=True)
+    for name, prompts in (("distinct", make_prompts(128, seed=128)),
+                          ("grpo", make_group_prompts(128, 16, seed=816))):
+        r = bench(model, engine, 128, (), reps, prompts)
+        for side, key in (("HFRolloutEngine", "ours"), ("model.generate", "hf")):
+            tps = r[f"{key}_tps"]
+            achieved = 2 * params * tps
+            print(f"{side:16} batch 128 no-stop {name:8}: {tps:7.0f} tokens/s  {achieved / 1e9:6.1f} GFLOP/s  "
+                  f"{100 * achieved / peak:5.1f} % of peak  (wall {r[f'{key}_s']:.2f} s, "
+                  f"cpu {r[f'{key}_cpu']:.1f} s)", flush=True)
     print(f"matmul peak again after the runs: {matmul_peak() / 1e9:.1f} GFLOP/s")
 
 

@@ -202,6 +202,26 @@ def trl_trainer(path: Path, args, kl: float, out_dir: str, prompts: list[str], s
     return trainer, config, ignored
 
 
+def instrument_trl(trainer, phases: dict[str, float]) -> None:
+    """Accumulate TRL's time in generation and in its log-prob forwards (no-grad: old /
+    reference log-probs; with grad: the training forward).  The caller resets it per step."""
+    phases.update({"generate": 0.0, "logprob_nograd": 0.0, "logprob_train_forward": 0.0})
+
+    def timed(name_of, fn):
+        def wrapper(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                phases[name_of()] += time.perf_counter() - t0
+        return wrapper
+
+    trainer._generate_single_turn = timed(lambda: "generate", trainer._generate_single_turn)
+    trainer._get_per_token_logps_and_entropies = timed(
+        lambda: "logprob_train_forward" if torch.is_grad_enabled() else "logprob_nograd",
+        trainer._get_per_token_logps_and_entropies)
+
+
 # --------------------------------------------------------------------------- the comparison
 
 
@@ -221,17 +241,22 @@ def compare(size: str, kl: float, args, work: Path) -> dict:
     same = all(formatter.encode(t) == p for t, p in zip(texts, ids))
 
     tether = TetherStep(path, args, kl)
-    trl_times, trl_cpu, tether_runs = [], [], []
+    trl_times, trl_cpu, trl_phases, tether_runs = [], [], [], []
     mark = {"t": time.perf_counter(), "c": time.process_time()}
+    phases: dict[str, float] = {}
 
     def on_trl_step_end():
         trl_times.append(time.perf_counter() - mark["t"])
         trl_cpu.append(time.process_time() - mark["c"])
+        trl_phases.append(dict(phases))
         tether_runs.append(tether())
+        for key in phases:
+            phases[key] = 0.0
         mark["t"], mark["c"] = time.perf_counter(), time.process_time()
 
     trainer, config, ignored = trl_trainer(path, args, kl, str(work / f"trl-{size}-{kl}"), texts,
                                            seeds, on_trl_step_end)
+    instrument_trl(trainer, phases)
     torch.set_num_threads(args.threads)
     mark["t"], mark["c"] = time.perf_counter(), time.process_time()
     trainer.train()
@@ -245,6 +270,7 @@ def compare(size: str, kl: float, args, work: Path) -> dict:
         "pair_ratios": [t / e for t, e in zip(trl_s, tether_s)],
         "trl_runs": trl_s, "tether_runs": tether_s,
         "trl_cpu": med(trl_cpu[keep]), "tether_cpu": med(r["cpu"] for r in tether_runs[keep]),
+        "trl_phases": {k: med(p[k] for p in trl_phases[keep]) for k in trl_phases[0]},
         "tether_stages": {k: med(r[k] for r in tether_runs[keep])
                           for k in ("rollout", "prepare", "update", "sync", "completion_tokens",
                                     "prompt_tokens")},
@@ -296,6 +322,11 @@ def main() -> None:
                   + " ".join(f"{x:.2f}" for x in r["trl_runs"]))
             print(f"  Tether median {r['tether_median']:.2f} s/step (cpu {r['tether_cpu']:.1f} s)  runs "
                   + " ".join(f"{x:.2f}" for x in r["tether_runs"]))
+            tp = r["trl_phases"]
+            rest = r["trl_median"] - sum(tp.values())
+            print(f"  TRL phases (median s): generate {tp['generate']:.2f}, no-grad log-prob forwards "
+                  f"{tp['logprob_nograd']:.2f}, training forward {tp['logprob_train_forward']:.2f}, "
+                  f"backward + optimiser + rest {rest:.2f}")
             print(f"  Tether stages (median s): rollout {st['rollout']:.2f}, prepare {st['prepare']:.2f}, "
                   f"update {st['update']:.2f}, sync {st['sync']:.3f}")
             print(f"  ratio TRL/Tether {r['ratio']:.2f}x  (pairs: "
