@@ -35,7 +35,7 @@ Tether's step runs inside that callback, so the two alternate A B A B.  The firs
     pip install -e '.[bench]'          # TRL and its dependencies (separate venv advised)
     python benchmarks/vs_trl.py                                  # tiny and small, KL 0 and 0.04
     python benchmarks/vs_trl.py --model tiny --kl 0 --steps 6
-    python benchmarks/vs_trl.py --no-shared-prefix               # Tether's plain forward
+    python benchmarks/vs_trl.py --no-shared-prefix --no-grouped-prompts   # Tether before issue 8
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ class TetherStep:
         self.reference = load_model_and_tokenizer(path)[0].requires_grad_(False) if kl else None
         self.engine = make_engine("hf", rollout_model, pad_token_id=self.tokenizer.pad_token_id,
                                   eos_token_ids=[self.tokenizer.eos_token_id],
-                                  tokenizer=self.tokenizer)
+                                  tokenizer=self.tokenizer, grouped_prompts=args.grouped_prompts)
         self.formatter = ChatFormatter(self.tokenizer)
         self.envs = LocalEnvBatch(ENV_ID)
         self.sampling = SamplingParams(max_new_tokens=args.max_new, temperature=1.0,
@@ -293,7 +293,9 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=1e-6)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--no-shared-prefix", dest="shared_prefix", action="store_false",
-                    help="Tether's plain forward (each row's prompt run again)")
+                    help="Tether's learner without the shared-prefix forward (each row's prompt run again)")
+    ap.add_argument("--no-grouped-prompts", dest="grouped_prompts", action="store_false", default=None,
+                    help="Tether's rollout engine with a per-row prompt cache (no grouped-prompt attention)")
     ap.add_argument("--work", default=None, help="where the models are saved (default: a temp dir)")
     args = ap.parse_args()
     if (args.prompts * args.group) % 16:
@@ -304,7 +306,8 @@ def main() -> None:
 
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, trl {trl.__version__}, "
           f"python {platform.python_version()}, threads {args.threads}, cpus {os.cpu_count()}, "
-          f"shared_prefix {args.shared_prefix}", flush=True)
+          f"shared_prefix {args.shared_prefix}, grouped_prompts {args.grouped_prompts} (None = auto)",
+          flush=True)
     work = Path(args.work or tempfile.mkdtemp(prefix="vs_trl."))
     work.mkdir(parents=True, exist_ok=True)
     rows = []
