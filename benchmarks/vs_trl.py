@@ -281,6 +281,25 @@ def compare(size: str, kl: float, args, work: Path) -> dict:
     return result
 
 
+def profile_tether(size: str, kl: float, args, work: Path) -> None:
+    """Where Tether's step goes: stage times of warm-up + timed steps, then the torch
+    profiler's top operators (self CPU time) over one more step.  No TRL needed."""
+    path = work / f"{size}-policy"
+    if not (path / "config.json").exists():
+        build_policy(size, path)
+    tether = TetherStep(path, args, kl)
+    for _ in range(args.warmup):
+        tether()
+    runs = [tether() for _ in range(args.steps)]
+    med = statistics.median
+    print(f"\n{size}, KL {kl}: Tether step median {med(r['step'] for r in runs):.2f} s (cpu "
+          f"{med(r['cpu'] for r in runs):.1f} s): " + ", ".join(
+              f"{k} {med(r[k] for r in runs):.2f}" for k in ("rollout", "prepare", "update", "sync")))
+    with torch.profiler.profile() as prof:
+        tether()
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15), flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", nargs="+", default=["tiny", "small"], choices=["tiny", "small", "micro"])
@@ -297,11 +316,22 @@ def main() -> None:
     ap.add_argument("--no-grouped-prompts", dest="grouped_prompts", action="store_false", default=None,
                     help="Tether's rollout engine with a per-row prompt cache (no grouped-prompt attention)")
     ap.add_argument("--work", default=None, help="where the models are saved (default: a temp dir)")
+    ap.add_argument("--profile", action="store_true",
+                    help="Tether only: stage times and the torch profiler's top operators (no TRL)")
     args = ap.parse_args()
     if (args.prompts * args.group) % 16:
         ap.error("prompts x group must be a multiple of 16 (the micro-batch)")
     torch.set_num_threads(args.threads)
     import transformers
+
+    if args.profile:
+        print(f"torch {torch.__version__}, transformers {transformers.__version__}, threads "
+              f"{args.threads}, shared_prefix {args.shared_prefix}, grouped_prompts {args.grouped_prompts}")
+        work = Path(args.work or tempfile.mkdtemp(prefix="vs_trl."))
+        for size in args.model:
+            for kl in args.kl:
+                profile_tether(size, kl, args, work)
+        return
     import trl
 
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, trl {trl.__version__}, "
