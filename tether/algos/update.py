@@ -102,7 +102,8 @@ def micro_batch_logprobs(model, mb: TrajectoryBatch, temperature: float,
     if shared_prefix and mb.size > 1:
         mask = mb.attention_mask.cpu()
         prefixes = group_prefix_lengths(mb.input_ids.cpu(), mask, mb.group_index.cpu())
-        if shared_prefix_saving(mask, prefixes[0], prefixes[2]) <= SHARED_PREFIX_MAX_FRACTION:
+        if int(prefixes[2].min()) >= 1 and \
+                shared_prefix_saving(mask, prefixes[0], prefixes[2]) <= SHARED_PREFIX_MAX_FRACTION:
             return shared_prefix_token_logprobs(model, mb.input_ids, mb.attention_mask,
                                                 mb.group_index, temperature, with_entropy,
                                                 prefixes=prefixes)
