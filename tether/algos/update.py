@@ -15,7 +15,9 @@ are ordered by group before they are cut into micro-batches, so a micro-batch ho
 whole GRPO groups, and each group's common prompt is run once per forward
 (``shared_prefix.py``).  Which rows share a micro-batch changes, the minibatch and
 its summed gradient do not; ``shared_prefix=False`` is the plain path the
-equivalence test compares against.
+equivalence test compares against.  Data parallel (world size > 1) keeps the plain
+forward: whether a micro-batch takes one forward or two depends on its rows, and
+FSDP's per-forward all-gathers must run the same number of times on every rank.
 """
 
 from __future__ import annotations
@@ -119,6 +121,7 @@ def batch_logprobs(model, batch: TrajectoryBatch, temperature: float, micro_batc
     the ranks' outputs sum to the whole batch's."""
     out = torch.zeros(batch.input_ids.shape)
     rows_all = torch.arange(batch.size)
+    shared_prefix = shared_prefix and world_size == 1  # FSDP ranks: same forward count
     if shared_prefix:
         rows_all = group_ordered(rows_all, batch.group_index)
     for rows, weight in rank_micro_batches(rows_all, micro_batch_size, rank, world_size):
@@ -199,12 +202,13 @@ def policy_update(model, optimizer, batch: TrajectoryBatch, s: UpdateSettings,
     rng = np.random.default_rng(seed)
     metrics: dict[str, list[float]] = {}
     need_entropy = True  # logged always; differentiated only when entropy_coef > 0
+    shared_prefix = s.shared_prefix and world_size == 1  # FSDP ranks: same forward count
     # Token entropy on the reasoning tokens, token-weighted over the update's forwards.
     reasoning_entropy = torch.zeros(2, dtype=torch.float64)          # [sum, count]
     for _ in range(s.ppo_epochs):
         order = torch.as_tensor(rng.permutation(batch.size))
         for mb_rows in torch.tensor_split(order, min(s.minibatches, batch.size)):
-            if s.shared_prefix:  # whole groups per micro-batch; the minibatch is unchanged
+            if shared_prefix:  # whole groups per micro-batch; the minibatch is unchanged
                 mb_rows = group_ordered(mb_rows, batch.group_index)
             mb_mask = batch.response_mask[mb_rows]
             denominator = aggregation_denominator(mb_mask, s.loss_agg)
@@ -214,7 +218,7 @@ def policy_update(model, optimizer, batch: TrajectoryBatch, s: UpdateSettings,
             for rows, weight in rank_micro_batches(mb_rows, s.micro_batch_size, rank, world_size):
                 mb = _trim(batch, rows, device)
                 logprobs, entropy = micro_batch_logprobs(model, mb, s.temperature, need_entropy,
-                                                         s.shared_prefix)
+                                                         shared_prefix)
                 if s.entropy_coef == 0.0 and entropy is not None:
                     entropy = entropy.detach()
                 task_loss, reg_loss, m = ppo_objective(
