@@ -19,6 +19,15 @@ per row.  Our engine also returns per-token log-probs; ``generate`` does not.
     python benchmarks/rollout_engine.py            # full table (~4 min on a quiet 2-core box)
     python benchmarks/rollout_engine.py --quick    # batch 64 only, 1 rep
     python benchmarks/rollout_engine.py --threads 1 --attn sdpa
+    python benchmarks/rollout_engine.py --flops    # issue 8: fraction of the matmul peak, batch 128
+
+``--flops`` measures the machine's fp32 matmul peak once (median of 5 square
+``torch.mm`` of size 2048, 2 x n^3 FLOP each), then the no-stop scenario at batch
+128 (every row makes 64 tokens) on two prompt sets -- ``distinct`` (128 different
+prompts, as above) and ``grpo`` (8 prompts x 16 samples, lengths 100-300, the
+shape of a GRPO batch) -- and reports each side's achieved FLOP/s as
+2 x parameters x generated tokens/s (the matmul FLOP of a decode token; attention
+over the cache is not counted) and its fraction of the peak.
 """
 
 from __future__ import annotations
@@ -106,8 +115,14 @@ def timed(fn) -> tuple[float, int, float]:
     return time.perf_counter() - t0, n, time.process_time() - c0
 
 
-def bench(model, engine, batch: int, stop_ids: tuple[int, ...], reps: int) -> dict:
-    prompts = make_prompts(batch, seed=batch)
+def make_group_prompts(batch: int, group: int, seed: int) -> list[list[int]]:
+    """batch / group distinct prompts, each repeated ``group`` times (adjacent)."""
+    return [p for p in make_prompts(batch // group, seed) for _ in range(group)]
+
+
+def bench(model, engine, batch: int, stop_ids: tuple[int, ...], reps: int,
+          prompts: list[list[int]] | None = None) -> dict:
+    prompts = prompts or make_prompts(batch, seed=batch)
     ids, mask = left_pad(prompts)
     run_a = lambda rep: run_ours(engine, prompts, stop_ids, seed=rep)  # noqa: E731
     run_b = lambda rep: run_hf(model, ids, mask, stop_ids, seed=rep)  # noqa: E731
@@ -122,6 +137,35 @@ def bench(model, engine, batch: int, stop_ids: tuple[int, ...], reps: int) -> di
             "ours_cpu": med(a, 2), "hf_cpu": med(b, 2), "ours_tps": tps(a), "hf_tps": tps(b)}
 
 
+def matmul_peak(n: int = 2048, reps: int = 5) -> float:
+    """fp32 FLOP/s of a large square ``torch.mm`` (median of ``reps`` after a warm-up)."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    out = torch.empty(n, n)
+    torch.mm(a, b, out=out)
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        torch.mm(a, b, out=out)
+        times.append(time.perf_counter() - t0)
+    return 2 * n ** 3 / statistics.median(times)
+
+
+def flops_report(model, engine, reps: int) -> None:
+    params = sum(p.numel() for p in model.parameters())
+    peak = matmul_peak()
+    print(f"fp32 matmul peak (2048^3 torch.mm, median of 5): {peak / 1e9:.1f} GFLOP/s", flush=True)
+    for name, prompts in (("distinct", make_prompts(128, seed=128)),
+                          ("grpo", make_group_prompts(128, 16, seed=816))):
+        r = bench(model, engine, 128, (), reps, prompts)
+        for side, key in (("HFRolloutEngine", "ours"), ("model.generate", "hf")):
+            tps = r[f"{key}_tps"]
+            achieved = 2 * params * tps
+            print(f"{side:16} batch 128 no-stop {name:8}: {tps:7.0f} tokens/s  {achieved / 1e9:6.1f} GFLOP/s  "
+                  f"{100 * achieved / peak:5.1f} % of peak  (wall {r[f'{key}_s']:.2f} s, "
+                  f"cpu {r[f'{key}_cpu']:.1f} s)", flush=True)
+    print(f"matmul peak again after the runs: {matmul_peak() / 1e9:.1f} GFLOP/s")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batches", type=int, nargs="+", default=[64, 128])
@@ -130,6 +174,8 @@ def main() -> None:
     ap.add_argument("--attn", choices=["eager", "sdpa"], default=None,
                     help="attention implementation for both sides (default: the model's, eager)")
     ap.add_argument("--quick", action="store_true", help="batch 64, 1 rep")
+    ap.add_argument("--flops", action="store_true",
+                    help="only the matmul peak and the FLOP fraction at batch 128, no-stop")
     args = ap.parse_args()
     if args.quick:
         args.batches, args.reps = [64], 1
@@ -144,6 +190,9 @@ def main() -> None:
           f"{platform.python_version()}, threads {torch.get_num_threads()}, "
           f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f} M params, "
           f"attention {model.config._attn_implementation}, stop ids {stop_ids}")
+    if args.flops:
+        flops_report(model, engine, args.reps)
+        return
     print(f"{'scenario':8} {'batch':>5} | {'ours tok':>8} {'ours s':>7} {'cpu s':>6} {'ours tok/s':>10} | "
           f"{'hf tok':>7} {'hf s':>7} {'cpu s':>6} {'hf tok/s':>9} | {'ratio':>5}")
     for scenario, stops in (("no-stop", ()), ("stop", stop_ids)):

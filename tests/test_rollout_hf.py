@@ -275,3 +275,48 @@ def test_unwritten_cache_memory_is_never_read(model, prompts, monkeypatch):
     gens = HFRolloutEngine(model, pad_token_id=PAD).generate(prompts, params, seed=0)
     assert [g.token_ids for g in gens] == [g.token_ids for g in expected]
     assert all(math.isfinite(x) for g in gens for x in g.logprobs)
+
+
+@pytest.fixture(scope="module")
+def group_prompts():
+    """GRPO-shaped: 4 distinct prompts of different lengths, 4 rows each, interleaved."""
+    g = torch.Generator().manual_seed(2)
+    base = [torch.randint(1, 512, (n,), generator=g).tolist() for n in (6, 19, 11, 27)]
+    return [base[i % 4] for i in range(16)]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_grouped_prompts_agree_with_per_row_cache(model, group_prompts, temperature):
+    """Prompts stored once per distinct prompt (grouped attention) vs copied per row: same
+    samples and log-probs, including rows that stop early and are compacted away."""
+    plain = HFRolloutEngine(model, pad_token_id=PAD, grouped_prompts=False)
+    grouped = HFRolloutEngine(model, pad_token_id=PAD, grouped_prompts=True)
+    # Stop tokens taken from the same seeded run, so rows 0 and 5 stop early for sure.
+    probe = plain.generate(group_prompts, SamplingParams(max_new_tokens=16, temperature=temperature),
+                           seed=4)
+    stops = (probe[0].token_ids[3], probe[5].token_ids[8])
+    params = SamplingParams(max_new_tokens=16, temperature=temperature, stop_token_ids=stops)
+    a, b = plain.generate(group_prompts, params, seed=4), grouped.generate(group_prompts, params, seed=4)
+    assert [g.token_ids for g in a] == [g.token_ids for g in b]
+    assert len({len(g.token_ids) for g in b}) > 1  # some rows stopped early: compaction ran
+    for ga, gb, prompt in zip(a, b, group_prompts):
+        assert gb.logprobs == pytest.approx(ga.logprobs, abs=1e-4)
+        ref = reference_logprobs(model, prompt, gb.token_ids, temperature or 1.0)
+        assert gb.logprobs == pytest.approx(ref.tolist(), abs=1e-4)
+    assert model.config._attn_implementation in ("eager", "sdpa")  # restored after decoding
+
+
+def test_grouped_prompts_auto_choice(model, group_prompts, prompts, monkeypatch):
+    """Auto mode groups when at most half the rows have distinct prompts, not otherwise."""
+    from tether.rollout import hf
+
+    calls = []
+    real = hf._grouped_prompt_attention
+    monkeypatch.setitem(hf.AttentionInterface._global_mapping, hf.GROUPED_PROMPT_ATTENTION,
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    engine = HFRolloutEngine(model, pad_token_id=PAD)
+    assert engine.grouped_prompts
+    engine.generate(prompts, SamplingParams(max_new_tokens=3), seed=0)         # 6 of 7 distinct
+    assert calls == []
+    engine.generate(group_prompts, SamplingParams(max_new_tokens=3), seed=0)   # 4 of 16 distinct
+    assert len(calls) > 0

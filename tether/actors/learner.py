@@ -18,7 +18,7 @@ import ray
 import torch
 
 from ..algos.batch import TrajectoryBatch
-from ..algos.update import UpdateSettings, batch_logprobs, batch_values, policy_update
+from ..algos.update import UpdateSettings, policy_update, prepare_batch
 from ..policy.critic import ValueModel
 from ..policy.load import load_model_and_tokenizer
 
@@ -119,24 +119,10 @@ class Learner:
 
     # -- training ---------------------------------------------------------------------
     def prepare(self, batch: TrajectoryBatch, recompute_old_logprobs: bool) -> TrajectoryBatch:
-        """Old-policy log-probs, reference log-probs and critic values before the update.
-
-        The sampler ran on exactly these weights, so its log-probs are the old
-        policy's; recomputing them is a full forward pass spent on the same numbers.
-        """
-        s, split = self.settings, {"rank": self.rank, "world_size": self.world_size}
-        if recompute_old_logprobs:
-            batch.old_logprobs = self._sum_over_ranks(batch_logprobs(
-                self.model, batch, s.temperature, s.micro_batch_size, **split))
-        else:
-            batch.old_logprobs = batch.sampling_logprobs.clone()
-        if self.reference is not None:
-            batch.ref_logprobs = self._sum_over_ranks(batch_logprobs(
-                self.reference, batch, s.temperature, s.micro_batch_size, **split))
-        if self.critic is not None:
-            batch.values = self._sum_over_ranks(batch_values(
-                self.critic, batch, s.micro_batch_size, **split))
-        return batch
+        """Old-policy log-probs, reference log-probs and critic values (``prepare_batch``)."""
+        return prepare_batch(batch, self.model, self.settings, recompute_old_logprobs,
+                             reference=self.reference, critic=self.critic, rank=self.rank,
+                             world_size=self.world_size, join=self._sum_over_ranks)
 
     def update(self, batch: TrajectoryBatch) -> dict[str, float]:
         metrics = policy_update(self.model, self.optimizer, batch, self.settings,

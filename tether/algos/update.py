@@ -9,6 +9,15 @@ r+2W, ... of each minibatch, still with the whole minibatch's denominator, and t
 group sums (not averages) the gradients, so the step equals the world-size-1 step.
 Every rank runs the same number of forward/backward passes (FSDP's collectives run
 in lockstep): a rank short of micro-batches runs a copy of one with weight 0.
+
+Shared prefixes (``UpdateSettings.shared_prefix``, on by default): a minibatch's rows
+are ordered by group before they are cut into micro-batches, so a micro-batch holds
+whole GRPO groups, and each group's common prompt is run once per forward
+(``shared_prefix.py``).  Which rows share a micro-batch changes, the minibatch and
+its summed gradient do not; ``shared_prefix=False`` is the plain path the
+equivalence test compares against.  Data parallel (world size > 1) keeps the plain
+forward: whether a micro-batch takes one forward or two depends on its rows, and
+FSDP's per-forward all-gathers must run the same number of times on every rank.
 """
 
 from __future__ import annotations
@@ -22,6 +31,11 @@ import torch
 
 from .batch import TrajectoryBatch, token_logprobs
 from .losses import ppo_objective, value_loss
+from .shared_prefix import group_prefix_lengths, shared_prefix_saving, shared_prefix_token_logprobs
+
+#: Use the shared-prefix forward when it runs at most this fraction of the plain
+#: forward's token positions (below it, the two-forward overhead is not worth it).
+SHARED_PREFIX_MAX_FRACTION = 0.8
 
 
 @dataclass(frozen=True)
@@ -37,6 +51,8 @@ class UpdateSettings:
     micro_batch_size: int = 16
     max_grad_norm: float = 1.0
     temperature: float = 1.0
+    #: Run each group's common prompt once per micro-batch (same math, fewer tokens).
+    shared_prefix: bool = True
 
 
 def aggregation_denominator(mask: torch.Tensor, mode: str) -> float:
@@ -75,18 +91,42 @@ def _device(model) -> torch.device:
     return next(model.parameters()).device
 
 
+def group_ordered(rows: torch.Tensor, group_index: torch.Tensor) -> torch.Tensor:
+    """``rows`` reordered so each group's rows are adjacent (stable within a group)."""
+    return rows[torch.argsort(group_index[rows], stable=True)]
+
+
+def micro_batch_logprobs(model, mb: TrajectoryBatch, temperature: float,
+                         with_entropy: bool = False, shared_prefix: bool = True):
+    """(log-probs, entropy or None) [b, T] of a micro-batch: the shared-prefix forward
+    when its rows share enough leading tokens, else the plain one.  Both agree on
+    every non-padding position."""
+    if shared_prefix and mb.size > 1:
+        mask = mb.attention_mask.cpu()
+        prefixes = group_prefix_lengths(mb.input_ids.cpu(), mask, mb.group_index.cpu())
+        if int(prefixes[2].min()) >= 1 and \
+                shared_prefix_saving(mask, prefixes[0], prefixes[2]) <= SHARED_PREFIX_MAX_FRACTION:
+            return shared_prefix_token_logprobs(model, mb.input_ids, mb.attention_mask,
+                                                mb.group_index, temperature, with_entropy,
+                                                prefixes=prefixes)
+    return token_logprobs(model, mb.input_ids, mb.attention_mask, temperature, with_entropy)
+
+
 @torch.no_grad()
 def batch_logprobs(model, batch: TrajectoryBatch, temperature: float, micro_batch_size: int,
-                   rank: int = 0, world_size: int = 1):
+                   rank: int = 0, world_size: int = 1, shared_prefix: bool = True):
     """Per-token log-probs of the batch under ``model`` (no grad), [B, T].
 
     With ``world_size`` > 1 only this rank's rows are filled (the others stay 0), so
     the ranks' outputs sum to the whole batch's."""
     out = torch.zeros(batch.input_ids.shape)
-    for rows, weight in rank_micro_batches(torch.arange(batch.size), micro_batch_size,
-                                           rank, world_size):
+    rows_all = torch.arange(batch.size)
+    shared_prefix = shared_prefix and world_size == 1  # FSDP ranks: same forward count
+    if shared_prefix:
+        rows_all = group_ordered(rows_all, batch.group_index)
+    for rows, weight in rank_micro_batches(rows_all, micro_batch_size, rank, world_size):
         sub = _trim(batch, rows, _device(model))
-        lp, _ = token_logprobs(model, sub.input_ids, sub.attention_mask, temperature)
+        lp, _ = micro_batch_logprobs(model, sub, temperature, shared_prefix=shared_prefix)
         if weight:
             out[rows, :lp.shape[1]] = lp.float().cpu()
     return out
@@ -104,6 +144,30 @@ def batch_values(critic, batch: TrajectoryBatch, micro_batch_size: int,
         if weight:
             out[rows, :v.shape[1]] = v.float().cpu()
     return out
+
+
+def prepare_batch(batch: TrajectoryBatch, model, s: UpdateSettings, recompute_old_logprobs: bool,
+                  reference=None, critic=None, rank: int = 0, world_size: int = 1,
+                  join: Callable[[torch.Tensor], torch.Tensor] = lambda t: t) -> TrajectoryBatch:
+    """Old-policy log-probs, reference log-probs and critic values before the update.
+
+    The sampler ran on exactly these weights, so its log-probs are the old policy's
+    (unless ``recompute_old_logprobs``: an engine whose numerics differ, e.g. vLLM);
+    recomputing them is a full forward pass spent on the same numbers.  ``join``
+    sums the ranks' partial results (data parallel)."""
+    split = {"rank": rank, "world_size": world_size}
+    if recompute_old_logprobs:
+        batch.old_logprobs = join(batch_logprobs(model, batch, s.temperature, s.micro_batch_size,
+                                                 shared_prefix=s.shared_prefix, **split))
+    else:
+        batch.old_logprobs = batch.sampling_logprobs.clone()
+    if reference is not None:
+        batch.ref_logprobs = join(batch_logprobs(reference, batch, s.temperature,
+                                                 s.micro_batch_size,
+                                                 shared_prefix=s.shared_prefix, **split))
+    if critic is not None:
+        batch.values = join(batch_values(critic, batch, s.micro_batch_size, **split))
+    return batch
 
 
 def clip_grad_norm(parameters, max_norm: float) -> torch.Tensor:
@@ -138,11 +202,14 @@ def policy_update(model, optimizer, batch: TrajectoryBatch, s: UpdateSettings,
     rng = np.random.default_rng(seed)
     metrics: dict[str, list[float]] = {}
     need_entropy = True  # logged always; differentiated only when entropy_coef > 0
+    shared_prefix = s.shared_prefix and world_size == 1  # FSDP ranks: same forward count
     # Token entropy on the reasoning tokens, token-weighted over the update's forwards.
     reasoning_entropy = torch.zeros(2, dtype=torch.float64)          # [sum, count]
     for _ in range(s.ppo_epochs):
         order = torch.as_tensor(rng.permutation(batch.size))
         for mb_rows in torch.tensor_split(order, min(s.minibatches, batch.size)):
+            if shared_prefix:  # whole groups per micro-batch; the minibatch is unchanged
+                mb_rows = group_ordered(mb_rows, batch.group_index)
             mb_mask = batch.response_mask[mb_rows]
             denominator = aggregation_denominator(mb_mask, s.loss_agg)
             optimizer.zero_grad(set_to_none=True)
@@ -150,8 +217,8 @@ def policy_update(model, optimizer, batch: TrajectoryBatch, s: UpdateSettings,
                 critic_optimizer.zero_grad(set_to_none=True)
             for rows, weight in rank_micro_batches(mb_rows, s.micro_batch_size, rank, world_size):
                 mb = _trim(batch, rows, device)
-                logprobs, entropy = token_logprobs(model, mb.input_ids, mb.attention_mask,
-                                                   s.temperature, with_entropy=need_entropy)
+                logprobs, entropy = micro_batch_logprobs(model, mb, s.temperature, need_entropy,
+                                                         shared_prefix)
                 if s.entropy_coef == 0.0 and entropy is not None:
                     entropy = entropy.detach()
                 task_loss, reg_loss, m = ppo_objective(

@@ -147,6 +147,9 @@ class AlgoConfig(Section):
                                    "re-collect until the batch is full.")
     max_resample_rounds: int = Field(3, ge=0, description="Re-collection rounds (dynamic "
                                      "sampling).")
+    shared_prefix: bool = Field(True, description="Learner forwards run each GRPO group's "
+                                "common prompt once per micro-batch (rows ordered by group); the "
+                                "same loss and gradients as the plain forward, on fewer tokens.")
     recompute_old_logprobs: bool = Field(False, description="Recompute old-policy log-probs "
                                          "in the learner instead of reusing the sampler's (they "
                                          "agree when weights sync every iteration; recompute "

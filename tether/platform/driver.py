@@ -101,7 +101,7 @@ class Trainer:
             kl_estimator=cfg.algo.kl_estimator, entropy_coef=cfg.algo.entropy_coef,
             loss_agg=cfg.algo.loss_agg, ppo_epochs=cfg.algo.ppo_epochs,
             minibatches=cfg.algo.minibatches, micro_batch_size=cfg.algo.micro_batch_size,
-            max_grad_norm=cfg.algo.max_grad_norm,
+            max_grad_norm=cfg.algo.max_grad_norm, shared_prefix=cfg.algo.shared_prefix,
             temperature=cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0)
         self.filter_cfg = FilterConfig(**cfg.filter.model_dump())
         self.sampling = SamplingParams(max_new_tokens=cfg.rollout.max_reply_tokens,

@@ -35,8 +35,10 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
+from contextlib import contextmanager, nullcontext
 
 import torch
+from transformers import AttentionInterface
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from tether.rollout.base import Generation, RolloutEngine, SamplingParams
@@ -111,6 +113,102 @@ def _full_attention_only(model) -> bool:
     return len(probe.layers) > 0 and all(type(layer) is DynamicLayer for layer in probe.layers)
 
 
+GROUPED_PROMPT_ATTENTION = "tether_grouped_prompt"
+
+
+class _GroupedPrompts:
+    """The distinct prompts' keys/values, stored once, and which live row reads which.
+
+    ``keys[layer]``/``values[layer]``: [U, Hkv, P, D], prompt u right-aligned (its left
+    padding gets ``bias`` -inf-like); ``row_prompt``: [b] prompt of each live row, rows of
+    one prompt adjacent.  ``slot`` places row i at (row_prompt[i], rank within its prompt).
+    """
+
+    def __init__(self, cache: DynamicCache, lengths: torch.Tensor, row_prompt: torch.Tensor):
+        self.keys = [layer.keys for layer in cache.layers]
+        self.values = [layer.values for layer in cache.layers]
+        width = self.keys[0].shape[2]
+        cols = torch.arange(width, device=lengths.device)
+        pad = cols[None, :] < (width - lengths)[:, None]                       # [U, P]
+        dtype = self.keys[0].dtype
+        self.bias = torch.zeros(pad.shape, dtype=dtype, device=lengths.device).masked_fill(
+            pad, torch.finfo(dtype).min)[:, None, None, :]                     # [U, 1, 1, P]
+        self.select(row_prompt)
+
+    def select(self, row_prompt: torch.Tensor) -> None:
+        """Live rows changed (compaction): recompute each row's slot."""
+        self.row_prompt = row_prompt
+        first = torch.searchsorted(row_prompt, row_prompt)                     # first row of its prompt
+        self.rank = torch.arange(len(row_prompt), device=row_prompt.device) - first
+        self.rows_per_prompt = int(self.rank.max()) + 1
+
+
+def _grouped_prompt_attention(module, query, key, value, attention_mask, dropout: float = 0.0,
+                              scaling: float | None = None, grouped_prompts=None, **kwargs):
+    """Decode attention of b rows over their shared prompt (stored once per distinct
+    prompt) plus their own decoded tokens, softmax merged exactly across the two parts.
+
+    query [b, Hq, 1, D]; key/value [b, Hkv, s, D]: each row's own decoded tokens (all
+    valid).  The prompt part runs as one batched matmul per distinct prompt (its rows
+    folded into the query rows), so the prompt's keys/values are read once per prompt
+    instead of once per row.  Returns ([b, 1, Hq, D], None) like HF attention functions.
+    """
+    gp: _GroupedPrompts = grouped_prompts
+    pk, pv = gp.keys[module.layer_idx], gp.values[module.layer_idx]           # [U, Hkv, P, D]
+    b, hq, t, d = query.shape
+    if t != 1:
+        raise ValueError("grouped-prompt attention is for one-token decode steps")
+    hkv, n_prompts, r = key.shape[1], pk.shape[0], gp.rows_per_prompt
+    g = hq // hkv
+    scale = d ** -0.5 if scaling is None else scaling
+    q = query[:, :, 0] * scale                                                 # [b, Hq, D]
+    # Prompt part, in a padded [U, Hkv, r*g, .] layout: one matmul per distinct prompt.
+    q_pad = q.new_zeros(n_prompts, r, hq, d)
+    q_pad[gp.row_prompt, gp.rank] = q
+    q_pad = q_pad.view(n_prompts, r, hkv, g, d).permute(0, 2, 1, 3, 4).reshape(n_prompts, hkv, r * g, d)
+    s_pre = torch.matmul(q_pad, pk.transpose(-1, -2)) + gp.bias             # [U, Hkv, r*g, P]
+    m_pre = s_pre.amax(-1, keepdim=True)
+    e_pre = torch.exp(s_pre - m_pre)
+    o_pre = torch.matmul(e_pre, pv)                                            # [U, Hkv, r*g, D]
+    l_pre = e_pre.sum(-1, keepdim=True)
+
+    def to_rows(x):  # [U, Hkv, r*g, k] -> [b, Hkv, g, k]
+        return x.view(n_prompts, hkv, r, g, -1)[gp.row_prompt, :, gp.rank]
+    o_pre, l_pre, m_pre = to_rows(o_pre), to_rows(l_pre), to_rows(m_pre)
+    # Own part: each row's decoded tokens.
+    q_own = q.view(b, hkv, g, d)
+    s_own = torch.matmul(q_own, key.transpose(-1, -2))                        # [b, Hkv, g, s]
+    m_own = s_own.amax(-1, keepdim=True)
+    e_own = torch.exp(s_own - m_own)
+    o_own, l_own = torch.matmul(e_own, value), e_own.sum(-1, keepdim=True)   # [b, Hkv, g, D]
+    m = torch.maximum(m_pre, m_own)
+    a, c = torch.exp(m_pre - m), torch.exp(m_own - m)
+    out = (o_pre * a + o_own * c) / (l_pre * a + l_own * c)                   # [b, Hkv, g, D]
+    return out.reshape(b, 1, hq, d).to(query.dtype), None
+
+
+AttentionInterface.register(GROUPED_PROMPT_ATTENTION, _grouped_prompt_attention)
+
+
+def _supports_grouped_prompts(model) -> bool:
+    """HF attention dispatch with full attention in every layer."""
+    config = model.config.get_text_config()
+    layer_types = getattr(config, "layer_types", None) or ["full_attention"]
+    return (hasattr(model, "set_attn_implementation") and type(model)._can_set_attn_implementation()
+            and all(kind == "full_attention" for kind in layer_types)
+            and not getattr(config, "use_sliding_window", False))
+
+
+@contextmanager
+def _attention_implementation(model, name: str):
+    previous = model.config._attn_implementation
+    model.set_attn_implementation(name)
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(previous)
+
+
 def _sample(logits: torch.Tensor, params: SamplingParams,
             generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick one token per row of logits [b, V]; return (tokens [b], logprobs [b]).
@@ -170,12 +268,18 @@ class HFRolloutEngine(RolloutEngine):
         compact_fraction: finished rows are dropped from the batch and KV cache once they
             are at least this fraction of it (0 = as soon as any row finishes); each drop
             copies the cache, so waiting for a few trades a little wasted compute for fewer copies.
+        grouped_prompts: keep each distinct prompt's keys/values once and let its rows
+            attend to them through ``_grouped_prompt_attention`` (GRPO groups: 16 rows read
+            one prompt cache instead of 16 copies).  ``None`` (auto) uses it when at most
+            ``grouped_max_distinct`` of the rows have distinct prompts and the model
+            dispatches full attention through HF's ``AttentionInterface``.
     """
 
     def __init__(self, model, pad_token_id: int, eos_token_ids: Sequence[int] = (),
                  device: str | torch.device = "cpu", prefill_chunk: int | None = None,
                  tokenizer=None, max_context: int | None = None, pad_tolerance: float = 0.1,
-                 compact_fraction: float = 0.1):
+                 compact_fraction: float = 0.1, grouped_prompts: bool | None = None,
+                 grouped_max_distinct: float = 0.5):
         if prefill_chunk is not None and prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be a positive token count or None, got {prefill_chunk}")
         if not 0.0 <= pad_tolerance < 1.0:
@@ -196,6 +300,13 @@ class HFRolloutEngine(RolloutEngine):
                              "max_position_embeddings or pass max_context=")
         self._max_context = int(window)
         self._preallocate = _full_attention_only(model)
+        supported = self._preallocate and _supports_grouped_prompts(model)
+        if grouped_prompts and not supported:
+            raise ValueError("grouped_prompts needs a full-attention model that dispatches attention "
+                             "through transformers' AttentionInterface")
+        self.grouped_prompts = supported if grouped_prompts is None else bool(grouped_prompts)
+        self.grouped_max_distinct = grouped_max_distinct
+        self._force_grouped = bool(grouped_prompts)
 
     @property
     def max_context(self) -> int:
@@ -292,7 +403,27 @@ class HFRolloutEngine(RolloutEngine):
         budget = (self._max_context - lengths).clamp(max=params.max_new_tokens)  # [B]
         steps = int(budget.max())
 
-        cache, logits = self._prefill(prompts, longest + steps)  # logits [B, V]
+        distinct = sum(1 for i, p in enumerate(prompts) if i == 0 or p != prompts[i - 1])
+        grouped = self.grouped_prompts and (
+            self._force_grouped or distinct <= self.grouped_max_distinct * batch)
+        if grouped:
+            # Distinct prompts once; rows keep only their decoded tokens' keys/values.
+            unique = [p for i, p in enumerate(prompts) if i == 0 or p != prompts[i - 1]]
+            row_prompt = torch.tensor([0] + [int(prompts[i] != prompts[i - 1]) for i in range(1, batch)],
+                                      device=dev).cumsum(0)                                 # [B]
+            prompt_cache, prompt_logits = self._prefill(unique, longest)
+            shared = _GroupedPrompts(prompt_cache, torch.tensor([len(p) for p in unique], device=dev),
+                                     row_prompt)
+            logits = prompt_logits.index_select(0, row_prompt)
+            first = prompt_cache.layers[0]
+            cache = DynamicCache(config=self.model.config)
+            cache.layers = [_PreallocatedLayer(batch, first.keys.shape[1], steps, first.keys.shape[3],
+                                               first.keys.dtype, first.keys.device)
+                            for _ in prompt_cache.layers]  # every column is written before it is read
+            attention = _attention_implementation(self.model, GROUPED_PROMPT_ATTENTION)
+        else:
+            cache, logits = self._prefill(prompts, longest + steps)  # logits [B, V]
+            attention = nullcontext()
         # Columns: [0, longest) prompts right-aligned, then one column per decode step.
         attn = torch.ones(batch, longest + steps, dtype=torch.long, device=dev)
         attn[:, :longest] = torch.arange(longest, device=dev) >= (longest - lengths)[:, None]
@@ -307,6 +438,16 @@ class HFRolloutEngine(RolloutEngine):
         active = torch.ones(batch, dtype=torch.bool, device=dev)  # batch rows still generating
         first_col = 0  # columns already cut off the left of the cache / mask
 
+        with attention:
+            self._decode(params, generator, steps, longest, lengths, budget, cache, logits, attn,
+                         stop_ids, tokens, logprobs, n_out, stopped, live, active, first_col,
+                         shared if grouped else None)
+        return tokens, logprobs, n_out.tolist(), stopped.tolist(), order
+
+    def _decode(self, params, generator, steps, longest, lengths, budget, cache, logits, attn,
+                stop_ids, tokens, logprobs, n_out, stopped, live, active, first_col, shared):
+        """The decode loop: sample, record, drop finished rows, one forward per step.
+        ``shared`` (grouped prompts): the cache holds decoded tokens only, no mask is built."""
         for step in range(steps):
             tok, lp = _sample(logits, params, generator)  # [b], [b]
             # Finished rows not yet dropped write past their end; the final slice ignores it.
@@ -326,19 +467,25 @@ class HFRolloutEngine(RolloutEngine):
                     keep = active.nonzero().squeeze(-1)
                     live, tok, attn, active = live[keep], tok[keep], attn[keep], active[keep]
                     cache.batch_select_indices(keep)
+                    if shared is not None:
+                        shared.select(shared.row_prompt[keep])
                     # Left columns that are padding for every remaining row: cut from cache and mask.
                     cut = int(longest - lengths[live].max()) - first_col
-                    if cut > 0 and self._preallocate:
+                    if cut > 0 and self._preallocate and shared is None:
                         for layer in cache.layers:
                             layer.drop_left(cut)
                         attn, first_col = attn[:, cut:], first_col + cut
             kv_len = longest + step + 1 - first_col
             # Clamped so finished rows still in the batch never index past the window.
             positions = (lengths[live] + step).clamp(max=self._max_context - 1)[:, None]
-            out = self.model(input_ids=tok[:, None], attention_mask=attn[:, :kv_len], position_ids=positions,
-                             past_key_values=cache, use_cache=True, logits_to_keep=1)
+            if shared is None:
+                out = self.model(input_ids=tok[:, None], attention_mask=attn[:, :kv_len],
+                                 position_ids=positions, past_key_values=cache, use_cache=True,
+                                 logits_to_keep=1)
+            else:
+                out = self.model(input_ids=tok[:, None], position_ids=positions, past_key_values=cache,
+                                 use_cache=True, logits_to_keep=1, grouped_prompts=shared)
             logits = out.logits[:, -1].float()
-        return tokens, logprobs, n_out.tolist(), stopped.tolist(), order
 
     def _stop_string_hits(self, generated: torch.Tensor, stop_strings: Sequence[str]) -> torch.Tensor:
         """[b] bool: does the decoded tail of each live row contain a stop string?
