@@ -64,6 +64,9 @@ def cluster(tmp_path_factory, micro_policy):
             [RAY, "start", "--head", f"--port={_free_port()}", "--node-ip-address=127.0.0.1",
              "--include-dashboard=true", "--dashboard-host=127.0.0.1",
              f"--dashboard-port={dashboard.rsplit(':', 1)[1]}", "--num-cpus=2",
+             # Its own agent port: another Ray on this machine (a test's local instance)
+             # holds the default 52365, and job submission then finds "no available agent".
+             f"--dashboard-agent-listen-port={_free_port()}",
              f"--temp-dir={temp_dir}", "--disable-usage-stats", "--block"],
             stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
