@@ -205,7 +205,8 @@ def test_ray_job_stop_then_resume_reruns_only_unfinished_trials(cluster, tmp_pat
     client, parent, children = _runs(out)
     assert parent.info.status == "KILLED", logs[-3000:]
     assert parent.data.tags["sweep.status"] == "interrupted"
-    assert all(c.info.status in ("FINISHED", "KILLED") for c in children)
+    assert all(c.info.status in ("FINISHED", "KILLED") for c in children), \
+        ([(c.data.tags.get("sweep.trial_id"), c.info.status) for c in children], logs[-3000:])
     finished = {c.data.tags["sweep.trial_id"]: c.info.run_id for c in children
                 if c.info.status == "FINISHED"}
     assert 1 <= len(finished) < 4

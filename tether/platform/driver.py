@@ -374,8 +374,8 @@ class Trainer:
                 self.learner.save(str(final_dir))
                 self.tracker.log_artifacts(final_dir, "model")
             status = "FINISHED"
-        except KeyboardInterrupt:
-            status = "KILLED"
+        except (KeyboardInterrupt, SystemExit):  # Ctrl-C or SIGTERM, or Tune ending a trial
+            status = "KILLED"                      # (its report() calls sys.exit(0))
             raise
         finally:
             if self.tracker is not None:
