@@ -34,7 +34,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from contextlib import contextmanager
 from functools import partial
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -44,6 +43,7 @@ import torch
 from transformers import AttentionInterface, DynamicCache
 
 from tether.diagnostics.mi import mi_proxies, prompt_columns, valid_reasoning_rate
+from tether.policy.attention import attention_implementation, supports_custom_attention
 
 log = logging.getLogger(__name__)
 
@@ -203,22 +203,9 @@ AttentionInterface.register(SHARED_PREFIX_ATTENTION, _shared_prefix_attention)
 
 
 def supports_shared_prefix(model) -> bool:
-    """Whether `_score_shared_prefix` applies: HF attention dispatch, full attention only."""
-    config = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
-    layer_types = getattr(config, "layer_types", None) or ["full_attention"]
-    return (hasattr(model, "set_attn_implementation") and type(model)._can_set_attn_implementation()
-            and all(kind == "full_attention" for kind in layer_types)
-            and not getattr(config, "use_sliding_window", False))
-
-
-@contextmanager
-def _attention_implementation(model, name: str):
-    previous = model.config._attn_implementation
-    model.set_attn_implementation(name)
-    try:
-        yield
-    finally:
-        model.set_attn_implementation(previous)
+    """Whether `_score_shared_prefix` (and `multi_prefix`) apply: HF attention dispatch,
+    full attention only."""
+    return supports_custom_attention(model)
 
 
 def _score_prefix(model, contexts, continuations, temperature: float, batch_size: int,
@@ -251,7 +238,7 @@ def _score_prefix(model, contexts, continuations, temperature: float, batch_size
                 positions = torch.arange(p, p + width - 1, device=device)[None, :].expand(b, -1)
                 if shared:
                     # Right padding needs no mask: real tokens attend causally to real tokens only.
-                    with _attention_implementation(model, SHARED_PREFIX_ATTENTION):
+                    with attention_implementation(model, SHARED_PREFIX_ATTENTION):
                         logits = model(input_ids=ids[:, :-1], position_ids=positions, use_cache=False,
                                        shared_prefix_kv=prefix_kv).logits              # [B, W-1, V]
                 else:

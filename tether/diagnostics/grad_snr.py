@@ -75,12 +75,18 @@ def bucket_grad_norms(model: torch.nn.Module, task_loss_fn: LossFn, reg_loss_fn:
         row: dict[str, float] = {"bucket": float(k), "num_groups": float(len(groups))}
         row["task_grad_norm"] = _grad_norm(task_loss_fn(groups), params)
         row["reg_grad_norm"] = _grad_norm(reg_loss_fn(groups), params)
-        if row["reg_grad_norm"] > 0:
-            row["snr"] = row["task_grad_norm"] / row["reg_grad_norm"]
-        if rv is not None and groups:
-            row["mean_rv"] = float(rv[groups].mean())
-        rows.append(row)
+        rows.append(_with_ratio_and_rv(row, rv, groups))
     return rows
+
+
+def _with_ratio_and_rv(row: dict[str, float], rv: np.ndarray | None,
+                       groups: list[int]) -> dict[str, float]:
+    """A bucket's row completed with its SNR (task / regulariser norm) and mean RV."""
+    if row["reg_grad_norm"] > 0:
+        row["snr"] = row["task_grad_norm"] / row["reg_grad_norm"]
+    if rv is not None and groups:
+        row["mean_rv"] = float(rv[groups].mean())
+    return row
 
 
 def bucket_grad_norms_accumulated(model: torch.nn.Module,
@@ -115,11 +121,7 @@ def bucket_grad_norms_accumulated(model: torch.nn.Module,
         for name in ("task", "reg"):
             squares = [g.pow(2).sum() for g in sums[name] if g is not None]
             row[f"{name}_grad_norm"] = float(torch.stack(squares).sum().sqrt()) if squares else 0.0
-        if row["reg_grad_norm"] > 0:
-            row["snr"] = row["task_grad_norm"] / row["reg_grad_norm"]
-        if rv is not None and groups:
-            row["mean_rv"] = float(rv[groups].mean())
-        rows.append(row)
+        rows.append(_with_ratio_and_rv(row, rv, groups))
     return rows
 
 

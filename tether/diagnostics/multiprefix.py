@@ -113,7 +113,8 @@ def score_multi_prefix(model, contexts, continuations, temperature: float, batch
     ``batch_size`` caps the continuations per chunk; ``context_batch`` the contexts
     encoded per forward; ``max_tokens`` the rows x width of one scoring forward.
     """
-    from .crossscore import _attention_implementation, _right_pad, _target_logprobs
+    from ..policy.attention import attention_implementation
+    from .crossscore import _right_pad, _target_logprobs
 
     device = next(model.parameters()).device
     m, n = len(continuations), len(contexts)
@@ -140,7 +141,7 @@ def score_multi_prefix(model, contexts, continuations, temperature: float, batch
                     inputs = ids[:, :-1].repeat(c, 1)                                # [C*R, W-1]
                     positions = (ctx_len[c0:c1, None, None]
                                  + torch.arange(width - 1, device=device)).expand(c, r, -1).reshape(c * r, -1)
-                    with _attention_implementation(model, MULTI_PREFIX_ATTENTION):
+                    with attention_implementation(model, MULTI_PREFIX_ATTENTION):
                         logits = model(input_ids=inputs, position_ids=positions, use_cache=False,
                                        multi_prefix=(sub_kv, valid[c0:c1, :p])).logits  # [C*R, W-1, V]
                     logp = _target_logprobs(logits, ids[:, 1:].repeat(c, 1), temperature)

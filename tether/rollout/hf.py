@@ -35,12 +35,13 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 
 import torch
 from transformers import AttentionInterface
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
+from tether.policy.attention import attention_implementation, supports_custom_attention
 from tether.rollout.base import Generation, RolloutEngine, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -190,25 +191,6 @@ def _grouped_prompt_attention(module, query, key, value, attention_mask, dropout
 AttentionInterface.register(GROUPED_PROMPT_ATTENTION, _grouped_prompt_attention)
 
 
-def _supports_grouped_prompts(model) -> bool:
-    """HF attention dispatch with full attention in every layer."""
-    config = model.config.get_text_config()
-    layer_types = getattr(config, "layer_types", None) or ["full_attention"]
-    return (hasattr(model, "set_attn_implementation") and type(model)._can_set_attn_implementation()
-            and all(kind == "full_attention" for kind in layer_types)
-            and not getattr(config, "use_sliding_window", False))
-
-
-@contextmanager
-def _attention_implementation(model, name: str):
-    previous = model.config._attn_implementation
-    model.set_attn_implementation(name)
-    try:
-        yield
-    finally:
-        model.set_attn_implementation(previous)
-
-
 def _sample(logits: torch.Tensor, params: SamplingParams,
             generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick one token per row of logits [b, V]; return (tokens [b], logprobs [b]).
@@ -300,7 +282,7 @@ class HFRolloutEngine(RolloutEngine):
                              "max_position_embeddings or pass max_context=")
         self._max_context = int(window)
         self._preallocate = _full_attention_only(model)
-        supported = self._preallocate and _supports_grouped_prompts(model)
+        supported = self._preallocate and supports_custom_attention(model)
         if grouped_prompts and not supported:
             raise ValueError("grouped_prompts needs a full-attention model that dispatches attention "
                              "through transformers' AttentionInterface")
@@ -420,7 +402,7 @@ class HFRolloutEngine(RolloutEngine):
             cache.layers = [_PreallocatedLayer(batch, first.keys.shape[1], steps, first.keys.shape[3],
                                                first.keys.dtype, first.keys.device)
                             for _ in prompt_cache.layers]  # every column is written before it is read
-            attention = _attention_implementation(self.model, GROUPED_PROMPT_ATTENTION)
+            attention = attention_implementation(self.model, GROUPED_PROMPT_ATTENTION)
         else:
             cache, logits = self._prefill(prompts, longest + steps)  # logits [B, V]
             attention = nullcontext()
