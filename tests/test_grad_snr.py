@@ -106,16 +106,23 @@ def test_task_and_regulariser_may_share_one_forward():
     assert model.w.grad is None
 
 
-def test_micro_batched_grad_snr_equals_one_forward_per_bucket(micro_policy):
-    """The learner's gradient SNR on a real micro-model batch: the fast path (length-sorted
-    micro-batches of 2 rows, trimmed, gradients summed) gives the reference's norms (one
-    forward per bucket padded to the batch) for every loss aggregation."""
+def test_micro_batched_grad_snr_equals_one_forward_per_bucket(micro_policy, monkeypatch):
+    """The learner's gradient SNR on a real micro-model batch: the fast path (group-ordered
+    micro-batches, trimmed, each group's prompt run once by the shared-prefix forward,
+    zero-advantage task passes skipped, gradients summed) gives the reference's norms (one
+    plain forward per bucket padded to the batch) for every loss aggregation, with
+    micro-batches inside a group and across groups, with and without shared prefixes."""
+    import tether.algos.update as update
     from tether.agent.episode import EpisodeSpec, LocalEnvBatch, run_episodes
     from tether.algos.batch import collate
-    from tether.algos.update import UpdateSettings
-    from tether.diagnostics.runner import gradient_snr, trim_right_padding
+    from tether.algos.update import UpdateSettings, trimmed_rows
+    from tether.diagnostics.runner import gradient_snr
     from tests.test_episode import _setup
 
+    shared_calls = []
+    real_shared = update.shared_prefix_token_logprobs
+    monkeypatch.setattr(update, "shared_prefix_token_logprobs",
+                        lambda *a, **k: shared_calls.append(1) or real_shared(*a, **k))
     model, tok, formatter, engine, sampling = _setup(micro_policy)
     specs = [EpisodeSpec(g, 70 + g, k) for g in range(4) for k in range(3)]
     trajs = run_episodes(engine, formatter, LocalEnvBatch("tether/FrozenLake-v0"), specs, sampling, 3)
@@ -127,16 +134,20 @@ def test_micro_batched_grad_snr_equals_one_forward_per_bucket(micro_policy):
     batch.advantages = (batch.scores - mean)[:, None] * batch.response_mask
     lengths = batch.attention_mask.sum(dim=1)
     assert int(lengths.min()) < batch.input_ids.shape[1]            # something to trim
-    short = trim_right_padding(batch.select(torch.nonzero(lengths < lengths.max()).squeeze(-1)))
+    short = trimmed_rows(batch, torch.nonzero(lengths < lengths.max()).squeeze(-1))
     assert short.input_ids.shape[1] < batch.input_ids.shape[1]
     assert short.advantages.shape == short.input_ids.shape and short.scores.shape == (short.size,)
     for agg in ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum"):
-        settings = UpdateSettings(kl_coef=0.05, entropy_coef=0.01, loss_agg=agg, micro_batch_size=2)
-        fast = gradient_snr(model, batch, settings, n_buckets=4, micro_batched=True)
-        slow = gradient_snr(model, batch, settings, n_buckets=4, micro_batched=False)
-        assert set(fast) == set(slow) and "grad_snr/q4/task_grad_norm" in fast
-        for key, value in slow.items():
-            assert fast[key] == pytest.approx(value, rel=1e-5, abs=1e-9), (agg, key)
+        for micro, shared in ((2, True), (4, True), (2, False)):
+            settings = UpdateSettings(kl_coef=0.05, entropy_coef=0.01, loss_agg=agg,
+                                      micro_batch_size=micro, shared_prefix=shared)
+            calls = len(shared_calls)
+            fast = gradient_snr(model, batch, settings, n_buckets=4, micro_batched=True)
+            assert (len(shared_calls) > calls) == shared       # the shared-prefix forward ran
+            slow = gradient_snr(model, batch, settings, n_buckets=4, micro_batched=False)
+            assert set(fast) == set(slow) and "grad_snr/q4/task_grad_norm" in fast
+            for key, value in slow.items():
+                assert fast[key] == pytest.approx(value, rel=1e-5, abs=1e-9), (agg, micro, shared, key)
     assert slow["grad_snr/q1/task_grad_norm"] == pytest.approx(0.0, abs=1e-12)   # all-zero group: no task signal
     assert slow["grad_snr/q4/task_grad_norm"] > 0 and slow["grad_snr/q4/reg_grad_norm"] > 0
     assert all(p.grad is None for p in model.parameters())

@@ -61,7 +61,7 @@ def aggregation_denominator(mask: torch.Tensor, mode: str) -> float:
     return float((mask.sum(-1) > 0).sum().clamp_min(1))
 
 
-def _trim(batch: TrajectoryBatch, rows: torch.Tensor,
+def trimmed_rows(batch: TrajectoryBatch, rows: torch.Tensor,
           device: torch.device | None = None) -> TrajectoryBatch:
     """Rows of a batch, cut to their longest sequence (less padding to compute), on ``device``."""
     sub = batch.select(rows)
@@ -125,7 +125,7 @@ def batch_logprobs(model, batch: TrajectoryBatch, temperature: float, micro_batc
     if shared_prefix:
         rows_all = group_ordered(rows_all, batch.group_index)
     for rows, weight in rank_micro_batches(rows_all, micro_batch_size, rank, world_size):
-        sub = _trim(batch, rows, _device(model))
+        sub = trimmed_rows(batch, rows, _device(model))
         lp, _ = micro_batch_logprobs(model, sub, temperature, shared_prefix=shared_prefix)
         if weight:
             out[rows, :lp.shape[1]] = lp.float().cpu()
@@ -139,7 +139,7 @@ def batch_values(critic, batch: TrajectoryBatch, micro_batch_size: int,
     out = torch.zeros(batch.input_ids.shape)
     for rows, weight in rank_micro_batches(torch.arange(batch.size), micro_batch_size,
                                            rank, world_size):
-        sub = _trim(batch, rows, _device(critic))
+        sub = trimmed_rows(batch, rows, _device(critic))
         v = critic(sub.input_ids, sub.attention_mask)
         if weight:
             out[rows, :v.shape[1]] = v.float().cpu()
@@ -216,7 +216,7 @@ def policy_update(model, optimizer, batch: TrajectoryBatch, s: UpdateSettings,
             if critic_optimizer is not None:
                 critic_optimizer.zero_grad(set_to_none=True)
             for rows, weight in rank_micro_batches(mb_rows, s.micro_batch_size, rank, world_size):
-                mb = _trim(batch, rows, device)
+                mb = trimmed_rows(batch, rows, device)
                 logprobs, entropy = micro_batch_logprobs(model, mb, s.temperature, need_entropy,
                                                          shared_prefix)
                 if s.entropy_coef == 0.0 and entropy is not None:

@@ -50,26 +50,6 @@ def collapse_diagnostics(model, trajectories, extractor: SpanExtractor, sampling
     return DiagnosticsResult(metrics, ema_state, matrices)
 
 
-def trim_right_padding(batch):
-    """The batch without the columns after its longest row (right padding only).
-
-    A bucket's rows are padded to the whole batch's longest trajectory; the trailing
-    columns where every row is padding change no log-prob, entropy or loss of a real
-    token (causal attention, masked out of every aggregate), so dropping them changes
-    no value, only the cost of the forward and backward passes.
-    """
-    import torch
-
-    from ..algos.batch import TrajectoryBatch
-
-    width = int(batch.attention_mask.sum(dim=1).max())
-    if width == batch.input_ids.shape[1]:
-        return batch
-    return TrajectoryBatch(**{f: (v[:, :width] if isinstance(v, torch.Tensor) and v.dim() == 2
-                                  and v.shape[1] == batch.input_ids.shape[1] else v)
-                              for f, v in vars(batch).items()})
-
-
 def gradient_snr(model, batch, settings, n_buckets: int, micro_batched: bool = True) -> dict[str, float]:
     """SPEC §8: per reward-variance bucket of groups, the task-loss and regulariser-loss
     gradient norms measured separately (two backward passes of one shared forward),
@@ -77,18 +57,21 @@ def gradient_snr(model, batch, settings, n_buckets: int, micro_batched: bool = T
 
     ``batch`` holds every collected group (before filtering) with advantages set;
     the losses are those of the update (same clip, coefficients and aggregation).
-    ``micro_batched`` (the fast path): a bucket's rows are sorted by length and cut into
-    micro-batches of similar length (`length_chunks`, at most ``settings.micro_batch_size``
-    rows), each trimmed of its all-padding columns, with the bucket's aggregation
-    denominator, and the per-part gradients summed (`bucket_grad_norms_accumulated`):
-    the same losses and norms as one forward over the bucket padded to the batch's
-    longest row (``micro_batched=False``, the reference), with much less padding.
+    ``micro_batched`` (the fast path) runs a bucket the way the update runs a minibatch:
+    its rows group by group in micro-batches of at most ``settings.micro_batch_size``,
+    each trimmed of its all-padding columns, each group's common prompt computed once
+    (the update's shared-prefix forward, when ``settings.shared_prefix``), with the
+    bucket's aggregation denominator, and the per-part gradients summed
+    (`bucket_grad_norms_accumulated`).  A part whose advantages are all zero (a group
+    whose rewards are all equal) has an exactly zero task gradient, so its task backward
+    pass is skipped.  Same losses and norms as one forward over the bucket padded to the
+    batch's longest row (``micro_batched=False``, the reference).
     """
     import torch
 
     from ..algos.batch import token_logprobs
     from ..algos.losses import ppo_objective
-    from ..algos.update import aggregation_denominator
+    from ..algos.update import aggregation_denominator, micro_batch_logprobs, trimmed_rows
     from .grad_snr import bucket_grad_norms, bucket_grad_norms_accumulated, grad_snr_metrics, rv_buckets
     from .multiprefix import length_chunks
 
@@ -102,9 +85,7 @@ def gradient_snr(model, batch, settings, n_buckets: int, micro_batched: bool = T
     def bucket_rows(groups: list[int]):
         return torch.nonzero(torch.isin(batch.group_index, torch.tensor(groups))).squeeze(-1)
 
-    def objective(sub, denominator=None):
-        logprobs, entropy = token_logprobs(model, sub.input_ids, sub.attention_mask,
-                                           settings.temperature, with_entropy=True)
+    def objective(sub, logprobs, entropy, denominator=None):
         task, reg, _ = ppo_objective(
             logprobs, logprobs.detach(), sub.advantages, sub.response_mask,
             ref_logprobs=sub.ref_logprobs, entropy=entropy, clip_low=settings.clip_low,
@@ -119,8 +100,13 @@ def gradient_snr(model, batch, settings, n_buckets: int, micro_batched: bool = T
             denominator = aggregation_denominator(batch.response_mask[rows], settings.loss_agg)
             lengths = batch.attention_mask[rows].sum(dim=1).tolist()
             for chunk in length_chunks(lengths, max(1, settings.micro_batch_size), overhead=512):
-                sub = trim_right_padding(batch.select(rows[torch.as_tensor(chunk)])).to(device)
-                yield objective(sub, denominator)
+                sub = trimmed_rows(batch, rows[torch.as_tensor(chunk)], device)
+                logprobs, entropy = micro_batch_logprobs(model, sub, settings.temperature, True,
+                                                         settings.shared_prefix)
+                task, reg = objective(sub, logprobs, entropy, denominator)
+                if not bool((sub.advantages * sub.response_mask).any()):
+                    task = task.detach()   # zero advantages: exactly zero task gradient
+                yield task, reg
 
         rows = bucket_grad_norms_accumulated(model, parts, buckets, group_std)
     else:
@@ -130,7 +116,10 @@ def gradient_snr(model, batch, settings, n_buckets: int, micro_batched: bool = T
             key = tuple(groups)
             if key not in cache:
                 cache.clear()
-                cache[key] = objective(batch.select(bucket_rows(groups)).to(device))
+                sub = batch.select(bucket_rows(groups)).to(device)
+                logprobs, entropy = token_logprobs(model, sub.input_ids, sub.attention_mask,
+                                                   settings.temperature, with_entropy=True)
+                cache[key] = objective(sub, logprobs, entropy)
             return cache[key]
 
         rows = bucket_grad_norms(model, lambda g: losses(g)[0], lambda g: losses(g)[1], buckets, group_std)
