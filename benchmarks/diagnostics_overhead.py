@@ -123,6 +123,11 @@ def main() -> None:
               f"{stages['on'][-1].get('timing/grad_snr', 0):.1f}), off {wall['off'][-1]:.1f} s, "
               f"{cpu['off'][-1]:.1f} CPU s; "
               f"success on {success['on']:.3f} off {success['off']:.3f}", flush=True)
+        parts = {k.removeprefix("timing/diagnose/"): v for k, v in stages["on"][-1].items()
+                 if k.startswith("timing/diagnose/")}
+        if parts:
+            print("  diagnose parts (s): " + ", ".join(f"{k} {v:.2f}" for k, v in parts.items()),
+                  flush=True)
 
     for trainer in trainers.values():
         trainer.tracker.finish("FINISHED")

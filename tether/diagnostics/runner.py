@@ -44,6 +44,8 @@ def collapse_diagnostics(model, trajectories, extractor: SpanExtractor, sampling
             ema_state=ema_state.get(sampling), method=method)
         ema_state[sampling] = result.ema_state
         metrics.update(result.flat(f"collapse/{sampling}"))
+        metrics.update({f"timing/diagnose/{sampling}/{link}": float(info["seconds"])
+                        for link, info in result.info.items()})
         if keep_matrices and "xz" in result.scores:
             scores, column = result.scores["xz"]
             matrices[sampling] = (scores.L, column)

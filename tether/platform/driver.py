@@ -265,6 +265,7 @@ class Trainer:
         result = self.learner.diagnose(collected, d, self.mi_ema_state,
                                        self.cfg.experiment.seed + it, heatmap, chain)
         self.mi_ema_state = result.ema_state
+        started = time.perf_counter()
         for sampling, (scores, column) in result.matrices.items():
             from ..diagnostics.plots import cross_score_heatmap
 
@@ -273,6 +274,8 @@ class Trainer:
             import matplotlib.pyplot as plt
 
             plt.close(figure)
+        if result.matrices:
+            result.metrics["timing/diagnose/heatmaps"] = time.perf_counter() - started
         return result.metrics
 
     def prepare(self, trajectories):
