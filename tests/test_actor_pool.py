@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import micro_config_dict
+from tests.conftest import micro_config_dict, tether_actor_processes
 from tether.platform.actor_pool import ActorPool, ActorRequest
 
 
@@ -251,9 +251,12 @@ def test_a_failed_run_ends_its_actors_instead_of_handing_them_on(pooled_runs, tm
         if kind == "iteration":
             raise RuntimeError("injected failure after iteration 1")
 
+    assert sorted(t.split(".")[0].split()[0] for t in tether_actor_processes(timeout=0)) == \
+        ["ray::EnvPoolActor"] * 2 + ["ray::Learner"] + ["ray::RolloutWorker"] * 2  # idle
     trainer = Trainer(cfg, fail, actor_pool=pool)
     with pytest.raises(RuntimeError, match="injected"):
         trainer.run()
     assert pool.reused == {"rollout_workers": True, "learner": True}
     assert pool.idle == {} and pool.lent == {}
     assert all(_dead(handle) for handle in [*workers, *env_pools, *learner.ranks])
+    assert tether_actor_processes() == []
