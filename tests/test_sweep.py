@@ -14,6 +14,7 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
+from tests.conftest import tether_actor_processes
 from tether.platform.config import ConfigError
 from tether.platform.sweep import (SweepError, _expected_trials, _tune_config,
                                    check_resources, decode, param_space, results_rows,
@@ -265,6 +266,15 @@ def test_optuna_smoke_sweep_through_tune_is_tracked_in_mlflow(micro_policy, mode
                                                                 "val/success")) == [0, 2]
         sampled.append((entropy, value))
     assert len(set(sampled)) == 4  # TPE drew 4 different points
+    # Tune ran later trials in the processes of earlier ones (reuse_actors), whose actor
+    # pools handed them the rollout workers (the same for every trial here); the learner
+    # only where algo.kl_coef > 0 matched (a reference model or not).
+    reused = [c.data.tags["tether.actors_reused"] for c in children]
+    assert set(reused) <= {"none", "rollout_workers", "rollout_workers,learner"}
+    assert reused.count("none") >= 1 and any(r.startswith("rollout_workers") for r in reused)
+    # No rollout worker, environment pool or learner outlives the sweep: Tune removed the
+    # trial processes' placement groups, and the pools' actors went with them.
+    assert tether_actor_processes() == []
     # Tune ran the Optuna searcher (its state is saved beside the trials for --resume).
     assert any(p.name.startswith("searcher-state") for p in outcome.experiment_path.iterdir())
     artifacts = {a.path for a in client.list_artifacts(outcome.parent_run_id)}

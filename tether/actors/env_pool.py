@@ -22,6 +22,11 @@ class EnvPoolActor:
         self.live = 0  # episodes reset in this process
         self.resets = self.steps = 0
 
+    def start_run(self) -> None:
+        """A new run: no live episodes, counters at zero (each episode's state comes from
+        its seed at ``reset``, so the environments themselves carry nothing over)."""
+        self.live = self.resets = self.steps = 0
+
     def reset(self, seeds: list[int]) -> list[EnvObservation]:
         observations = self.pool.reset(seeds)
         self.live, self.resets, self.steps = len(seeds), self.resets + 1, 0
@@ -45,6 +50,11 @@ class RemoteEnvBatch:
 
     def __init__(self, actor) -> None:
         self.actor = actor
+
+    def start_run(self) -> None:
+        """A new run: no live episodes, counters at zero (each episode's state comes from
+        its seed at ``reset``, so the environments themselves carry nothing over)."""
+        self.live = self.resets = self.steps = 0
 
     def reset(self, seeds: list[int]) -> list[EnvObservation]:
         return ray.get(self.actor.reset.remote(seeds))

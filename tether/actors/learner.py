@@ -10,6 +10,7 @@ all ranks run together, and rank 0's return value speaks for the group.
 
 from __future__ import annotations
 
+import gc
 import math
 import socket
 from pathlib import Path
@@ -20,7 +21,7 @@ import torch
 from ..algos.batch import TrajectoryBatch
 from ..algos.update import UpdateSettings, policy_update, prepare_batch
 from ..policy.critic import ValueModel
-from ..policy.load import load_model_and_tokenizer
+from ..policy.load import load_model_and_tokenizer, load_tokenizer
 
 
 def shard_with_fsdp(model: torch.nn.Module, mesh) -> torch.nn.Module:
@@ -45,26 +46,23 @@ def shard_with_fsdp(model: torch.nn.Module, mesh) -> torch.nn.Module:
 
 @ray.remote(max_restarts=0)
 class Learner:
-    def __init__(self, model_path: str, settings: UpdateSettings, lr: float, critic_lr: float,
-                 use_critic: bool, threads: int, seed: int, dtype: str = "float32",
+    """The constructor takes what the process is (model path, dtype, which models, rank):
+    a pool reuses the actor for a run with the same arguments.  What a run is (weights,
+    optimisers, update settings, seed) comes with ``start_run``, called for every run."""
+
+    def __init__(self, model_path: str, use_critic: bool, threads: int, dtype: str = "float32",
                  use_reference: bool = False, rank: int = 0, world_size: int = 1) -> None:
         torch.set_num_threads(max(1, math.ceil(threads)))
-        torch.manual_seed(seed)
-        self.model_path, self.dtype, self.lr, self.critic_lr = model_path, dtype, lr, critic_lr
+        self.model_path, self.dtype = model_path, dtype
+        self.use_critic, self.use_reference = use_critic, use_reference
         self.rank, self.world_size = rank, world_size
         self.device = torch.device("cuda" if torch.cuda.is_available() and ray.get_gpu_ids()
                                    else "cpu")
-        self.model, self.tokenizer = load_model_and_tokenizer(model_path, dtype)
-        self.settings = settings
-        self.critic = ValueModel(model_path) if use_critic else None
-        #: The frozen initial policy, for the KL regulariser.
-        self.reference = load_model_and_tokenizer(model_path, dtype)[0] if use_reference else None
-        if self.reference is not None:
-            self.reference.requires_grad_(False)
-        self.updates = 0
-        self.extractor = None
-        self.full_model = None  # rank 0's unsharded copy for the diagnostics (world size > 1)
+        self.tokenizer = load_tokenizer(model_path)
+        self.mesh = None  # the FSDP device mesh (world size > 1), made by setup()
+        self.model = self.critic = self.reference = None
         self.optimizer = self.critic_optimizer = None
+        self.full_model = None  # rank 0's unsharded copy for the diagnostics (world size > 1)
 
     # -- the group --------------------------------------------------------------------
     def rendezvous(self) -> str:
@@ -75,9 +73,9 @@ class Learner:
         return f"tcp://{ray.util.get_node_ip_address()}:{port}"
 
     def setup(self, init_method: str | None) -> str:
-        """Join the process group and shard (world size > 1); build the optimisers.
-        Returns the process group's backend ("none" at world size 1)."""
-        backend, mesh = "none", None
+        """Join the process group (world size > 1), once per actor.  Returns the process
+        group's backend ("none" at world size 1)."""
+        backend = "none"
         if self.device.type == "cuda":
             torch.cuda.set_device(0)  # Ray shows each actor only its own GPU(s)
         if self.world_size > 1:
@@ -87,16 +85,38 @@ class Learner:
             backend = "nccl" if self.device.type == "cuda" else "gloo"
             dist.init_process_group(backend, init_method=init_method, rank=self.rank,
                                     world_size=self.world_size)
-            mesh = init_device_mesh(self.device.type, (self.world_size,))
+            self.mesh = init_device_mesh(self.device.type, (self.world_size,))
+        return backend
+
+    def start_run(self, settings: UpdateSettings, lr: float, critic_lr: float, seed: int) -> None:
+        """Everything a run owns, the same whether this actor is new or served a run before:
+        the torch RNG seeded, the policy (critic, reference) loaded from the model path and
+        sharded, fresh optimisers with this run's learning rates, this run's update
+        settings, the update counter and the analysis caches cleared."""
+        self.model = self.critic = self.reference = self.full_model = None  # free memory first
+        self.optimizer = self.critic_optimizer = None
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        torch.manual_seed(seed)
+        self.settings = settings
+        self.model = load_model_and_tokenizer(self.model_path, self.dtype)[0]
+        self.critic = ValueModel(self.model_path) if self.use_critic else None
+        #: The frozen initial policy, for the KL regulariser.
+        if self.use_reference:
+            self.reference = load_model_and_tokenizer(self.model_path, self.dtype)[0]
+            self.reference.requires_grad_(False)
         for name in ("model", "critic", "reference"):
             module = getattr(self, name)
             if module is not None:
                 module = module.to(self.device)
-                setattr(self, name, module if mesh is None else shard_with_fsdp(module, mesh))
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.lr, weight_decay=0.0)
-        self.critic_optimizer = (torch.optim.AdamW(self.critic.parameters(), lr=self.critic_lr)
+                setattr(self, name, module if self.mesh is None else
+                        shard_with_fsdp(module, self.mesh))
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=0.0)
+        self.critic_optimizer = (torch.optim.AdamW(self.critic.parameters(), lr=critic_lr)
                                  if self.critic is not None else None)
-        return backend
+        self.updates = 0
+        self.extractor = None
 
     def _sum_over_ranks(self, tensor: torch.Tensor) -> torch.Tensor:
         """Rows computed on different ranks (zeros elsewhere), joined by summing."""

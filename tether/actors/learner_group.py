@@ -1,6 +1,8 @@
 """The learner group: W ``Learner`` rank actors that the driver talks to as one learner.
 
     group = LearnerGroup.start(model_path, settings, ..., world_size=2, num_cpus=1)
+    # or, for a group a pool may reuse: LearnerGroup.launch(...) once, then per run
+    group.start_run(settings, lr=..., critic_lr=..., seed=...)
     batch = group.prepare(batch, recompute_old_logprobs=False)
     metrics = group.update(batch)
     weights = group.state_dict()      # an ObjectRef: rollout workers fetch it from the
@@ -29,15 +31,41 @@ class LearnerGroup:
               use_critic: bool, use_reference: bool, threads: int, seed: int,
               dtype: str = "float32", world_size: int = 1, num_cpus: float = 1.0,
               num_gpus: float = 0.0) -> "LearnerGroup":
-        """Start the ranks (``num_cpus``/``num_gpus`` each), form the process group, shard."""
+        """``launch`` then ``start_run``: a group ready for one run."""
+        group = cls.launch(model_path, use_critic=use_critic, use_reference=use_reference,
+                           threads=threads, dtype=dtype, world_size=world_size,
+                           num_cpus=num_cpus, num_gpus=num_gpus)
+        try:
+            group.start_run(settings, lr=lr, critic_lr=critic_lr, seed=seed)
+        except BaseException:
+            group.shutdown()
+            raise
+        return group
+
+    @classmethod
+    def launch(cls, model_path: str, *, use_critic: bool, use_reference: bool, threads: int,
+               dtype: str = "float32", world_size: int = 1, num_cpus: float = 1.0,
+               num_gpus: float = 0.0) -> "LearnerGroup":
+        """Start the ranks (``num_cpus``/``num_gpus`` each) and form the process group.
+        The arguments are all a pool compares; a run's own state comes with ``start_run``."""
         ranks = [Learner.options(num_cpus=num_cpus, num_gpus=num_gpus).remote(
-            model_path, settings, lr, critic_lr, use_critic, threads, seed, dtype,
-            use_reference=use_reference, rank=rank, world_size=world_size)
+            model_path, use_critic, threads, dtype, use_reference=use_reference, rank=rank,
+            world_size=world_size)
             for rank in range(world_size)]
         group = cls(ranks)
-        init_method = ray.get(ranks[0].rendezvous.remote()) if world_size > 1 else None
-        group.backend = group._all("setup", init_method)
+        try:
+            init_method = ray.get(ranks[0].rendezvous.remote()) if world_size > 1 else None
+            group.backend = group._all("setup", init_method)
+        except BaseException:
+            group.shutdown()
+            raise
         return group
+
+    def start_run(self, settings: UpdateSettings, *, lr: float, critic_lr: float,
+                  seed: int) -> None:
+        """Per-run state on every rank (``Learner.start_run``): weights from the model path,
+        fresh optimisers, this run's settings and seed."""
+        self._all("start_run", settings, lr, critic_lr, seed)
 
     @property
     def world_size(self) -> int:

@@ -22,6 +22,7 @@ class RolloutWorker:
                  threads: float, dtype: str = "float32", engine_kwargs: dict | None = None,
                  seed: int = 0) -> None:
         torch.set_num_threads(max(1, math.ceil(threads)))
+        self.model_path, self.dtype = model_path, dtype
         if engine == "vllm":  # vLLM loads the weights itself; here only the tokenizer
             self.tokenizer = load_tokenizer(model_path)
             model = str(model_path)
@@ -35,6 +36,17 @@ class RolloutWorker:
         self.env_pool = EnvPoolActor.options(num_cpus=0).remote(env_id, env_kwargs)
         self.envs = RemoteEnvBatch(self.env_pool)
         self.weights_version = -1
+
+    def start_run(self) -> None:
+        """Per-run state, the same for a new worker and one a pool reuses: the model path's
+        weights (loaded again only if a run changed them: ``set_weights`` sets a version
+        >= 0) and the environment pool's counters.  Everything else is per call (seeds,
+        sampling) or fixed by the constructor's arguments."""
+        if self.weights_version != -1:
+            initial = load_model_and_tokenizer(self.model_path, self.dtype)[0].state_dict()
+            self.engine.load_state_dict(initial)
+            self.weights_version = -1
+        ray.get(self.env_pool.start_run.remote())
 
     def stop_token_ids(self) -> tuple[int, ...]:
         from ..agent.format import ANSWER_CLOSE

@@ -32,6 +32,7 @@ from ..algos.update import UpdateSettings
 from ..diagnostics.alarms import AlarmMonitor
 from ..policy.load import load_model_and_tokenizer, resolve_policy
 from ..rollout.base import SamplingParams
+from .actor_pool import ActorPool, ActorRequest
 from .checkpoint import load_checkpoint, save_checkpoint
 from .config import TetherConfig
 from .session import check_reachable, check_resources, start_ray, stop_ray
@@ -85,11 +86,15 @@ class Timers(dict):
 class Trainer:
     def __init__(self, cfg: TetherConfig, on_event: Callable[[str, dict], None] | None = None,
                  parent_run_id: str | None = None, run_tags: dict[str, str] | None = None,
-                 resume_from: Path | None = None, resume_run_id: str | None = None):
+                 resume_from: Path | None = None, resume_run_id: str | None = None,
+                 actor_pool: ActorPool | None = None):
         """``on_event(kind, data)`` receives progress ("warm_start", "started", "validation",
         "iteration" with the iteration's metrics, "alarm", "worker_failed"); a sweep
-        passes ``parent_run_id`` (the MLflow run is nested under it) and ``run_tags``."""
+        passes ``parent_run_id`` (the MLflow run is nested under it), ``run_tags`` and a
+        keeping ``actor_pool`` (its trial process's: the next trial reuses the actors).
+        Without one, the run's actors end with the run."""
         self.cfg = cfg
+        self.actor_pool = actor_pool or ActorPool(keep=False)
         self.parent_run_id, self.run_tags = parent_run_id, dict(run_tags or {})
         #: A checkpoint to continue from, and the MLflow run it belongs to (same run, same steps).
         self.resume_from, self.resume_run_id = resume_from, resume_run_id
@@ -142,23 +147,46 @@ class Trainer:
         if self.resume_run_id is None:
             self.tracker.log_params(cfg.flat())
         self.tracker.set_tags({"tether.model_path": self.model_path, "tether.env": cfg.env.id})
-        env_kwargs = {"stochasticity": cfg.env.stochasticity,
-                      "format_penalty": cfg.env.format_penalty, **cfg.env.kwargs}
-        self.workers = [
-            RolloutWorker.options(num_cpus=cfg.rollout.num_cpus_per_worker,
-                                  num_gpus=cfg.rollout.num_gpus_per_worker).remote(
-                self.model_path, cfg.env.id, env_kwargs, cfg.rollout.engine,
-                cfg.rollout.num_cpus_per_worker, cfg.model.dtype, cfg.rollout.engine_kwargs,
-                cfg.experiment.seed)
-            for _ in range(cfg.rollout.num_workers)]
-        self.learner = LearnerGroup.start(
-            self.model_path, self.settings, lr=cfg.algo.lr, critic_lr=cfg.algo.critic_lr,
-            use_critic=cfg.algo.use_critic, use_reference=cfg.algo.kl_coef > 0,
-            threads=cfg.algo.threads, seed=cfg.experiment.seed, dtype=cfg.model.dtype,
-            world_size=cfg.algo.learner_world_size, num_cpus=cfg.algo.num_cpus,
-            num_gpus=cfg.algo.num_gpus)
+        self.workers, self.learner = self.actor_pool.checkout(*self.actor_requests())
+        self.tracker.set_tags({"tether.actors_reused": ",".join(
+            kind for kind, reused in self.actor_pool.reused.items() if reused) or "none"})
+        # This run's own state, on new and reused actors alike: nothing of an earlier run
+        # (weights, optimiser, settings, seed, counters) carries over.
+        self.learner.start_run(self.settings, lr=cfg.algo.lr, critic_lr=cfg.algo.critic_lr,
+                               seed=cfg.experiment.seed)
+        for k, worker in enumerate(self.workers):
+            self.call_when_up(k, worker.start_run)
         stops = ray.get(self.workers[0].stop_token_ids.remote())
         self.sampling = SamplingParams(**{**self.sampling.__dict__, "stop_token_ids": stops})
+
+    def actor_requests(self) -> list[ActorRequest]:
+        """The rollout workers and the learner group, keyed by all their constructors and
+        resource options take, so a pool reuses actors only where new ones would be equal."""
+        cfg, r, a = self.cfg, self.cfg.rollout, self.cfg.algo
+        env_kwargs = {"stochasticity": cfg.env.stochasticity,
+                      "format_penalty": cfg.env.format_penalty, **cfg.env.kwargs}
+        worker_options = {"num_cpus": r.num_cpus_per_worker, "num_gpus": r.num_gpus_per_worker}
+        worker_args = (self.model_path, cfg.env.id, env_kwargs, r.engine, r.num_cpus_per_worker,
+                       cfg.model.dtype, r.engine_kwargs, cfg.experiment.seed)
+        learner_args = {"use_critic": a.use_critic, "use_reference": a.kl_coef > 0,
+                        "threads": a.threads, "dtype": cfg.model.dtype,
+                        "world_size": a.learner_world_size, "num_cpus": a.num_cpus,
+                        "num_gpus": a.num_gpus}
+
+        def end_workers(workers) -> None:  # a worker's environment pool goes with it
+            for worker in workers:
+                ray.kill(worker, no_restart=True)
+
+        return [
+            ActorRequest("rollout_workers", (r.num_workers, worker_options, worker_args),
+                         create=lambda: [RolloutWorker.options(**worker_options).remote(*worker_args)
+                                         for _ in range(r.num_workers)], end=end_workers),
+            # A multi-rank FSDP group is not kept: its ranks' sharded modules and process
+            # group would have to be re-initialised collectively, and a rank lost between
+            # runs would hang the next run's first collective.
+            ActorRequest("learner", (self.model_path, learner_args),
+                         create=lambda: LearnerGroup.launch(self.model_path, **learner_args),
+                         end=LearnerGroup.shutdown, reusable=a.learner_world_size == 1)]
 
     # -- stages -----------------------------------------------------------------------
     def collect(self, specs: list[EpisodeSpec], sampling: SamplingParams, seed: int):
@@ -193,20 +221,23 @@ class Trainer:
                            f"{last_error})")
 
     def restore_worker(self, k: int) -> None:
-        """Wait until a (restarting) worker answers, and give it the current weights.
+        """Wait until a (restarting) worker answers, and give it the current weights."""
+        worker = self.workers[k]
+        if self.weights_ref is None:  # the initial weights: the ones it loads itself
+            self.call_when_up(k, worker.stop_token_ids)
+        else:
+            self.call_when_up(k, worker.set_weights, self.weights_ref, self.weights_version)
+
+    def call_when_up(self, k: int, method, *args):
+        """``ray.get(method.remote(*args))`` on worker ``k``, once it answers.
 
         Calls into an actor that Ray is restarting fail at once (ActorUnavailableError)
         rather than wait, so this polls until the new process is up (it loads the
         model) or ``rollout.restart_timeout_s`` has passed."""
-        worker = self.workers[k]
         deadline = time.monotonic() + self.cfg.rollout.restart_timeout_s
         while True:
             try:
-                if self.weights_ref is None:  # the initial weights: the ones it loads itself
-                    ray.get(worker.stop_token_ids.remote())
-                else:
-                    ray.get(worker.set_weights.remote(self.weights_ref, self.weights_version))
-                return
+                return ray.get(method.remote(*args))
             except ray.exceptions.ActorUnavailableError:
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"rollout worker {k} did not come back within "
@@ -387,7 +418,7 @@ class Trainer:
                                        "tether.stop_reason": self.stop_reason or "completed"
                                        if status == "FINISHED" else status.lower()})
                 self.tracker.finish(status)
-            self.release_actors()
+            self.release_actors(keep=status == "FINISHED")
             stop_ray(self.started_ray)
         return RunSummary(
             run_id=self.tracker.run_id, tracking_uri=self.tracker.uri,
@@ -396,13 +427,11 @@ class Trainer:
             val_history=self.val_history, last_metrics=self.last_metrics,
             stop_reason=self.stop_reason, alarms=[e.to_dict() for e in self.alarms.events])
 
-    def release_actors(self) -> None:
-        """End this run's actors (a worker's environment pool goes with it), so a Ray
-        that outlives the run (a sweep, a test session) gets their resources back."""
-        for worker in getattr(self, "workers", []):
-            ray.kill(worker, no_restart=True)
-        if getattr(self, "learner", None) is not None:
-            self.learner.shutdown()  # its rank actors (and the reference model inside)
+    def release_actors(self, keep: bool) -> None:
+        """Hand this run's actors back to the pool: a keeping pool holds them for the next
+        run if this one finished (``keep``); otherwise they end (a worker's environment
+        pool goes with it), so a Ray that outlives the run gets their resources back."""
+        self.actor_pool.checkin(healthy=keep)
         self.workers, self.learner = [], None
 
     def log_validation(self, it: int, metrics: dict[str, float]) -> None:

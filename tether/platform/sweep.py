@@ -156,6 +156,7 @@ def run_trial(config: dict[str, Any], spec_json: str, parent_run_id: str) -> Non
     """Tune's function trainable: one full training run, metrics reported per iteration."""
     from ray import tune
 
+    from .actor_pool import process_pool
     from .driver import Trainer
 
     spec = SweepSpec.from_json(spec_json)
@@ -173,9 +174,11 @@ def run_trial(config: dict[str, Any], spec_json: str, parent_run_id: str) -> Non
             tune.report({k: float(v) for k, v in data.items() if k != "total" and
                          isinstance(v, (int, float)) and math.isfinite(float(v))})
 
-    # The run ends its actors itself, so the next trial Tune starts in this process
-    # (and placement group) gets their CPUs.
-    summary = Trainer(cfg, on_event, parent_run_id=parent_run_id, run_tags=tags).run()
+    # Tune reuses this process (and its placement group) for the next trial with the same
+    # resources; the process's pool keeps a finished trial's rollout workers and learner
+    # for it, and ends them if that trial's constructor arguments differ (actor_pool.py).
+    summary = Trainer(cfg, on_event, parent_run_id=parent_run_id, run_tags=tags,
+                      actor_pool=process_pool()).run()
     if summary.status != "FINISHED":
         raise RuntimeError(f"trial {trial_id} ended {summary.status}")
 
@@ -413,7 +416,8 @@ def _tune_config(spec: SweepSpec):
                                   max_t=a.max_t or spec.base.trainer.iterations,
                                   grace_period=a.grace_period, reduction_factor=a.reduction_factor)
     # reuse_actors: a trial's process is kept for the next trial, which skips importing
-    # torch and tether again (seconds of CPU per trial on a small machine).
+    # torch and tether again (seconds of CPU per trial on a small machine), and so are its
+    # rollout workers and learner when the next trial's are the same (run_trial).
     return tune.TuneConfig(metric=sweep.metric, mode=sweep.mode, search_alg=search_alg,
                            scheduler=scheduler, num_samples=sweep.num_samples, reuse_actors=True,
                            max_concurrent_trials=sweep.max_concurrent
