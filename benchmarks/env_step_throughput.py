@@ -1,11 +1,13 @@
-"""Env step throughput (steps/s) of WebShop and DeepCoder, side by side with baselines.
+"""Env step throughput (steps/s) of WebShop, MetaMathQA, SearchQA and DeepCoder, beside baselines.
 
 Every row times ``env.step`` only (reset and the choice of answer are outside the
 timer), over episodes whose answers come from the env's own demonstrator with
 noise 0.3 -- the mix a warm-started policy produces -- or from a fixed answer kind:
 
-- ``webshop``: demonstrator actions on the default generated catalogue; baseline
-  ``frozenlake`` (4x4) with its demonstrator, in the same run;
+- ``webshop``, ``metamathqa``, ``searchqa``: demonstrator actions on the default
+  generated catalogue / problems / knowledge base (SearchQA: BM25 over the corpus on
+  every ``search[...]``); baseline ``frozenlake`` (4x4) with its demonstrator, in the
+  same run;
 - ``deepcoder``: the reference solution (every test runs in the sandbox), with
   tests judged in parallel over all cores and, as the baseline, one at a time
   (``max_workers=1``); and an answer that does not compile (format penalty, no
@@ -70,6 +72,9 @@ def main() -> None:
     webshop = demonstrator_rate("webshop", int(4000 * scale))
     frozenlake = demonstrator_rate("frozenlake", int(4000 * scale))
     rows.append(("webshop, demonstrator (noise 0.3)", webshop, "frozenlake 4x4", frozenlake))
+    for env_id in ("metamathqa", "searchqa"):
+        rows.append((f"{env_id}, demonstrator (noise 0.3)", demonstrator_rate(env_id, int(4000 * scale)),
+                     "frozenlake 4x4", frozenlake))
     parallel = fixed_answer_rate(int(120 * scale), "reference")
     serial = fixed_answer_rate(int(120 * scale), "reference", max_workers=1)
     rows.append((f"deepcoder, reference solution, {cores} workers", parallel, "1 worker", serial))
