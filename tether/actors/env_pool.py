@@ -51,11 +51,6 @@ class RemoteEnvBatch:
     def __init__(self, actor) -> None:
         self.actor = actor
 
-    def start_run(self) -> None:
-        """A new run: no live episodes, counters at zero (each episode's state comes from
-        its seed at ``reset``, so the environments themselves carry nothing over)."""
-        self.live = self.resets = self.steps = 0
-
     def reset(self, seeds: list[int]) -> list[EnvObservation]:
         return ray.get(self.actor.reset.remote(seeds))
 
