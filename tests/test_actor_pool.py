@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import micro_config_dict, tether_actor_processes
+from tests.conftest import micro_config_dict
+from tests.processes import tether_actor_processes
 from tether.platform.actor_pool import ActorPool, ActorRequest
 
 

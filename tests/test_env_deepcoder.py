@@ -228,24 +228,3 @@ def test_step_never_raises(answer):
     _, reward, terminated, _, info = env.step(answer)
     assert terminated
     assert reward in (env.reward_support if info["action_is_valid"] else (env.format_penalty,))
-
-
-def test_quickstart_warm_start_demonstrations_fit_and_mostly_succeed():
-    """experiments/deepcoder.yaml: its demonstrations fit the model window and the reply cap
-    (so the warm start keeps all of them), and its noise leaves most of them successful
-    but not all."""
-    from pathlib import Path
-
-    from tether.agent.chat import ChatFormatter
-    from tether.platform.config import load_config
-    from tether.policy.warmstart import build_tokenizer, demonstration_episodes, encode_episode
-
-    cfg = load_config(Path(__file__).parent.parent / "experiments" / "deepcoder.yaml")
-    ws = cfg.model.warm_start
-    episodes = demonstration_episodes(cfg.env.id, cfg.env.kwargs, 96, ws.noise, seed=10_000_000,
-                                      max_reply_tokens=cfg.rollout.max_reply_tokens)
-    formatter = ChatFormatter(build_tokenizer(episodes, ws.vocab_size))
-    assert max(len(encode_episode(formatter, e)[0]) for e in episodes) <= cfg.model.max_context
-    assert max(len(formatter.encode(r)) for e in episodes for r in e.replies) \
-        <= cfg.rollout.max_reply_tokens
-    assert 0.8 <= np.mean([e.success for e in episodes]) < 1.0

@@ -287,25 +287,3 @@ def test_step_never_raises(answers):
     if not env.done and env.actions_left() > 0:
         env.demonstration(np.random.default_rng(0), 0.5)  # from any reachable page
         assert env.solve() is not None
-
-
-def test_quickstart_warm_start_demonstrations_fit_and_mostly_succeed():
-    """experiments/webshop.yaml: its demonstrations fit the model window and the reply cap
-    (so the warm start keeps nearly all of them), and its noise leaves most of them
-    successful but not all."""
-    from pathlib import Path
-
-    from tether.agent.chat import ChatFormatter
-    from tether.platform.config import load_config
-    from tether.policy.warmstart import build_tokenizer, demonstration_episodes, encode_episode
-
-    cfg = load_config(Path(__file__).parent.parent / "experiments" / "webshop.yaml")
-    ws = cfg.model.warm_start
-    episodes = demonstration_episodes(cfg.env.id, cfg.env.kwargs, 200, ws.noise, seed=10_000_000,
-                                      max_reply_tokens=cfg.rollout.max_reply_tokens)
-    formatter = ChatFormatter(build_tokenizer(episodes, ws.vocab_size))
-    lengths = [len(encode_episode(formatter, e)[0]) for e in episodes]
-    assert np.mean([n <= cfg.model.max_context for n in lengths]) >= 0.95
-    assert max(len(formatter.encode(r)) for e in episodes for r in e.replies) \
-        <= cfg.rollout.max_reply_tokens
-    assert 0.8 <= np.mean([e.success for e in episodes]) < 1.0

@@ -14,7 +14,7 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from tests.conftest import tether_actor_processes
+from tests.processes import tether_actor_processes
 from tether.platform.config import ConfigError
 from tether.platform.sweep import (SweepError, _expected_trials, _tune_config,
                                    check_resources, decode, param_space, results_rows,
