@@ -29,7 +29,6 @@ positions (t >= L_b, which every loss masks out) hold 0.
 from __future__ import annotations
 
 import torch
-from transformers.cache_utils import DynamicCache
 
 Tensor = torch.Tensor
 
@@ -90,6 +89,10 @@ def shared_prefix_token_logprobs(model, input_ids: Tensor, attention_mask: Tenso
     """``token_logprobs`` of right-padded rows [B, T], each group's common prefix run once.
 
     Returns (log-probs [B, T], entropy [B, T] or None), 0 at position 0 and at padding."""
+    # Imported here: transformers' cache module pulls in DTensor (~0.5 s), which processes
+    # that only import the update code (a sweep's trial loop) never need.
+    from transformers.cache_utils import DynamicCache
+
     device = input_ids.device
     inverse, first_row, prefix_len = prefixes or group_prefix_lengths(
         input_ids.cpu(), attention_mask.cpu(), group_index.cpu())

@@ -30,7 +30,7 @@ from ..algos.batch import collate
 from ..algos.filters import FilterConfig, snr_filter
 from ..algos.update import UpdateSettings
 from ..diagnostics.alarms import AlarmMonitor
-from ..policy.load import load_model_and_tokenizer, resolve_policy
+from ..policy.load import load_tokenizer, resolve_policy
 from ..rollout.base import SamplingParams
 from .actor_pool import ActorPool, ActorRequest
 from .checkpoint import load_checkpoint, save_checkpoint
@@ -136,7 +136,7 @@ class Trainer:
             cfg.model, cfg.env, cfg.experiment.seed, cfg.rollout.max_reply_tokens,
             progress=lambda step, total, loss: self.emit("warm_start", {
                 "step": step, "total": total, "loss": loss})))
-        _, self.tokenizer = load_model_and_tokenizer(self.model_path)
+        self.tokenizer = load_tokenizer(self.model_path)
         self.spans = SpanExtractor(ChatFormatter(self.tokenizer))
         uri = cfg.tracking.uri or default_tracking_uri(self.output_dir)
         self.tracker = Tracker(uri, cfg.experiment.name, self.output_dir / "artifacts",

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import torch
-from transformers import AutoModel
 
 
 class ValueModel(torch.nn.Module):
     def __init__(self, path) -> None:
+        from transformers import AutoModel  # (the model classes: imported where a model is built)
+
         super().__init__()
         self.backbone = AutoModel.from_pretrained(str(path))
         self.head = torch.nn.Linear(self.backbone.config.hidden_size, 1)

@@ -12,11 +12,14 @@ from pathlib import Path
 
 import torch
 from filelock import FileLock
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 
-from .tiny import build_tiny_model, tiny_config
 from .warmstart import (build_tokenizer, demonstration_episodes, encode_episode,
                         supervised_finetune)
+
+# The modelling code (transformers' model classes pull in torch._dynamo and DTensor:
+# ~2 s of imports) is imported where a model is built or loaded, so a process that only
+# needs the tokenizer (the driver, a sweep's trial) starts without it.
 
 #: Bump when the recipe changes so stale caches are not reused.
 RECIPE_VERSION = 1
@@ -64,6 +67,7 @@ def build_warm_model(spec: dict, out_dir: Path, progress=None) -> dict:
                                       max_reply_tokens=spec["max_reply_tokens"])
     tokenizer = build_tokenizer(episodes, ws["vocab_size"])
     from ..agent.chat import ChatFormatter
+    from .tiny import build_tiny_model, tiny_config
 
     formatter = ChatFormatter(tokenizer)
     sequences = [encode_episode(formatter, e) for e in episodes]
@@ -86,6 +90,8 @@ def build_warm_model(spec: dict, out_dir: Path, progress=None) -> dict:
 
 def load_model_and_tokenizer(path, dtype: str = "float32"):
     """Load a causal LM and its tokenizer from a directory or hub id, in eval mode."""
+    from transformers import AutoModelForCausalLM
+
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype)
     return model.eval(), load_tokenizer(path)
