@@ -2,11 +2,14 @@
 
     python benchmarks/sweep_concurrency.py             # filters_smoke, 2 CPUs, 1,2,2,1
     python benchmarks/sweep_concurrency.py --spec experiments/stochasticity_smoke.yaml
+    python benchmarks/sweep_concurrency.py --order 1,2 trainer.iterations=8 rollout.groups=2
 
 Both sweeps run in this process on one local Ray with 2 logical CPUs and the same
 cached warm-started micro model (warmed before timing), so the ratio measures what
-concurrency buys: each smoke trial takes 1 CPU (0.2 loop + 2 x 0.3 workers + 0.2
-learner), so at concurrency 2 two trials share the 2 cores. The machine's load average
+concurrency buys: each smoke trial takes 1 CPU (0.2 loop + 0.5 rollout worker + 0.3
+learner, one torch thread each), so at concurrency 2 two trials share the 2 cores.
+Overrides (the CLI's syntax) reshape every trial, e.g. to see how the ratio depends on
+how long a trial trains against how long its actors take to start. The machine's load average
 is printed beside each time: other jobs on the same cores distort the ratio.
 
 CPU use is sampled from /proc: the CPU seconds of this process tree (the driver, Ray's
@@ -72,6 +75,8 @@ def main() -> None:
     parser.add_argument("--spec", default="experiments/filters_smoke.yaml")
     parser.add_argument("--order", default="1,2,2,1", help="Concurrencies, in the order "
                         "run (alternating evens out drifting load from other jobs).")
+    parser.add_argument("overrides", nargs="*", help="Config overrides for every trial, "
+                        "e.g. trainer.iterations=8 (same syntax as `tether sweep`).")
     args = parser.parse_args()
 
     from tether.platform.session import prepare_process, start_ray
@@ -83,7 +88,7 @@ def main() -> None:
 
     start_ray(None, 2, 0)
     out = Path(tempfile.mkdtemp(prefix="sweep_bench_"))
-    base = load_sweep_spec(args.spec).base
+    base = load_sweep_spec(args.spec, args.overrides).base
     resolve_policy(base.model, base.env, base.experiment.seed, base.rollout.max_reply_tokens)
 
     times: dict[int, list[float]] = {}
@@ -92,7 +97,7 @@ def main() -> None:
     meter.start()
     for run, concurrency in enumerate(int(c) for c in args.order.split(",")):
         name = f"bench{run}_c{concurrency}"
-        spec = load_sweep_spec(args.spec, [f"experiment.output_dir={out / name}",
+        spec = load_sweep_spec(args.spec, [*args.overrides, f"experiment.output_dir={out / name}",
                                            f"sweep.max_concurrent={concurrency}",
                                            f"sweep.name={name}"])
         load_before = os.getloadavg()[0]
