@@ -1,14 +1,15 @@
-"""Test helper: which of Tether's actor processes are still alive under this process."""
+"""Test helpers: Tether's actor processes still alive under this process (its local Ray)."""
 
 import os
 import time
 from pathlib import Path
 
+KINDS = ("ray::RolloutWorker", "ray::Learner", "ray::EnvPoolActor")
+
 
 def tether_actor_processes(timeout: float = 60.0) -> list[str]:
-    """Titles of the live actor processes of Tether's kinds under this process (its local
-    Ray): waits up to ``timeout`` seconds for them to be gone, then lists what is left."""
-    kinds = ("ray::RolloutWorker", "ray::Learner", "ray::EnvPoolActor")
+    """Titles of the live actor processes of Tether's kinds under this process: waits up
+    to ``timeout`` seconds for them to be gone, then lists what is left."""
     deadline = time.time() + timeout
     while True:
         parents, titles = {}, {}
@@ -23,7 +24,14 @@ def tether_actor_processes(timeout: float = 60.0) -> list[str]:
         mine = {os.getpid()}
         for _ in range(8):
             mine |= {pid for pid, ppid in parents.items() if ppid in mine}
-        alive = [titles[pid] for pid in mine if titles[pid].startswith(kinds)]
+        alive = [titles[pid] for pid in mine if titles[pid].startswith(KINDS)]
         if not alive or time.time() > deadline:
             return alive
         time.sleep(1)
+
+
+def assert_actor_processes_ended(timeout: float = 60.0) -> None:
+    """No rollout worker, environment pool or learner process is left under this process
+    (within ``timeout`` seconds): whatever ended the run ended its actors too."""
+    left = tether_actor_processes(timeout)
+    assert left == [], f"actor processes still alive after {timeout:g} s: {left}"

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import micro_config_dict
-from tests.processes import tether_actor_processes
+from tests.processes import assert_actor_processes_ended, tether_actor_processes
 from tether.platform.actor_pool import ActorPool, ActorRequest
 
 
@@ -260,4 +260,4 @@ def test_a_failed_run_ends_its_actors_instead_of_handing_them_on(pooled_runs, tm
     assert pool.reused == {"rollout_workers": True, "learner": True}
     assert pool.idle == {} and pool.lent == {}
     assert all(_dead(handle) for handle in [*workers, *env_pools, *learner.ranks])
-    assert tether_actor_processes() == []
+    assert_actor_processes_ended()

@@ -14,7 +14,7 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from tests.processes import tether_actor_processes
+from tests.processes import assert_actor_processes_ended
 from tether.platform.config import ConfigError
 from tether.platform.sweep import (SweepError, _expected_trials, _tune_config,
                                    check_resources, decode, param_space, results_rows,
@@ -280,7 +280,7 @@ def test_optuna_smoke_sweep_through_tune_is_tracked_in_mlflow(micro_policy, mode
     assert reused.count("none") >= 1 and any(r.startswith("rollout_workers") for r in reused)
     # No rollout worker, environment pool or learner outlives the sweep: Tune removed the
     # trial processes' placement groups, and the pools' actors went with them.
-    assert tether_actor_processes() == []
+    assert_actor_processes_ended()
     # Tune ran the Optuna searcher (its state is saved beside the trials for --resume).
     assert any(p.name.startswith("searcher-state") for p in outcome.experiment_path.iterdir())
     artifacts = {a.path for a in client.list_artifacts(outcome.parent_run_id)}

@@ -21,7 +21,7 @@ import torch
 from ..algos.batch import TrajectoryBatch
 from ..algos.update import UpdateSettings, policy_update, prepare_batch
 from ..policy.critic import ValueModel
-from ..policy.load import load_model_and_tokenizer, load_tokenizer
+from ..policy.load import load_model, load_tokenizer
 
 
 def shard_with_fsdp(model: torch.nn.Module, mesh) -> torch.nn.Module:
@@ -100,11 +100,11 @@ class Learner:
             torch.cuda.empty_cache()
         torch.manual_seed(seed)
         self.settings = settings
-        self.model = load_model_and_tokenizer(self.model_path, self.dtype)[0]
+        self.model = load_model(self.model_path, self.dtype)
         self.critic = ValueModel(self.model_path) if self.use_critic else None
         #: The frozen initial policy, for the KL regulariser.
         if self.use_reference:
-            self.reference = load_model_and_tokenizer(self.model_path, self.dtype)[0]
+            self.reference = load_model(self.model_path, self.dtype)
             self.reference.requires_grad_(False)
         for name in ("model", "critic", "reference"):
             module = getattr(self, name)
@@ -164,7 +164,7 @@ class Learner:
         if self.rank != 0:
             return None
         if self.full_model is None:
-            self.full_model = load_model_and_tokenizer(self.model_path, self.dtype)[0].to(self.device)
+            self.full_model = load_model(self.model_path, self.dtype).to(self.device)
         self.full_model.load_state_dict(state)
         return self.full_model
 

@@ -10,7 +10,7 @@ import torch
 from ..agent.chat import ChatFormatter
 from ..agent.episode import EpisodeSpec, run_episodes
 from ..agent.types import Trajectory
-from ..policy.load import load_model_and_tokenizer, load_tokenizer
+from ..policy.load import load_model, load_model_and_tokenizer, load_tokenizer
 from ..rollout import make_engine
 from ..rollout.base import SamplingParams
 from .env_pool import EnvPoolActor, RemoteEnvBatch
@@ -43,7 +43,7 @@ class RolloutWorker:
         >= 0) and the environment pool's counters.  Everything else is per call (seeds,
         sampling) or fixed by the constructor's arguments."""
         if self.weights_version != -1:
-            initial = load_model_and_tokenizer(self.model_path, self.dtype)[0].state_dict()
+            initial = load_model(self.model_path, self.dtype).state_dict()
             self.engine.load_state_dict(initial)
             self.weights_version = -1
         ray.get(self.env_pool.start_run.remote())

@@ -88,13 +88,17 @@ def build_warm_model(spec: dict, out_dir: Path, progress=None) -> dict:
     return stats
 
 
-def load_model_and_tokenizer(path, dtype: str = "float32"):
-    """Load a causal LM and its tokenizer from a directory or hub id, in eval mode."""
+def load_model(path, dtype: str = "float32"):
+    """Load a causal LM from a directory or hub id, in eval mode."""
     from transformers import AutoModelForCausalLM
 
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype)
-    return model.eval(), load_tokenizer(path)
+    return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype).eval()
+
+
+def load_model_and_tokenizer(path, dtype: str = "float32"):
+    """Load a causal LM (``load_model``) and its tokenizer (``load_tokenizer``)."""
+    return load_model(path, dtype), load_tokenizer(path)
 
 
 def load_tokenizer(path):
