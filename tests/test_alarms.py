@@ -14,12 +14,26 @@ H = "collapse/first_turn/conditional_entropy_est"
 RV = "rollout/in_group_reward_std"
 LEN = "rollout/reasoning_length"
 EMPTY = "filter/empty"
+P = "collapse/first_turn/p_grounded"
+VR = "rollout/valid_reasoning_rate"
+VA = "rollout/action_valid_rate"
+
+
+def mi_point(mi, h, half=0.1, p=0.001, h_half=0.05):
+    """One diagnostic point of the first-turn proxies: values, intervals and p-value."""
+    return {MI: mi, f"{MI}_ci_low": mi - half, f"{MI}_ci_high": mi + half, P: p,
+            H: h, f"{H}_ci_low": h - h_half, f"{H}_ci_high": h + h_half}
+
+
+def length_point(mean, half=2.0):
+    return {LEN: mean, f"{LEN}_ci_low": mean - half, f"{LEN}_ci_high": mean + half}
 
 
 def healthy(n=60, seed=0):
     rng = np.random.default_rng(seed)
-    return [{MI: 1.0 + 0.05 * rng.standard_normal(), H: 2.0 + 0.05 * rng.standard_normal(),
-             RV: 0.5 + 0.05 * rng.standard_normal(), LEN: 40 + rng.standard_normal(), EMPTY: 0.0}
+    return [{**mi_point(1.0 + 0.05 * rng.standard_normal(), 2.0 + 0.05 * rng.standard_normal()),
+             RV: 0.5 + 0.05 * rng.standard_normal(), **length_point(40 + rng.standard_normal()),
+             EMPTY: 0.0, VR: 0.9, VA: 0.95}
             for _ in range(n)]
 
 
@@ -41,30 +55,82 @@ def test_healthy_stream_is_silent():
     assert not monitor.stop_requested
 
 
-def test_template_collapse_fires_once_when_mi_falls_and_entropy_holds():
-    mi = [1.0] * 5 + [0.9, 0.8, 0.72, 0.68, 0.6, 0.5, 0.45, 0.4]     # 0.68 is the first > 30 % fall
-    stream = [{MI: v, H: 2.0 + 0.01 * k} for k, v in enumerate(mi)]  # entropy drifts up
+def test_template_collapse_fires_once_when_mi_falls_beyond_both_intervals_and_entropy_holds():
+    mi = [1.0] * 5 + [0.9, 0.8, 0.75, 0.7, 0.6, 0.5, 0.45, 0.4]
+    # Intervals +-0.1: 0.8 [0.7, 0.9] still touches 1.0 [0.9, 1.1]; 0.75 [0.65, 0.85] is the
+    # first apart (iteration 8); patience 2 fires at the second (iteration 9).
+    stream = [mi_point(v, 2.0 + 0.01 * k) for k, v in enumerate(mi)]   # entropy drifts up
     monitor = AlarmMonitor(AlarmsConfig(), clock=fake_clock())
     events = run(monitor, stream)
     assert [(e.name, e.iteration, e.mode) for e in events] == [("template_collapse", 9, "warn")]
     event = events[0]
     assert "\n" not in event.message and "template_collapse" in event.message
+    assert "[0.9, 1.1]" in event.message and "p_grounded" in event.message
     assert event.evidence["iteration"] == [float(i) for i in range(1, 10)]
     assert event.evidence[MI] == mi[:9]
+    assert event.evidence[f"{MI}_ci_low"] == pytest.approx([v - 0.1 for v in mi[:9]])
+    assert event.evidence[P] == [0.001] * 9 and event.evidence["reference_iteration"] == [1.0]
     assert len(event.evidence[H]) == 9
     assert event.time == 8.0                                          # one clock tick per update
 
 
+def test_patience_one_fires_at_the_first_separation():
+    mi = [1.0] * 3 + [0.7]
+    events = run(AlarmMonitor(AlarmsConfig(template_collapse={"patience": 1})),
+                 [mi_point(v, 2.0) for v in mi])
+    assert [(e.name, e.iteration) for e in events] == [("template_collapse", 4)]
+
+
+def test_a_fall_within_noise_of_zero_never_fires():
+    # The quickstart's false alarm: MI 0.0109 -> 0.0053 (a "52 % fall") at noise level, never
+    # significantly above its null (p ~ 0.3-0.6), with intervals straddling zero.
+    stream = [mi_point(v, 2.0, half=0.02, p=p) for v, p in
+              [(0.0109, 0.31), (0.0095, 0.4), (0.0080, 0.45), (0.0053, 0.6), (0.001, 0.7), (0.0, 0.8)]]
+    assert run(AlarmMonitor(AlarmsConfig(template_collapse={"patience": 1})), stream) == []
+
+
+def test_a_large_relative_fall_inside_the_intervals_does_not_fire():
+    # Significant at first, then a 60 % fall that stays within the uncertainty of both points.
+    stream = [mi_point(1.0, 2.0, half=0.5), mi_point(0.4, 2.0, half=0.5), mi_point(0.4, 2.0, half=0.5)]
+    assert run(AlarmMonitor(AlarmsConfig(template_collapse={"patience": 1})), stream) == []
+
+
+def test_recovery_resets_the_streak():
+    mi = [1.0, 0.6, 1.0, 0.6, 1.0, 0.6, 0.6]        # apart, back, apart, back, apart twice
+    events = run(AlarmMonitor(AlarmsConfig()), [mi_point(v, 2.0) for v in mi])
+    assert [(e.name, e.iteration) for e in events] == [("template_collapse", 7)]
+
+
 def test_low_entropy_collapse_fires_when_both_fall():
-    stream = [{MI: 1.0 - 0.12 * k, H: 2.0 - 0.1 * k} for k in range(8)]
+    stream = [mi_point(1.0 - 0.12 * k, 2.0 - 0.1 * k) for k in range(8)]
     events = run(AlarmMonitor(AlarmsConfig()), stream)
-    # MI falls > 30 % at k = 3 (0.64); entropy has then fallen 15 % (> 10 %).
+    # MI apart from 1.0 from k = 2 (0.76 +- 0.1 < 0.9); H apart from k = 2 (1.8 + 0.05 < 1.95).
     assert [(e.name, e.iteration) for e in events] == [("low_entropy_collapse", 4)]
 
 
-def test_small_entropy_fall_is_neither_regime():
-    # MI falls 36-48 % while entropy falls 6-8 %: more than "flat" (5 %), less than "falling" (10 %).
-    stream = [{MI: 1.0 - 0.12 * k, H: 2.0 - 0.04 * k} for k in range(5)]
+def test_entropy_falling_within_its_interval_counts_as_holding():
+    stream = [mi_point(1.0 - 0.15 * k, 2.0 - 0.03 * k) for k in range(5)]   # H apart only at k >= 4
+    events = run(AlarmMonitor(AlarmsConfig()), stream)
+    assert [(e.name, e.iteration) for e in events] == [("template_collapse", 4)]
+
+
+def test_format_collapse_fires_when_reasoning_or_actions_vanish():
+    stream = [{VR: 0.9, VA: 0.9}, {VR: 0.0, VA: 0.9}, {VR: 0.0, VA: 0.0}, {VR: 0.5, VA: 0.01},
+              {VR: 0.5, VA: 0.0}]
+    events = run(AlarmMonitor(AlarmsConfig()), stream)
+    assert [(e.name, e.iteration) for e in events] == [("format_collapse", 3)]
+    assert "reasoning and actions" in events[0].message
+    assert events[0].evidence[VR] == [0.0, 0.0]
+
+
+def test_reward_variance_collapse_needs_a_baseline_above_noise():
+    stream = [{RV: 0.02}] * 10 + [{RV: 0.0}] * 20       # a spread that was never there
+    assert run(AlarmMonitor(AlarmsConfig()), stream) == []
+
+
+def test_output_length_fall_within_noise_does_not_fire():
+    lengths = [4, 4, 1, 1, 1]                          # 75 % fall, but the intervals overlap
+    stream = [length_point(v, half=3.0) for v in lengths]
     assert run(AlarmMonitor(AlarmsConfig()), stream) == []
 
 
@@ -79,7 +145,7 @@ def test_reward_variance_collapse_needs_ten_consecutive_below_a_tenth_of_baselin
 
 def test_output_length_collapse():
     lengths = [40, 41, 39, 40, 35, 30, 25, 19, 15, 15]
-    events = run(AlarmMonitor(AlarmsConfig()), [{LEN: v} for v in lengths])
+    events = run(AlarmMonitor(AlarmsConfig()), [length_point(v) for v in lengths])
     assert [(e.name, e.iteration) for e in events] == [("output_length_collapse", 8)]   # 19 < 41 / 2
 
 
@@ -103,9 +169,9 @@ def test_stop_mode_and_off_mode():
                           template_collapse=TemplateCollapseConfig(mode="off"))
     monitor = AlarmMonitor(config)
     assert "template_collapse" not in monitor.alarms
-    mi = [{MI: 1.0, H: 2.0}, {MI: 0.1, H: 2.0}]
+    mi = [mi_point(1.0, 2.0), mi_point(0.1, 2.0), mi_point(0.1, 2.0)]
     assert run(monitor, mi) == []                                  # template alarm switched off
-    events = run(monitor, [{EMPTY: 1}, {EMPTY: 1}], start=3)
+    events = run(monitor, [{EMPTY: 1}, {EMPTY: 1}], start=4)
     assert [(e.name, e.mode) for e in events] == [("empty_after_filter", "stop")]
     assert monitor.stop_requested
 
@@ -120,8 +186,9 @@ def test_state_round_trip_resumes_exactly():
     rng = np.random.default_rng(1)
     stream = healthy(15)
     for k in range(15):       # every alarm collapses in the second half
-        stream.append({MI: 1.0 * 0.85 ** (k + 1), H: 2.0 + 0.01 * k, RV: 0.01, LEN: 40 * 0.9 ** (k + 1),
-                       EMPTY: 1.0, "noise": rng.normal()})
+        stream.append({**mi_point(1.0 * 0.85 ** (k + 1), 2.0 + 0.01 * k), RV: 0.01,
+                       **length_point(40 * 0.9 ** (k + 1)), EMPTY: 1.0, VR: 0.0, VA: 0.0,
+                       "noise": rng.normal()})
     uninterrupted = AlarmMonitor(AlarmsConfig(), clock=lambda: 0.0)
     expected = run(uninterrupted, stream)
     assert {e.name for e in expected} == set(ALARMS) - {"low_entropy_collapse"}
@@ -153,7 +220,7 @@ def test_config_fields_are_documented_and_strict():
     with pytest.raises(ValidationError):
         AlarmsConfig(template_collapse={"mode": "loud"})
     with pytest.raises(ValidationError):
-        AlarmsConfig(template_collapse={"drop_fraction": 1.5})
+        AlarmsConfig(template_collapse={"alpha": 1.5})
     with pytest.raises(ValidationError):
         AlarmsConfig(typo_alarm={"mode": "warn"})
     config = AlarmsConfig.model_validate({"template_collapse": {"mode": "stop", "window": 5}})

@@ -185,7 +185,7 @@ class Learner:
                 model, trajectories, self.extractor, diagnostics_cfg.samplings,
                 diagnostics_cfg.max_pairs, self.settings.temperature, ema_state, seed,
                 information_chain, diagnostics_cfg.method, keep_matrices,
-                max_cells=diagnostics_cfg.max_cells)
+                max_cells=diagnostics_cfg.max_cells, uncertainty=diagnostics_cfg.uncertainty())
 
     def grad_snr(self, batch: TrajectoryBatch, n_buckets: int) -> dict[str, float] | None:
         from ..diagnostics.runner import gradient_snr

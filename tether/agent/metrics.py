@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 import numpy as np
+from scipy.stats import binomtest
 
 from .types import Trajectory
 
@@ -26,6 +27,22 @@ def group_rewards(trajectories: list[Trajectory]) -> list[dict]:
             for g, ts in group_trajectories(trajectories).items()]
 
 
+def _mean_interval(name: str, values: list[float], z: float = 1.96) -> dict[str, float]:
+    """``{name}_ci_low/_ci_high``: a normal-approximation 95 % interval of the mean (the
+    point itself with fewer than two values, 0 with none)."""
+    if len(values) < 2:
+        mean = float(np.mean(values)) if values else 0.0
+        return {f"{name}_ci_low": mean, f"{name}_ci_high": mean}
+    mean, half = float(np.mean(values)), z * float(np.std(values, ddof=1)) / np.sqrt(len(values))
+    return {f"{name}_ci_low": mean - half, f"{name}_ci_high": mean + half}
+
+
+def _proportion_interval(name: str, successes: int, n: int) -> dict[str, float]:
+    """``{name}_ci_low/_ci_high``: the 95 % Wilson interval of a proportion."""
+    interval = binomtest(successes, n).proportion_ci(0.95, method="wilson")
+    return {f"{name}_ci_low": float(interval.low), f"{name}_ci_high": float(interval.high)}
+
+
 def rollout_metrics(trajectories: list[Trajectory], prefix: str = "rollout",
                     reasoning_tokens=None) -> dict[str, float]:
     """Success, reward statistics, in-group reward spread, lengths and format rates.
@@ -44,6 +61,7 @@ def rollout_metrics(trajectories: list[Trajectory], prefix: str = "rollout",
     reply_lengths = [turn.reply_end - turn.reply_start for turn in turns]
     out = {
         "success": float(np.mean([t.success for t in trajectories])),
+        **_proportion_interval("success", sum(bool(t.success) for t in trajectories), len(trajectories)),
         "reward_mean": float(rewards.mean()),
         "reward_std": float(rewards.std()),
         "in_group_reward_std": float(group_std.mean()),
@@ -51,6 +69,8 @@ def rollout_metrics(trajectories: list[Trajectory], prefix: str = "rollout",
         "turns": float(np.mean([len(t.turns) for t in trajectories])),
         "response_length": float(np.mean(reply_lengths)) if reply_lengths else 0.0,
         "reasoning_length": float(np.mean(reasoning)) if reasoning else 0.0,
+        **_mean_interval("reasoning_length", reasoning),
+        "valid_reasoning_rate": float(np.mean([bool(turn.reasoning) for turn in turns])) if turns else 0.0,
         "format_ok_rate": float(np.mean([turn.format_ok for turn in turns])) if turns else 0.0,
         "action_valid_rate": float(np.mean([turn.action_valid for turn in turns])) if turns else 0.0,
         "length_truncated_rate": float(np.mean([turn.finish_reason == "length" for turn in turns]))

@@ -32,24 +32,36 @@ class _AlarmConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class TemplateCollapseConfig(_AlarmConfig):
-    mode: AlarmMode = Field("warn", description=_MODE)
-    mi_metric: str = Field("collapse/first_turn/mi_zscore_ema", description="MI proxy watched for a fall")
-    entropy_metric: str = Field("collapse/first_turn/conditional_entropy_est",
-                                description="within-input entropy H(Z|X) that must stay flat or rise")
-    window: int = Field(10, ge=2, description="observations (iterations with both metrics) in the running window")
-    drop_fraction: float = Field(0.3, gt=0, lt=1, description="MI fall from its positive window peak, as a fraction of the peak")
-    entropy_tolerance: float = Field(0.05, ge=0, description="relative entropy fall since the MI peak still counted as flat")
+class _MiEntropyConfig(_AlarmConfig):
+    mi_metric: str = Field("collapse/first_turn/mi_zscore_ema", description=(
+        "MI proxy watched for a fall; its interval is read from <mi_metric>_ci_low / _ci_high "
+        "(the diagnostics' bootstrap)"))
+    p_metric: str = Field("collapse/first_turn/p_grounded", description=(
+        "p-value of the input-dependence (permutation) test at the same diagnostic point"))
+    entropy_metric: str = Field("collapse/first_turn/conditional_entropy_est", description=(
+        "within-input entropy H(Z|X), with its interval <entropy_metric>_ci_low / _ci_high"))
+    window: int = Field(10, ge=2, description=(
+        "diagnostic points kept; the reference (an earlier point where MI was significantly "
+        "above its null) must lie within them"))
+    alpha: float = Field(0.05, gt=0, lt=0.5, description=(
+        "an earlier point is a reference only when its p-value is below alpha (MI significantly "
+        "above the permutation null there)"))
+    patience: int = Field(2, ge=1, description=(
+        "consecutive diagnostic points whose MI interval lies wholly below the reference's "
+        "before the alarm fires (1 = the first separation)"))
 
 
-class LowEntropyCollapseConfig(_AlarmConfig):
+class TemplateCollapseConfig(_MiEntropyConfig):
+    """MI significantly above its null earlier, now fallen by more than the uncertainty of
+    both estimates (the intervals separate), while H(Z|X) did not fall (its interval now is
+    not wholly below the reference's)."""
     mode: AlarmMode = Field("warn", description=_MODE)
-    mi_metric: str = Field("collapse/first_turn/mi_zscore_ema", description="MI proxy watched for a fall")
-    entropy_metric: str = Field("collapse/first_turn/conditional_entropy_est",
-                                description="within-input entropy H(Z|X) watched for a fall")
-    window: int = Field(10, ge=2, description="observations (iterations with both metrics) in the running window")
-    drop_fraction: float = Field(0.3, gt=0, lt=1, description="MI fall from its positive window peak, as a fraction of the peak")
-    entropy_drop_fraction: float = Field(0.1, gt=0, lt=1, description="relative entropy fall since the MI peak that counts as falling")
+
+
+class LowEntropyCollapseConfig(_MiEntropyConfig):
+    """As template_collapse, but H(Z|X) fell too (its interval now lies wholly below the
+    reference's)."""
+    mode: AlarmMode = Field("warn", description=_MODE)
 
 
 class RewardVarianceCollapseConfig(_AlarmConfig):
@@ -57,14 +69,31 @@ class RewardVarianceCollapseConfig(_AlarmConfig):
     metric: str = Field("rollout/in_group_reward_std", description="mean in-group reward std of the batch")
     baseline_iterations: int = Field(10, ge=1, description="first observations averaged into the baseline")
     fraction: float = Field(0.1, gt=0, lt=1, description="breach when the metric is below this fraction of the baseline")
+    min_baseline: float = Field(0.05, ge=0, description=(
+        "no verdict while the baseline is below this (reward std in reward units): a spread "
+        "that was never there cannot collapse, and a fraction of noise is noise"))
     patience: int = Field(10, ge=1, description="consecutive breaching observations before the alarm fires")
 
 
 class OutputLengthCollapseConfig(_AlarmConfig):
     mode: AlarmMode = Field("warn", description=_MODE)
-    metric: str = Field("rollout/reasoning_length", description="mean reasoning length in tokens")
+    metric: str = Field("rollout/reasoning_length", description=(
+        "mean reasoning length in tokens, with its interval <metric>_ci_low / _ci_high"))
     window: int = Field(10, ge=2, description="observations in the running window")
-    drop_fraction: float = Field(0.5, gt=0, lt=1, description="fall from the window's peak, as a fraction of the peak")
+    drop_fraction: float = Field(0.5, gt=0, lt=1, description=(
+        "fall from the window's peak, as a fraction of the peak; counts only when the peak's "
+        "interval lies wholly above the current one (a fall beyond noise)"))
+
+
+class FormatCollapseConfig(_AlarmConfig):
+    mode: AlarmMode = Field("warn", description=_MODE)
+    reasoning_metric: str = Field("rollout/valid_reasoning_rate", description=(
+        "share of turns with non-empty reasoning inside <think>...</think>"))
+    action_metric: str = Field("rollout/action_valid_rate", description=(
+        "share of turns whose action the environment accepted"))
+    min_rate: float = Field(0.05, ge=0, lt=1, description=(
+        "breach when either rate is below this (reasoning or actions have all but vanished)"))
+    patience: int = Field(2, ge=1, description="consecutive breaching iterations before the alarm fires")
 
 
 class EmptyAfterFilterConfig(_AlarmConfig):
@@ -85,6 +114,9 @@ class AlarmsConfig(_AlarmConfig):
         default_factory=OutputLengthCollapseConfig, description="mean reasoning length drops within a window")
     empty_after_filter: EmptyAfterFilterConfig = Field(default_factory=EmptyAfterFilterConfig,
                                                        description="the filter kept nothing several iterations running")
+    format_collapse: FormatCollapseConfig = Field(
+        default_factory=FormatCollapseConfig,
+        description="valid reasoning or valid actions all but disappear from the rollouts")
 
 
 # ------------------------------------------------------------------ events
@@ -180,65 +212,89 @@ class _WindowAlarm(_Alarm):
 
 
 class _MiEntropyAlarm(_WindowAlarm):
-    """MI fell from its positive window peak by > drop_fraction; ``_entropy_ok`` judges H(Z|X)."""
+    """MI fell beyond the uncertainty of both estimates from an earlier point where it was
+    significantly above its null; ``_entropy_ok`` judges H(Z|X) by its intervals too.
+
+    A row of the window is [iteration, MI, MI low, MI high, p, H, H low, H high].  The
+    reference is the earlier significant point (p < alpha) with the highest interval
+    floor; a breach is MI's interval now lying wholly below it.  No relative change
+    enters: an MI at noise level is never significant, so it is never a reference.
+    """
 
     def __init__(self, config):
         super().__init__(config)
-        self.keys = (config.mi_metric, config.entropy_metric)
+        mi, h = config.mi_metric, config.entropy_metric
+        self.keys = (mi, f"{mi}_ci_low", f"{mi}_ci_high", config.p_metric,
+                     h, f"{h}_ci_low", f"{h}_ci_high")
+        self.streak = 0
 
     @abc.abstractmethod
-    def _entropy_ok(self, relative_change: float) -> bool:
-        """Whether H(Z|X)'s relative change since the MI peak matches this alarm."""
+    def _entropy_ok(self, entropy_fell: bool) -> bool:
+        """Whether H(Z|X) (fell: its interval now wholly below the reference's) fits this alarm."""
 
     def _observe(self, iteration, metrics):
         if not self._push(iteration, metrics):
             return None
-        peak_row = max(self.history, key=lambda row: row[1])        # earliest peak on ties
-        _, mi_peak, h_at_peak = peak_row
-        _, mi_now, h_now = self.history[-1]
-        if mi_peak <= 0:
+        *earlier, now = self.history
+        references = [row for row in earlier if row[4] < self.config.alpha]
+        if not references:
+            self.streak = 0
             return False, "", {}
-        mi_drop = (mi_peak - mi_now) / mi_peak
-        h_change = (h_now - h_at_peak) / max(abs(h_at_peak), 1e-8)
-        breached = mi_drop > self.config.drop_fraction and self._entropy_ok(h_change)
-        message = (f"{self.name}: {self.config.mi_metric} fell {mi_drop:.0%} from its peak {mi_peak:.4g} "
-                   f"(iteration {int(peak_row[0])}) to {mi_now:.4g}, while {self.config.entropy_metric} "
-                   f"changed {h_change:+.0%} ({h_at_peak:.4g} -> {h_now:.4g})")
-        return breached, message, self._evidence()
+        ref = max(references, key=lambda row: row[2])       # earliest on ties
+        separated = now[3] < ref[2]
+        entropy_fell = now[7] < ref[6]
+        self.streak = self.streak + 1 if separated and self._entropy_ok(entropy_fell) else 0
+        c = self.config
+        message = (f"{self.name}: {c.mi_metric} fell from {ref[1]:.4g} [{ref[2]:.4g}, {ref[3]:.4g}] "
+                   f"(iteration {int(ref[0])}, p_grounded {ref[4]:.3g}) to {now[1]:.4g} "
+                   f"[{now[2]:.4g}, {now[3]:.4g}], intervals apart for {self.streak} diagnostic "
+                   f"point(s); {c.entropy_metric} {ref[5]:.4g} [{ref[6]:.4g}, {ref[7]:.4g}] -> "
+                   f"{now[5]:.4g} [{now[6]:.4g}, {now[7]:.4g}] ({'fell' if entropy_fell else 'did not fall'})")
+        return self.streak >= c.patience, message, {**self._evidence(), "reference_iteration": [ref[0]]}
+
+    def state_dict(self):
+        return {**super().state_dict(), "streak": self.streak}
+
+    def load_state_dict(self, state):
+        super().load_state_dict(state)
+        self.streak = int(state["streak"])
 
 
 class TemplateCollapseAlarm(_MiEntropyAlarm):
     name = "template_collapse"
 
-    def _entropy_ok(self, relative_change: float) -> bool:
-        return relative_change >= -self.config.entropy_tolerance
+    def _entropy_ok(self, entropy_fell: bool) -> bool:
+        return not entropy_fell
 
 
 class LowEntropyCollapseAlarm(_MiEntropyAlarm):
     name = "low_entropy_collapse"
 
-    def _entropy_ok(self, relative_change: float) -> bool:
-        return relative_change < -self.config.entropy_drop_fraction
+    def _entropy_ok(self, entropy_fell: bool) -> bool:
+        return entropy_fell
 
 
 class OutputLengthCollapseAlarm(_WindowAlarm):
+    """The mean reasoning length fell by more than ``drop_fraction`` from the window's peak,
+    and the peak's interval lies wholly above the current one."""
     name = "output_length_collapse"
 
     def __init__(self, config):
         super().__init__(config)
-        self.keys = (config.metric,)
+        self.keys = (config.metric, f"{config.metric}_ci_low", f"{config.metric}_ci_high")
 
     def _observe(self, iteration, metrics):
         if not self._push(iteration, metrics):
             return None
         peak_row = max(self.history, key=lambda row: row[1])
-        peak, now = peak_row[1], self.history[-1][1]
-        if peak <= 0:
+        now = self.history[-1]
+        if peak_row[1] <= 0:
             return False, "", {}
-        drop = (peak - now) / peak
-        message = (f"{self.name}: {self.config.metric} fell {drop:.0%} from {peak:.4g} "
-                   f"(iteration {int(peak_row[0])}) to {now:.4g} within {len(self.history)} observations")
-        return drop > self.config.drop_fraction, message, self._evidence()
+        drop = (peak_row[1] - now[1]) / peak_row[1]
+        message = (f"{self.name}: {self.config.metric} fell {drop:.0%} from {peak_row[1]:.4g} "
+                   f"[{peak_row[2]:.4g}, {peak_row[3]:.4g}] (iteration {int(peak_row[0])}) to "
+                   f"{now[1]:.4g} [{now[2]:.4g}, {now[3]:.4g}] within {len(self.history)} observations")
+        return drop > self.config.drop_fraction and now[3] < peak_row[2], message, self._evidence()
 
 
 class _StreakAlarm(_Alarm):
@@ -280,6 +336,9 @@ class RewardVarianceCollapseAlarm(_StreakAlarm):
             self.baseline_values.append(value)      # still building the baseline: no verdict
             return False, "", {}
         baseline = sum(self.baseline_values) / len(self.baseline_values)
+        if baseline < self.config.min_baseline:     # no spread to lose: no verdict
+            self.streak = 0
+            return False, "", {}
         self.streak = self.streak + 1 if value < self.config.fraction * baseline else 0
         message = (f"{self.name}: {self.config.metric} below {self.config.fraction:g}x its baseline "
                    f"{baseline:.4g} for {self.streak} consecutive iterations (now {value:.4g})")
@@ -308,9 +367,45 @@ class EmptyAfterFilterAlarm(_StreakAlarm):
         return self.streak >= self.config.patience, message, self._evidence()
 
 
+class FormatCollapseAlarm(_Alarm):
+    """Valid reasoning or valid actions below ``min_rate`` for ``patience`` iterations: a
+    policy that stopped writing reasoning (or actions) is a collapse of its own."""
+    name = "format_collapse"
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.streak = 0
+        self.recent: list[list[float]] = []
+
+    def _observe(self, iteration, metrics):
+        c = self.config
+        reasoning, action = _value(metrics, c.reasoning_metric), _value(metrics, c.action_metric)
+        if reasoning is None or action is None:
+            return None
+        self.recent = (self.recent + [[float(iteration), reasoning, action]])[-c.patience:]
+        self.streak = self.streak + 1 if min(reasoning, action) < c.min_rate else 0
+        lost = " and ".join(name for name, rate in (("reasoning", reasoning), ("actions", action))
+                            if rate < c.min_rate) or "nothing"
+        message = (f"{self.name}: valid {lost} below {c.min_rate:g} of turns for {self.streak} "
+                   f"consecutive iterations ({c.reasoning_metric} {reasoning:.3g}, "
+                   f"{c.action_metric} {action:.3g})")
+        columns = list(zip(*self.recent))
+        evidence = {"iteration": list(columns[0]), c.reasoning_metric: list(columns[1]),
+                    c.action_metric: list(columns[2])}
+        return self.streak >= c.patience, message, evidence
+
+    def state_dict(self):
+        return {**super().state_dict(), "streak": self.streak, "recent": [list(r) for r in self.recent]}
+
+    def load_state_dict(self, state):
+        super().load_state_dict(state)
+        self.streak = int(state["streak"])
+        self.recent = [list(r) for r in state["recent"]]
+
+
 ALARMS: dict[str, type[_Alarm]] = {cls.name: cls for cls in (
     TemplateCollapseAlarm, LowEntropyCollapseAlarm, RewardVarianceCollapseAlarm,
-    OutputLengthCollapseAlarm, EmptyAfterFilterAlarm)}
+    OutputLengthCollapseAlarm, EmptyAfterFilterAlarm, FormatCollapseAlarm)}
 
 
 # ------------------------------------------------------------------ monitor

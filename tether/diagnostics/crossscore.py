@@ -43,6 +43,7 @@ import torch
 from transformers import AttentionInterface, DynamicCache
 
 from tether.diagnostics.mi import mi_proxies, prompt_columns, valid_reasoning_rate
+from tether.diagnostics.uncertainty import Uncertainty
 from tether.policy.attention import attention_implementation, supports_custom_attention
 
 log = logging.getLogger(__name__)
@@ -284,7 +285,7 @@ def cross_score_pairs(model, contexts: Sequence[Sequence[int]], continuations: S
         raise ValueError("empty continuation: drop pairs with empty reasoning/action before scoring")
     m, n = len(continuations), len(contexts)
     info: dict[str, Any] = {"method": method, "num_contexts": n, "num_continuations": m,
-                            "truncated_reasoning": 0}
+                            "truncated_reasoning": 0, "continuation_cap": None, "seconds": 0.0}
     if m == 0 or n == 0:
         empty = np.zeros((m, n))
         return CrossScores(empty, empty.copy(), np.array([len(y) for y in continuations], dtype=np.int64), info)
@@ -358,22 +359,37 @@ def chain_inputs(pairs: Sequence[ScoringPair], answer_prefix_ids: Sequence[int] 
     return out
 
 
+def _longest_context(pair: ScoringPair, answer_prefix_ids: Sequence[int] | None) -> int:
+    """Tokens of the longest context the pair is scored under (prompt + reasoning +
+    answer prefix for I(Z;A)); a pair whose context fills the model window is left out."""
+    if answer_prefix_ids is None:
+        return len(pair.prompt_ids)
+    return len(pair.prompt_ids) + len(pair.reasoning_ids) + len(answer_prefix_ids)
+
+
 def information_chain(model, pairs: Sequence[ScoringPair], temperature: float = 1.0, *,
                       answer_prefix_ids: Sequence[int] | None = None,
                       ema_state: dict[str, dict | None] | None = None, method: ScoringMethod = "auto",
-                      batch_size: int = 128, max_continuation_tokens: int | None = None) -> ChainResult:
+                      batch_size: int = 128, max_continuation_tokens: int | None = None,
+                      uncertainty: Uncertainty | None = None,
+                      rng: np.random.Generator | None = None) -> ChainResult:
     """I(X;Z) proxies for ``pairs`` and, given ``answer_prefix_ids``, I(Z;A) and I(X;A).
 
     Pairs with empty reasoning are dropped from every link (``valid_reasoning_rate``);
     pairs with an empty action are also dropped from za/xa (``valid_action_rate``).
+    A link left with no pair is not scored: its metrics are the counts (``num_pairs``
+    0) and the valid rates, so a policy that writes no reasoning is reported, not fatal.
     ``ema_state`` is the previous call's ``ChainResult.ema_state`` (one per link).
+    ``uncertainty`` adds intervals and the permutation test to every link's proxies.
     """
     ema_state = dict(ema_state or {})
     metrics: dict[str, dict[str, float]] = {}
     info: dict[str, dict[str, Any]] = {}
     matrices: dict[str, tuple[CrossScores, np.ndarray]] = {}
     reasoning_rate = valid_reasoning_rate([p.reasoning_ids for p in pairs])
-    with_reasoning = [p for p in pairs if len(p.reasoning_ids) > 0]
+    window = getattr(model.config, "max_position_embeddings", None)
+    fits = [p for p in pairs if window is None or _longest_context(p, answer_prefix_ids) < window]
+    with_reasoning = [p for p in fits if len(p.reasoning_ids) > 0]
     with_action = [p for p in with_reasoning if len(p.action_ids) > 0]
     links = chain_inputs(with_reasoning, answer_prefix_ids)
     if answer_prefix_ids is not None:
@@ -382,10 +398,12 @@ def information_chain(model, pairs: Sequence[ScoringPair], temperature: float = 
     for link, (contexts, continuations, column) in links.items():
         scores = cross_score_pairs(model, contexts, continuations, temperature, method=method,
                                    batch_size=batch_size, max_continuation_tokens=max_continuation_tokens)
-        link_metrics, ema_state[link] = mi_proxies(scores.L, scores.S, column, ema_state.get(link))
+        link_metrics, ema_state[link] = mi_proxies(scores.L, scores.S, column, ema_state.get(link),
+                                                   uncertainty, rng)
         if link == "xz":
             if reasoning_rate is not None:
                 link_metrics["valid_reasoning_rate"] = reasoning_rate
+            link_metrics["context_too_long"] = float(len(pairs) - len(fits))
             link_metrics["truncated_reasoning"] = float(scores.info["truncated_reasoning"])
         else:
             if with_reasoning:

@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 from scipy.special import logsumexp
 
-# Denominator guard of the z-scores (SPEC §2).
-ZSCORE_EPS = 1e-3
+from tether.diagnostics.uncertainty import ZSCORE_EPS, Uncertainty, mi_uncertainty
+
 # Decay of the exponential moving average of std(marginal) used by `mi_zscore_ema`.
 SIGMA_EMA_DECAY = 0.9
 # The k of `retrieval_acc@k`.
@@ -85,7 +85,8 @@ def _topk_hit_rate(scores: np.ndarray, column: np.ndarray, k: int) -> np.ndarray
 
 
 def mi_proxies(L: np.ndarray, S: np.ndarray, column: np.ndarray,
-               ema_state: dict | None = None) -> tuple[dict[str, float], dict | None]:
+               ema_state: dict | None = None, uncertainty: Uncertainty | None = None,
+               rng: np.random.Generator | None = None) -> tuple[dict[str, float], dict | None]:
     """The MI proxies of SPEC §2 from per-token (`L`) and sequence (`S`) cross-scores.
 
     Args:
@@ -94,6 +95,9 @@ def mi_proxies(L: np.ndarray, S: np.ndarray, column: np.ndarray,
         column: [M] index of pair i's own prompt among the N columns.
         ema_state: the state returned by the previous call (``None`` on the first),
             carrying the moving average of std(marginal) for ``mi_zscore_ema``.
+        uncertainty: with it, each proxy also gets a bootstrap interval and the
+            permutation test of input dependence (`tether.diagnostics.uncertainty`),
+            drawn from ``rng``; the matrices are reused, no model is called.
 
     Returns:
         ``(metrics, new_ema_state)``. ``metrics`` always holds ``num_pairs`` and
@@ -125,6 +129,8 @@ def mi_proxies(L: np.ndarray, S: np.ndarray, column: np.ndarray,
     metrics["conditional_entropy_seq_est"] = float(-matched_seq.mean())
     metrics["reasoning_entropy_seq_est"] = float(-marginal_seq.mean())
     if n < 2:
+        if uncertainty is not None:
+            metrics.update(mi_uncertainty(L, S, column, None, uncertainty, rng))
         return metrics, ema_state
 
     metrics["mi_estimate"] = float(matched.mean() - marginal.mean())
@@ -152,6 +158,8 @@ def mi_proxies(L: np.ndarray, S: np.ndarray, column: np.ndarray,
         updates = int(ema_state.get("updates", 0)) + 1
     metrics["marginal_std_ema"] = sigma_ema
     metrics["mi_zscore_ema"] = float((gap / (sigma_ema + ZSCORE_EPS)).mean())
+    if uncertainty is not None:
+        metrics.update(mi_uncertainty(L, S, column, sigma_ema, uncertainty, rng))
     return metrics, {"sigma": sigma_ema, "updates": updates}
 
 

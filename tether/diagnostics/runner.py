@@ -15,6 +15,7 @@ import numpy as np
 
 from ..agent.pairs import SpanExtractor
 from .crossscore import information_chain, sample_pairs
+from .uncertainty import Uncertainty
 
 
 @dataclass
@@ -28,7 +29,11 @@ class DiagnosticsResult:
 def collapse_diagnostics(model, trajectories, extractor: SpanExtractor, samplings, max_pairs: int,
                          temperature: float, ema_state: dict | None, seed: int,
                          information_chain_links: bool = True, method: str = "auto",
-                         keep_matrices: bool = False, max_cells: int | None = None) -> DiagnosticsResult:
+                         keep_matrices: bool = False, max_cells: int | None = None,
+                         uncertainty: Uncertainty | None = None) -> DiagnosticsResult:
+    """Degenerate batches are reported, never fatal: a sampling with no turn to score
+    logs ``num_pairs`` 0, a link whose pairs have no reasoning (or no action) logs its
+    counts and valid rates without proxies."""
     rng = np.random.default_rng(seed)
     spans = [extractor.turns(t) for t in trajectories]
     ema_state = dict(ema_state or {})
@@ -37,16 +42,17 @@ def collapse_diagnostics(model, trajectories, extractor: SpanExtractor, sampling
     for sampling in samplings:
         pairs = sample_pairs(spans, sampling, max_pairs, rng, max_cells=max_cells)
         if not pairs:
+            metrics[f"collapse/{sampling}/num_pairs"] = 0.0
             continue
         result = information_chain(
             model, pairs, temperature,
             answer_prefix_ids=extractor.answer_prefix_ids if information_chain_links else None,
-            ema_state=ema_state.get(sampling), method=method)
+            ema_state=ema_state.get(sampling), method=method, uncertainty=uncertainty, rng=rng)
         ema_state[sampling] = result.ema_state
         metrics.update(result.flat(f"collapse/{sampling}"))
         metrics.update({f"timing/diagnose/{sampling}/{link}": float(info["seconds"])
                         for link, info in result.info.items()})
-        if keep_matrices and "xz" in result.scores:
+        if keep_matrices and "xz" in result.scores and result.scores["xz"][0].L.size:
             scores, column = result.scores["xz"]
             matrices[sampling] = (scores.L, column)
     return DiagnosticsResult(metrics, ema_state, matrices)

@@ -240,6 +240,23 @@ class DiagnosticsConfig(Section):
                                   "analysis.")
     enabled: bool = Field(True, description="Run the collapse diagnostics at all (cross-scoring, "
                           "heatmaps and gradient SNR).")
+    bootstrap: int = Field(1000, ge=0, description="Bootstrap resamples (by prompt) behind the "
+                           "interval logged beside every MI proxy (<proxy>_ci_low / _ci_high); "
+                           "reuses the cross-score matrix, no model calls. 0 = no intervals (the "
+                           "template_collapse alarm then cannot judge).")
+    permutations: int = Field(1000, ge=0, description="Permutations of the test 'reasoning "
+                              "depends on the input' (which prompt each reasoning belongs to is "
+                              "shuffled): p_grounded, <proxy>_null_q95. 0 = no test.")
+    confidence: float = Field(0.95, gt=0.5, lt=1.0, description="Coverage of the bootstrap "
+                              "intervals.")
+    alpha: float = Field(0.05, gt=0.0, lt=0.5, description="Significance level of the input-"
+                         "dependence test: 'grounded' = 1 when p_grounded < alpha.")
+
+    def uncertainty(self) -> "Uncertainty":
+        from ..diagnostics.uncertainty import Uncertainty
+
+        return Uncertainty(bootstrap=self.bootstrap, permutations=self.permutations,
+                           confidence=self.confidence, alpha=self.alpha)
 
 
 class TrainerConfig(Section):

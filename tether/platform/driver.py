@@ -384,7 +384,8 @@ class Trainer:
         specs = [EpisodeSpec(k, cfg.env.val_seed_offset + k, 0) for k in range(cfg.trainer.val_episodes)]
         trajectories = self.collect(specs, sampling, seed=cfg.experiment.seed + 99_991)
         m = rollout_metrics(trajectories, prefix="val", reasoning_tokens=self.count_tokens)
-        return {k: v for k, v in m.items() if k in ("val/success", "val/reward_mean",
+        return {k: v for k, v in m.items() if k in ("val/success", "val/success_ci_low",
+                                                     "val/success_ci_high", "val/reward_mean",
                                                      "val/format_ok_rate", "val/turns")}
 
     # -- the loop ---------------------------------------------------------------------
