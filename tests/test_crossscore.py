@@ -219,9 +219,21 @@ def test_information_chain_without_valid_pairs_reports_no_mi(micro):
     pairs = [ScoringPair((1, 2), (), (3,)), ScoringPair((4,), (), ())]
     result = information_chain(micro, pairs, answer_prefix_ids=[9])
     assert result.metrics["xz"] == {"num_pairs": 0.0, "num_prompts": 0.0, "valid_reasoning_rate": 0.0,
-                                    "truncated_reasoning": 0.0}
+                                    "truncated_reasoning": 0.0, "context_too_long": 0.0}
     assert result.metrics["za"] == {"num_pairs": 0.0, "num_prompts": 0.0, "truncated_action": 0.0}
     assert result.ema_state["xz"] is None
+    assert result.info["xz"]["seconds"] == 0.0          # the runner reads it for every link
+
+
+def test_pairs_whose_context_fills_the_window_are_left_out_and_counted(micro):
+    window = micro.config.max_position_embeddings
+    rng = np.random.default_rng(8)
+    long_prompt = tuple(int(t) for t in rng.integers(1, 50, size=window))
+    short = [ScoringPair((1, 2, 3), (4, 5), (6,)), ScoringPair((7, 8), (9, 10), (11,))]
+    result = information_chain(micro, [ScoringPair(long_prompt, (4, 5), (6,)), *short],
+                               answer_prefix_ids=[9])
+    assert result.metrics["xz"]["context_too_long"] == 1.0
+    assert result.metrics["xz"]["num_pairs"] == 2.0 and "mi_estimate" in result.metrics["xz"]
 
 
 def test_single_distinct_prompt_logs_mi_as_missing(micro):

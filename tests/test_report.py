@@ -37,6 +37,10 @@ def histories(k: int, rng, final) -> dict[str, dict[int, float]]:
     h[MI] = {s: float(rng.uniform(0.3, 0.6)) for s in STEPS}
     h[H] = {s: float(rng.uniform(0.3, 0.6)) for s in STEPS}
     h[H][6], h[MI][6] = final
+    # The final point's interval and input-dependence test decide its regime.
+    h[f"{H}_ci_low"], h[f"{H}_ci_high"] = {6: final[0] - 0.1}, {6: final[0] + 0.1}
+    h[f"{MI}_ci_low"], h[f"{MI}_ci_high"] = {6: final[1] - 0.1}, {6: final[1] + 0.1}
+    h["collapse/first_turn/p_grounded"] = {6: 0.001 if final[1] > 0.5 else 0.4}
     h["val/success"] = {0: 0.0, 6: 0.25 * k}
     return h
 
@@ -108,14 +112,19 @@ def test_sweep_numbers_match_scipy_pandas_and_regimes(store, tmp_path):
         assert row["success"] == pytest.approx(np.mean(
             [store["data"][rid]["rollout/success"][s] for rid, s in sel]))
         assert row["mi"] == pytest.approx(np.mean([store["data"][rid][MI][s] for rid, s in sel]))
-    # Regimes: the final points sit in the four quadrants around (0.5, 0.5).
-    reg = {r["run"]: r["regime"] for r in stats.regimes(runs, "first_turn",
-                                                         thresholds=(0.5, 0.5)).rows}
+    # Regimes, by absolute criteria: the permutation test (p < 0.05) and the H(Z|X)
+    # interval against 0.5 nats/token.  Never relative to the other runs: each run alone
+    # gets the same regime.
+    reg = {r["run"]: r["regime"] for r in stats.regimes(runs, "first_turn").rows}
     assert reg == {"trial0": "diverse and grounded", "trial1": "template collapse",
                    "trial2": "compressed but grounded", "trial3": "low-entropy collapse"}
-    default = stats.regimes(runs, "first_turn")
-    all_h = [store["data"][rid][H][s] for rid in store["trials"] for s in STEPS]
-    assert default.extra["thresholds"][0] == pytest.approx(np.median(all_h))
+    for run in runs:
+        assert stats.regimes([run], "first_turn").rows[0]["regime"] == reg[run.name]
+    straddling = stats.regimes(runs, "first_turn", entropy_threshold=0.85).rows
+    assert {r["run"]: r["regime"] for r in straddling}["trial0"] == \
+        "undetermined (H(Z|X) interval straddles 0.85)"
+    row = next(r for r in stats.regimes(runs, "first_turn").rows if r["run"] == "trial1")
+    assert (row["p_grounded"], row["entropy_ci_low"]) == (0.4, pytest.approx(0.8))
     # Success vs stochasticity: the final val/success (0.25 k) of each cell, and the gain.
     rows = {r["stochasticity"]: r for r in stats.stochasticity_curves(runs).rows}
     assert (rows[0.0]["filter"], rows[0.0]["none"], rows[0.2]["gain"]) == (0.0, 0.25, 0.5 - 0.75)

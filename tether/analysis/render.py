@@ -26,9 +26,11 @@ class Series:
     x: list
     y: list
     mode: str = "lines+markers"           # lines | markers | lines+markers | bar
-    error: tuple[list, list] | None = None  # (low, high) absolute bounds
+    error: tuple[list, list] | None = None  # (low, high) absolute bounds: error bars on
+    #                                          bars and markers, a shaded band on lines
     text: list[str] | None = None
     color: str | None = None
+    dash: bool = False                       # dashed line: a reference level (null, chance)
 
 
 @dataclass
@@ -95,7 +97,13 @@ def _draw_panel(ax, panel: Panel, fig) -> None:
                           ha="right", fontsize=7)
             continue
         style = {"lines": "-", "markers": "o", "lines+markers": "-o"}[s.mode]
-        ax.plot(s.x, s.y, style, label=s.name, color=color, markersize=4)
+        ax.plot(s.x, s.y, style, label=s.name, color=color, markersize=4,
+                linestyle="--" if s.dash else None, linewidth=0.9 if s.dash else None)
+        if s.error is not None and s.mode == "markers":
+            ax.errorbar(s.x, s.y, yerr=np.abs(np.array(s.error) - np.array(s.y)), fmt="none",
+                        ecolor=color, capsize=2, linewidth=0.8)
+        elif s.error is not None:
+            ax.fill_between(s.x, s.error[0], s.error[1], color=color, alpha=0.2, linewidth=0)
         if s.mode != "lines" and s.text:
             for x, y, t in zip(s.x, s.y, s.text):
                 ax.annotate(t, (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
@@ -141,8 +149,18 @@ def to_plotly(figure: Figure):
                 trace = go.Bar(x=[str(v) for v in s.x], y=s.y, name=s.name, error_y=err,
                                marker_color=color)
             else:
+                err = None if s.error is None or s.mode != "markers" else dict(
+                    type="data", symmetric=False, array=list(np.array(s.error[1]) - s.y),
+                    arrayminus=list(np.array(s.y) - s.error[0]))
                 trace = go.Scatter(x=list(s.x), y=list(s.y), mode=s.mode, name=s.name,
-                                   text=s.text, line=dict(color=color))
+                                   text=s.text, error_y=err,
+                                   line=dict(color=color, dash="dash" if s.dash else None))
+                if s.error is not None and s.mode != "markers":   # the band, under the line
+                    fig.add_trace(go.Scatter(
+                        x=list(s.x) + list(s.x)[::-1], y=list(s.error[1]) + list(s.error[0])[::-1],
+                        fill="toself", fillcolor=color, opacity=0.2, line=dict(width=0),
+                        hoverinfo="skip", showlegend=False, name=f"{s.name} interval"),
+                        row=row, col=col)
             fig.add_trace(trace, row=row, col=col)
         for x, label in panel.vlines:
             fig.add_vline(x=x, line_dash="dash", line_color="red", annotation_text=label,

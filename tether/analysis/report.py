@@ -26,6 +26,8 @@ class ReportSettings:
     success_key: str = SUCCESS
     confidence: float = 0.95
     max_heatmap_runs: int = 8
+    alpha: float = 0.05                   # significance of the input-dependence test (regimes)
+    entropy_threshold: float = stats.ENTROPY_THRESHOLD   # H(Z|X) nats/token: high vs low
 
 
 @dataclass
@@ -55,7 +57,8 @@ def analyse(runs: list[RunData], settings: ReportSettings, sweep_base: dict | No
         "spearman": stats.spearman_table(runs, s, DIAGNOSTICS, settings.success_key,
                                          settings.confidence),
         "rv_quartiles": stats.rv_quartiles(runs, mi_key, success_key=settings.success_key),
-        "regimes": stats.regimes(runs, s, mi_name=settings.mi_name),
+        "regimes": stats.regimes(runs, s, mi_name=settings.mi_name, alpha=settings.alpha,
+                                 entropy_threshold=settings.entropy_threshold),
         "stochasticity": stats.stochasticity_curves(runs),
     }
     fields = [f for f in swept_fields(runs) if f != "env.stochasticity"]

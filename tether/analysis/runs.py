@@ -32,6 +32,7 @@ ALARM_CURVES = {
     "reward_variance_collapse": (REWARD_STD,),
     "output_length_collapse": (REASONING_LENGTH,),
     "empty_after_filter": (KEPT_RATIO, "filter/kept_groups"),
+    "format_collapse": ("rollout/valid_reasoning_rate", "rollout/action_valid_rate"),
 }
 
 

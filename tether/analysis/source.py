@@ -19,8 +19,9 @@ from mlflow.tracking import MlflowClient
 from .runs import DIAGNOSTICS, RunData
 
 #: Metric keys the analyses and the monitor read (everything else is left in MLflow).
-WANTED = re.compile(r"^(rollout/|filter/|val/|grad_snr/|actor/entropy$|collapse/[^/]+/("
-                    + "|".join(DIAGNOSTICS) + r")$|collapse/[^/]+/(za|xa)/mi_estimate$)")
+WANTED = re.compile(r"^(rollout/|filter/|val/|grad_snr/|actor/entropy$|collapse/[^/]+/(("
+                    + "|".join(DIAGNOSTICS) + r")(_ci_low|_ci_high|_null_q95)?|p_grounded|grounded"
+                    r"|num_pairs|valid_reasoning_rate)$|collapse/[^/]+/(za|xa)/mi_estimate$)")
 
 
 class ReportError(RuntimeError):

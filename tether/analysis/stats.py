@@ -115,13 +115,33 @@ def rv_quartiles(runs: list[RunData], mi_key: str, rv_key: str = REWARD_STD,
     return result
 
 
+#: H(Z|X) per reasoning token above which reasoning counts as high-entropy (nats/token):
+#: about 1.6 equally likely choices per token; a template written near-deterministically
+#: sits far below it, sampled free text far above.
+ENTROPY_THRESHOLD = 0.5
+
+
+def _side(low: float | None, high: float | None, threshold: float) -> bool | None:
+    """True above, False below, None when the interval straddles (or is missing)."""
+    if low is None or high is None:
+        return None
+    return True if low >= threshold else False if high < threshold else None
+
+
 def regimes(runs: list[RunData], sampling: str, h_name: str = "conditional_entropy_est",
-            mi_name: str = "mi_estimate", thresholds: tuple[float, float] | None = None) -> Result:
-    """Each run's (H(Z|X), I(X;Z)) path and the regime of its last point. High/low is
-    relative to ``thresholds`` (H, I), by default the medians over every point of every
-    run in the report (a value at the median counts as high)."""
+            mi_name: str = "mi_estimate", alpha: float = 0.05,
+            entropy_threshold: float = ENTROPY_THRESHOLD) -> Result:
+    """Each run's (H(Z|X), I(X;Z)) path and the regime of its last diagnosed point, by
+    absolute criteria (never relative to the other runs in the report):
+
+    - grounded vs input-blind: the permutation test of input dependence logged with the
+      proxies (``p_grounded`` < ``alpha``: grounded; otherwise input-blind);
+    - high vs low entropy: the H(Z|X) interval against ``entropy_threshold`` (nats/token);
+    - "undetermined" when the interval straddles the threshold or a test is missing.
+    """
     result = Result()
     h_key, mi_key = collapse_key(sampling, h_name), collapse_key(sampling, mi_name)
+    p_key = collapse_key(sampling, "p_grounded")
     paths = {}
     for run in runs:
         h, mi, where = paired_points([run], h_key, mi_key)
@@ -129,21 +149,34 @@ def regimes(runs: list[RunData], sampling: str, h_name: str = "conditional_entro
             paths[run.run_id] = (np.array([s for _, s in where]), h, mi)
         else:
             result.notes.append(f"{run.name}: no {h_key} with {mi_key}; not on the regime plot")
-    if not paths:
-        return result
-    if thresholds is None:
-        all_h = np.concatenate([p[1] for p in paths.values()])
-        all_mi = np.concatenate([p[2] for p in paths.values()])
-        thresholds = (float(np.median(all_h)), float(np.median(all_mi)))
-    h_cut, mi_cut = thresholds
     for run in runs:
         if run.run_id not in paths:
             continue
         steps, h, mi = paths[run.run_id]
-        result.rows.append({"run_id": run.run_id, "run": run.name, "step": int(steps[-1]),
-                            "entropy": float(h[-1]), "mi": float(mi[-1]),
-                            "regime": REGIMES[(bool(h[-1] >= h_cut), bool(mi[-1] >= mi_cut))]})
-    result.extra.update(paths=paths, thresholds=thresholds, h_key=h_key, mi_key=mi_key)
+        step = int(steps[-1])
+
+        def at(key):
+            return run.metrics.get(key, {}).get(step)
+
+        p = at(p_key)
+        grounded = None if p is None else bool(p < alpha)
+        high = _side(at(f"{h_key}_ci_low"), at(f"{h_key}_ci_high"), entropy_threshold)
+        if grounded is None or high is None:
+            missing = "no input-dependence test" if grounded is None else \
+                f"H(Z|X) interval straddles {entropy_threshold:g}"
+            regime = f"undetermined ({missing})"
+        else:
+            regime = REGIMES[(high, grounded)]
+        result.rows.append({"run_id": run.run_id, "run": run.name, "step": step,
+                            "entropy": float(h[-1]), "entropy_ci_low": at(f"{h_key}_ci_low"),
+                            "entropy_ci_high": at(f"{h_key}_ci_high"), "mi": float(mi[-1]),
+                            "mi_ci_low": at(f"{mi_key}_ci_low"), "mi_ci_high": at(f"{mi_key}_ci_high"),
+                            "p_grounded": p, "regime": regime})
+    result.extra.update(paths=paths, h_key=h_key, mi_key=mi_key, alpha=alpha,
+                        entropy_threshold=entropy_threshold)
+    if result.rows:
+        result.notes.append(f"regimes: grounded = p_grounded < {alpha:g} (permutation test); high "
+                            f"entropy = H(Z|X) interval above {entropy_threshold:g} nats/token")
     return result
 
 

@@ -6,19 +6,34 @@ import math
 
 import numpy as np
 
-from .render import Figure, Panel, Series
+from .render import PALETTE, Figure, Panel, Series
 from .runs import (KEPT_RATIO, REASONING_LENGTH, REWARD_STD, SUCCESS, VAL_SUCCESS,
                    ZERO_VARIANCE, RunData, collapse_key)
-from .stats import REGIMES, Result
+from .stats import Result
+
+
+def _at(run: RunData, key: str, steps) -> list[float] | None:
+    """``key`` at each of ``steps``, or None unless logged at all of them."""
+    points = run.metrics.get(key, {})
+    return [points[int(s)] for s in steps] if all(int(s) in points for s in steps) else None
 
 
 def curve_panel(runs: list[RunData], key: str, title: str, ylabel: str = "") -> Panel | None:
-    """One line per run that logged ``key``, with the alarms that concern it."""
+    """One line per run that logged ``key``, with the alarms that concern it; its interval
+    (``key_ci_low``/``_ci_high``) as a band and its null level (``key_null_q95``, the
+    permutation null's 95th percentile) as a dashed line, where the run logged them."""
     panel = Panel(title, "iteration", ylabel or key.split("/")[-1])
     for k, run in enumerate(r for r in runs if r.has(key)):
         steps, values = run.series(key)
+        low, high = _at(run, f"{key}_ci_low", steps), _at(run, f"{key}_ci_high", steps)
+        color = PALETTE[k % len(PALETTE)]
         panel.series.append(Series(run.name, steps.tolist(), values.tolist(),
-                                   mode="lines+markers" if len(steps) < 30 else "lines"))
+                                   mode="lines+markers" if len(steps) < 30 else "lines",
+                                   error=(low, high) if low and high else None, color=color))
+        null = _at(run, f"{key}_null_q95", steps)
+        if null:
+            panel.series.append(Series(f"{run.name}: null 95%", steps.tolist(), null,
+                                       mode="lines", color=color, dash=True))
         panel.vlines += [(step, f"{name} ({run.name})" if len(runs) > 1 else name)
                          for step, name in run.alarms_for(key)]
     return panel if panel.series else None
@@ -104,14 +119,20 @@ def regime_figure(result: Result, sampling: str) -> Figure | None:
     paths = result.extra.get("paths")
     if not paths:
         return None
-    names = {r["run_id"]: r["run"] for r in result.rows}
+    rows = {r["run_id"]: r for r in result.rows}
     panel = Panel(f"runs in the (H(Z|X), I(X;Z)) plane ({sampling})", "H(Z|X) estimate",
-                  "I(X;Z) estimate", quadrants=(*result.extra["thresholds"], REGIMES))
-    for run_id, (steps, h, mi) in paths.items():
-        panel.series.append(Series(names[run_id], h.tolist(), mi.tolist(),
+                  "I(X;Z) estimate", vlines=[(result.extra["entropy_threshold"], "entropy threshold")],
+                  zero_line=True)
+    for k, (run_id, (steps, h, mi)) in enumerate(paths.items()):
+        row, color = rows[run_id], PALETTE[k % len(PALETTE)]
+        panel.series.append(Series(row["run"], h.tolist(), mi.tolist(), color=color,
                                    text=[f"it {s}" for s in steps]))
-    return Figure("regimes", "Regime plot: each run as a path (last point labelled by "
-                  "iteration)", [panel], columns=1)
+        if row["mi_ci_low"] is not None and row["mi_ci_high"] is not None:
+            panel.series.append(Series(f"{row['run']}: {row['regime']}", [row["entropy"]],
+                                       [row["mi"]], mode="markers", color=color,
+                                       error=([row["mi_ci_low"]], [row["mi_ci_high"]])))
+    return Figure("regimes", "Regime plot: each run as a path; its last point with the I(X;Z) "
+                  "interval and the regime by the input-dependence test", [panel], columns=1)
 
 
 def dynamics_figure(runs: list[RunData], notes: list[str]) -> Figure | None:
@@ -125,6 +146,7 @@ def dynamics_figure(runs: list[RunData], notes: list[str]) -> Figure | None:
 def collapse_figure(runs: list[RunData], sampling: str, notes: list[str]) -> Figure | None:
     specs = [(collapse_key(sampling, n), t) for n, t in (
         ("mi_estimate", "I(X;Z) estimate"), ("mi_zscore_ema", "MI z-score (EMA)"),
+        ("retrieval_acc", "retrieval accuracy"),
         ("conditional_entropy_est", "H(Z|X) estimate"),
         ("reasoning_entropy_est", "H(Z) estimate"))]
     panels = panels_or_note(specs, runs, notes, f"collapse curves ({sampling})")
