@@ -53,9 +53,14 @@ class TrainingRun(threading.Thread):
             if it == self.pause_after + 1:
                 self.paused.set()
                 self.resume.wait(120)
+            mi = 0.5 * 0.7 ** it
             metrics = {"rollout/success": 0.1 * it, "filter/kept_ratio": 1.0 - 0.05 * it,
                        "rollout/in_group_reward_std": 0.3, MI: 2.0 * 0.7 ** it, H: 1.0,
-                       "collapse/first_turn/mi_estimate": 0.5 * 0.7 ** it}
+                       f"{H}_ci_low": 0.95, f"{H}_ci_high": 1.05,
+                       "collapse/first_turn/mi_estimate": mi,
+                       "collapse/first_turn/mi_estimate_ci_low": mi - 0.01,
+                       "collapse/first_turn/mi_estimate_ci_high": mi + 0.01,
+                       "collapse/first_turn/p_grounded": 0.001}
             self.tracker.log_metrics(metrics, step=it)
             for event in self.alarms.update(it, metrics):
                 self.tracker.set_tags({f"alarm.{event.name}": event.iteration})

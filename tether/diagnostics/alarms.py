@@ -33,9 +33,12 @@ class _AlarmConfig(BaseModel):
 
 
 class _MiEntropyConfig(_AlarmConfig):
-    mi_metric: str = Field("collapse/first_turn/mi_zscore_ema", description=(
+    mi_metric: str = Field("collapse/first_turn/mi_estimate", description=(
         "MI proxy watched for a fall; its interval is read from <mi_metric>_ci_low / _ci_high "
-        "(the diagnostics' bootstrap)"))
+        "(the diagnostics' bootstrap). mi_estimate (nats/token, bounded by log N) by default: "
+        "the z-scores divide by std(marginal), which is near zero for a near-deterministic "
+        "policy, so they swing by orders of magnitude while nothing changes "
+        "(benchmarks/alarm_quality.py)"))
     p_metric: str = Field("collapse/first_turn/p_grounded", description=(
         "p-value of the input-dependence (permutation) test at the same diagnostic point"))
     entropy_metric: str = Field("collapse/first_turn/conditional_entropy_est", description=(
@@ -49,6 +52,10 @@ class _MiEntropyConfig(_AlarmConfig):
     patience: int = Field(2, ge=1, description=(
         "consecutive diagnostic points whose MI interval lies wholly below the reference's "
         "before the alarm fires (1 = the first separation)"))
+    min_drop_fraction: float = Field(0.25, ge=0, lt=1, description=(
+        "the fall must also be at least this fraction of the reference value (a reference is "
+        "significantly above its null, so never near zero): separated intervals alone would "
+        "flag a fall of 1e-4 nats from a saturated MI of log N"))
 
 
 class TemplateCollapseConfig(_MiEntropyConfig):
@@ -217,8 +224,9 @@ class _MiEntropyAlarm(_WindowAlarm):
 
     A row of the window is [iteration, MI, MI low, MI high, p, H, H low, H high].  The
     reference is the earlier significant point (p < alpha) with the highest interval
-    floor; a breach is MI's interval now lying wholly below it.  No relative change
-    enters: an MI at noise level is never significant, so it is never a reference.
+    floor; a breach is MI's interval now lying wholly below it, by at least
+    ``min_drop_fraction`` of the reference value.  An MI at noise level is never
+    significant, so it is never a reference: no fall within noise of zero can fire.
     """
 
     def __init__(self, config):
@@ -241,7 +249,7 @@ class _MiEntropyAlarm(_WindowAlarm):
             self.streak = 0
             return False, "", {}
         ref = max(references, key=lambda row: row[2])       # earliest on ties
-        separated = now[3] < ref[2]
+        separated = now[3] < ref[2] and ref[1] - now[1] >= self.config.min_drop_fraction * abs(ref[1])
         entropy_fell = now[7] < ref[6]
         self.streak = self.streak + 1 if separated and self._entropy_ok(entropy_fell) else 0
         c = self.config

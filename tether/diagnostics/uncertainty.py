@@ -7,9 +7,10 @@ diagnostic point, and neither calls the model again:
   resampled *by prompt* (a cluster bootstrap: draw the N distinct prompts with
   replacement and take all of each drawn prompt's pairs), because the pairs of one
   prompt are correlated (in ``first_turn`` sampling a whole group shares its prompt).
-  Each pair's own quantities (its matched score, its marginal over the batch's
-  prompts, whether its own prompt ranks first) are those of the full matrix; a
-  resample re-weights them.  With a single distinct prompt the pairs are resampled
+  A resample re-weights the pairs, and a pair's marginal and retrieval are
+  recomputed over the *drawn* prompts (a prompt drawn twice weighs twice in the
+  mixture), so the interval carries the variation from which prompts a batch holds as
+  well as from which replies.  With a single distinct prompt the pairs are resampled
   one by one.
 - **a permutation test of "reasoning depends on the input"**.  Under the null
   hypothesis the reasoning is exchangeable across prompts, so which column a row
@@ -81,13 +82,32 @@ def _hit_rate(L: np.ndarray, own: np.ndarray) -> np.ndarray:
     return np.clip((1 - greater) / np.maximum(equal, 1), 0.0, 1.0)
 
 
+def _resampled_columns(L: np.ndarray, S: np.ndarray, column: np.ndarray, draws: np.ndarray
+                       ) -> dict[str, np.ndarray]:
+    """Row quantities under resampled prompts ``draws`` [B, N] (how often each prompt was
+    drawn): a row's marginal is the mixture over the drawn prompts, and its retrieval asks
+    whether its own prompt beats every *drawn* other.  So the interval also carries the
+    variation that comes from which prompts a batch happens to hold."""
+    m, n = L.shape
+    rows = np.arange(m)
+    log_w = np.log(np.where(draws > 0, draws, 1.0)) - np.where(draws > 0, 0.0, np.inf)   # [B, N]
+    present = draws[:, None, :] > 0                                                       # [B, 1, N]
+    own = L[rows, column]                                                                 # [M]
+    greater = ((L[None] > own[None, :, None]) & present).sum(-1)
+    equal = ((L[None] == own[None, :, None]) & present).sum(-1)
+    return {"matched": own, "matched_seq": S[rows, column],
+            "marginal": logsumexp(L[None] + log_w[:, None, :], axis=-1) - np.log(n),     # [B, M]
+            "marginal_seq": logsumexp(S[None] + log_w[:, None, :], axis=-1) - np.log(n),
+            "hit": np.clip((1 - greater) / np.maximum(equal, 1), 0.0, 1.0)}
+
+
 def _statistics(q: dict[str, np.ndarray], weights: np.ndarray, sigma_ema: float | None
                 ) -> dict[str, np.ndarray]:
     """Every proxy under row weights [B, M] (a bootstrap resample per row of weights)."""
     total = weights.sum(axis=1)
 
-    def mean(values: np.ndarray) -> np.ndarray:
-        return weights @ values / total
+    def mean(values: np.ndarray) -> np.ndarray:       # values [M], or [B, M] per resample
+        return (weights * values).sum(axis=1) / total if values.ndim == 2 else weights @ values / total
 
     marginal_mean = mean(q["marginal"])
     sigma = np.sqrt(np.maximum(mean(q["marginal"] ** 2) - marginal_mean ** 2, 0.0))
@@ -133,7 +153,16 @@ def mi_uncertainty(L: np.ndarray, S: np.ndarray, column: np.ndarray, sigma_ema: 
         clusters, n_clusters = (column, n) if multi else (np.arange(m), m)
         draws = rng.multinomial(n_clusters, np.full(n_clusters, 1.0 / n_clusters),
                                 size=settings.bootstrap)                     # [B, clusters]
-        stats = _statistics(q, draws[:, clusters].astype(np.float64), sigma_ema if multi else None)
+        stats: dict[str, list] = {}
+        # Chunks of resamples keep the [chunk, M, N] arrays of the column-set terms small.
+        chunk = max(1, int(4e6 // max(1, m * n)))
+        for start in range(0, settings.bootstrap, chunk):
+            part = draws[start:start + chunk]
+            resampled = _resampled_columns(L, S, column, part) if multi else q
+            for key, values in _statistics(resampled, part[:, clusters].astype(np.float64),
+                                           sigma_ema if multi else None).items():
+                stats.setdefault(key, []).append(values)
+        stats = {key: np.concatenate(parts) for key, parts in stats.items()}
         tail = (1.0 - settings.confidence) / 2.0
         for key in CI_KEYS if multi else _ENTROPY_KEYS:
             if key in stats:
