@@ -23,6 +23,12 @@ KEY_METRICS = [("rollout/success", "success"), ("rollout/in_group_reward_std", "
                ("val/success", "val")]
 
 
+def _with_interval(metrics: dict, key: str) -> str:
+    """``value [low, high]`` when the metric's interval was logged, else the value."""
+    value, low, high = metrics[key], metrics.get(f"{key}_ci_low"), metrics.get(f"{key}_ci_high")
+    return f"{value:.3f}" if low is None or high is None else f"{value:.3f} [{low:.3f}, {high:.3f}]"
+
+
 def fail(message: str, code: int = 2) -> None:
     err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
@@ -150,10 +156,20 @@ def run(config: Optional[Path] = typer.Argument(None, help="Experiment YAML (def
     table.add_row("alarms", ", ".join(sorted({a["name"] for a in summary.alarms})) or "none")
     table.add_row("wall time", f"{summary.seconds:.0f} s")
     for step, value in sorted(summary.val_history.items()):
-        table.add_row(f"val/success @ {step}", f"{value:.3f}")
+        low, high = summary.val_intervals.get(step, (value, value))
+        table.add_row(f"val/success @ {step}", f"{value:.3f} [{low:.3f}, {high:.3f}]")
     for key, label in KEY_METRICS[:-1]:
         if key in summary.last_metrics:
-            table.add_row(f"{key} (last)", f"{summary.last_metrics[key]:.3f}")
+            table.add_row(f"{key} (last)", _with_interval(summary.last_metrics, key))
+    d = summary.last_diagnostics
+    for name in ("mi_estimate", "retrieval_acc", "conditional_entropy_est"):
+        key = f"collapse/first_turn/{name}"
+        if key in d:
+            table.add_row(f"{key} @ {int(d['iteration'])}", _with_interval(d, key))
+    if "collapse/first_turn/p_grounded" in d:
+        p = d["collapse/first_turn/p_grounded"]
+        table.add_row("reasoning depends on input", f"{'yes' if d.get('collapse/first_turn/grounded') else 'not shown'}"
+                      f" (permutation p = {p:.3g})")
     console.print(table)
     console.print(f"MLflow run id: [cyan]{summary.run_id}[/]")
     console.print(f"Look at it: [green]{summary.ui_command}[/]")

@@ -52,6 +52,10 @@ class RunSummary:
     stop_reason: str | None = None
     alarms: list[dict] = field(default_factory=list)
     last_metrics: dict[str, float] = field(default_factory=dict)
+    #: validation step -> (low, high) of val/success (95 % Wilson interval)
+    val_intervals: dict[int, tuple[float, float]] = field(default_factory=dict)
+    #: the metrics of the last iteration that ran the collapse diagnostics
+    last_diagnostics: dict[str, float] = field(default_factory=dict)
 
 
 class LevelSampler:
@@ -120,7 +124,9 @@ class Trainer:
         self.alarms = AlarmMonitor(cfg.alarms)
         self.stop_reason: str | None = None
         self.val_history: dict[int, float] = {}
+        self.val_intervals: dict[int, tuple[float, float]] = {}
         self.last_metrics: dict[str, float] = {}
+        self.last_diagnostics: dict[str, float] = {}
 
     # -- setup ------------------------------------------------------------------------
     def setup(self) -> None:
@@ -426,6 +432,7 @@ class Trainer:
             ui_command=self.tracker.ui_command(), iterations=self.iteration_done, status=status,
             seconds=time.perf_counter() - started, model_path=self.model_path,
             val_history=self.val_history, last_metrics=self.last_metrics,
+            val_intervals=self.val_intervals, last_diagnostics=self.last_diagnostics,
             stop_reason=self.stop_reason, alarms=[e.to_dict() for e in self.alarms.events])
 
     def release_actors(self, keep: bool) -> None:
@@ -438,6 +445,7 @@ class Trainer:
     def log_validation(self, it: int, metrics: dict[str, float]) -> None:
         val = self.validate()
         self.val_history[it] = val["val/success"]
+        self.val_intervals[it] = (val["val/success_ci_low"], val["val/success_ci_high"])
         metrics.update(val)
         if it == 0:
             self.tracker.log_metrics(val, step=0)
@@ -460,6 +468,9 @@ class Trainer:
         metrics["timing/log"] = time.perf_counter() - logging_started
         self.tracker.log_metrics({"timing/log": metrics["timing/log"]}, step=it)
         self.iteration_done, self.last_metrics = it, metrics
+        if any(key.startswith("collapse/") for key in metrics):
+            self.last_diagnostics = {"iteration": float(it), **{
+                k: v for k, v in metrics.items() if k.startswith("collapse/")}}
         self.emit("iteration", {"iteration": it, "total": t.iterations, **metrics})
         for event in self.alarms.update(it, metrics):
             self.record_alarm(event)

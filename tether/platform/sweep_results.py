@@ -12,6 +12,7 @@ from mlflow.tracking import MlflowClient
 
 SUCCESS = "rollout/success"
 MI_ZSCORE = "collapse/first_turn/mi_zscore_ema"
+P_GROUNDED = "collapse/first_turn/p_grounded"   # the input-dependence test at the last diagnosis
 
 
 def _children(uri: str, experiment_id: str, parent_run_id: str, extra: str = "") -> list:
@@ -69,6 +70,7 @@ def results_rows(uri: str, experiment_id: str, parent_run_id: str, metric: str,
             "success_peak": max(success) if success else float("nan"),
             "success_final": success[-1] if success else float("nan"),
             "mi_zscore_ema_final": run.data.metrics.get(MI_ZSCORE, float("nan")),
+            "p_grounded_final": run.data.metrics.get(P_GROUNDED, float("nan")),
             "alarms": " ".join(sorted(k.removeprefix("alarm.") for k in tags
                                       if k.startswith("alarm."))),
         })
@@ -85,7 +87,8 @@ def results_rows(uri: str, experiment_id: str, parent_run_id: str, metric: str,
     return rows
 
 
-_TAIL = ["success_peak", "success_final", "mi_zscore_ema_final", "alarms", "iterations",
+_TAIL = ["success_peak", "success_final", "mi_zscore_ema_final", "p_grounded_final", "alarms",
+         "iterations",
          "status", "run_id"]
 
 
@@ -110,7 +113,7 @@ def results_table(rows: list[dict], metric: str, title: str):
     swept = _swept_columns(rows, metric)
     table = Table(title=title)
     for column in ["#", "trial", *swept, metric, "peak success", "final success",
-                   "MI z-score (EMA)", "alarms", "status"]:
+                   "MI z-score (EMA)", "input-dependence p", "alarms", "status"]:
         table.add_column(column, justify="right" if column not in ("trial", "alarms") else "left")
 
     def num(value) -> str:
@@ -120,5 +123,6 @@ def results_table(rows: list[dict], metric: str, title: str):
     for r in rows:
         table.add_row(str(r["rank"]), r["trial"], *(str(r.get(c, "")) for c in swept),
                       num(r[metric]), num(r["success_peak"]), num(r["success_final"]),
-                      num(r["mi_zscore_ema_final"]), r["alarms"] or "-", r["status"])
+                      num(r["mi_zscore_ema_final"]), num(r["p_grounded_final"]), r["alarms"] or "-",
+                      r["status"])
     return table
