@@ -375,15 +375,11 @@ class EmptyAfterFilterAlarm(_StreakAlarm):
         return self.streak >= self.config.patience, message, self._evidence()
 
 
-class FormatCollapseAlarm(_Alarm):
+class FormatCollapseAlarm(_StreakAlarm):
     """Valid reasoning or valid actions below ``min_rate`` for ``patience`` iterations: a
-    policy that stopped writing reasoning (or actions) is a collapse of its own."""
+    policy that stopped writing reasoning (or actions) is a collapse of its own.
+    ``recent`` rows are [iteration, reasoning rate, action rate]."""
     name = "format_collapse"
-
-    def __init__(self, config):
-        super().__init__(config)
-        self.streak = 0
-        self.recent: list[list[float]] = []
 
     def _observe(self, iteration, metrics):
         c = self.config
@@ -397,18 +393,12 @@ class FormatCollapseAlarm(_Alarm):
         message = (f"{self.name}: valid {lost} below {c.min_rate:g} of turns for {self.streak} "
                    f"consecutive iterations ({c.reasoning_metric} {reasoning:.3g}, "
                    f"{c.action_metric} {action:.3g})")
+        return self.streak >= c.patience, message, self._evidence()
+
+    def _evidence(self) -> dict[str, list[float]]:
         columns = list(zip(*self.recent))
-        evidence = {"iteration": list(columns[0]), c.reasoning_metric: list(columns[1]),
-                    c.action_metric: list(columns[2])}
-        return self.streak >= c.patience, message, evidence
-
-    def state_dict(self):
-        return {**super().state_dict(), "streak": self.streak, "recent": [list(r) for r in self.recent]}
-
-    def load_state_dict(self, state):
-        super().load_state_dict(state)
-        self.streak = int(state["streak"])
-        self.recent = [list(r) for r in state["recent"]]
+        return {"iteration": list(columns[0]), self.config.reasoning_metric: list(columns[1]),
+                self.config.action_metric: list(columns[2])}
 
 
 ALARMS: dict[str, type[_Alarm]] = {cls.name: cls for cls in (
