@@ -151,3 +151,26 @@ def test_micro_batched_grad_snr_equals_one_forward_per_bucket(micro_policy, monk
     assert slow["grad_snr/q1/task_grad_norm"] == pytest.approx(0.0, abs=1e-12)   # all-zero group: no task signal
     assert slow["grad_snr/q4/task_grad_norm"] > 0 and slow["grad_snr/q4/reg_grad_norm"] > 0
     assert all(p.grad is None for p in model.parameters())
+
+
+def test_grad_snr_with_all_rewards_equal_reports_zero_task_gradient(micro_policy):
+    """A degenerate batch (every group's rewards equal: no task signal anywhere) gives
+    finite metrics, a zero task gradient in every bucket, and no exception."""
+    from tether.agent.episode import EpisodeSpec, LocalEnvBatch, run_episodes
+    from tether.algos.batch import collate
+    from tether.algos.update import UpdateSettings
+    from tether.diagnostics.runner import gradient_snr
+    from tests.test_episode import _setup
+
+    model, tok, formatter, engine, sampling = _setup(micro_policy)
+    specs = [EpisodeSpec(g, 90 + g, k) for g in range(3) for k in range(2)]
+    batch = collate(run_episodes(engine, formatter, LocalEnvBatch("tether/FrozenLake-v0"), specs,
+                                 sampling, 2), tok.pad_token_id)
+    batch.scores = torch.zeros(batch.size)
+    batch.old_logprobs = batch.sampling_logprobs.clone()
+    batch.ref_logprobs = batch.sampling_logprobs - 0.05 * batch.response_mask
+    batch.advantages = torch.zeros_like(batch.response_mask, dtype=torch.float32)
+    metrics = gradient_snr(model, batch, UpdateSettings(kl_coef=0.05), n_buckets=6)
+    assert metrics and all(np.isfinite(v) for v in metrics.values() if v is not None)
+    assert all(v == 0.0 for k, v in metrics.items() if k.endswith("task_grad_norm"))
+    assert any(v > 0 for k, v in metrics.items() if k.endswith("reg_grad_norm"))
