@@ -97,8 +97,10 @@ def _draw_panel(ax, panel: Panel, fig) -> None:
                           ha="right", fontsize=7)
             continue
         style = {"lines": "-", "markers": "o", "lines+markers": "-o"}[s.mode]
+        if s.dash:
+            style = style.replace("-", "--")
         ax.plot(s.x, s.y, style, label=s.name, color=color, markersize=4,
-                linestyle="--" if s.dash else None, linewidth=0.9 if s.dash else None)
+                linewidth=0.9 if s.dash else None)
         if s.error is not None and s.mode == "markers":
             ax.errorbar(s.x, s.y, yerr=np.abs(np.array(s.error) - np.array(s.y)), fmt="none",
                         ecolor=color, capsize=2, linewidth=0.8)

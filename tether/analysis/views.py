@@ -131,8 +131,8 @@ def regime_figure(result: Result, sampling: str) -> Figure | None:
             panel.series.append(Series(f"{row['run']}: {row['regime']}", [row["entropy"]],
                                        [row["mi"]], mode="markers", color=color,
                                        error=([row["mi_ci_low"]], [row["mi_ci_high"]])))
-    return Figure("regimes", "Regime plot: each run as a path; its last point with the I(X;Z) "
-                  "interval and the regime by the input-dependence test", [panel], columns=1)
+    return Figure("regimes", "Regimes: runs as paths, last point with its interval",
+                  [panel], columns=1)
 
 
 def dynamics_figure(runs: list[RunData], notes: list[str]) -> Figure | None:
