@@ -11,6 +11,10 @@ const fmt = (v) => num(v) ? v.toFixed(3) : "–";
 const lastOf = (c, key) => (c && c[key] && c[key].length ? c[key][c[key].length - 1] : null);
 // plotly reads a few HTML tags in trace names; entities keep every character literal
 const plotText = (s) => String(s).replace(/[&<>]/g, (c) => ({"&": "&amp;", "<": "&lt;", ">": "&gt;"}[c]));
+// a run's name in plot legends: shortened, so a long name does not squeeze the plot
+const LABEL = 32;
+const label = (run) => plotText(run.name.length > LABEL ? run.name.slice(0, LABEL) + "…" : run.name);
+const colorOf = (runs, run) => COLORS[runs.indexOf(run) % COLORS.length];
 
 function el(tag, props, ...children) {
   const node = Object.assign(document.createElement(tag), props || {});  // properties, not markup
@@ -50,7 +54,7 @@ function alarmBanner(run, a) {
 }
 
 // The shaded 95 % interval of a curve: a closed polygon over the steps that have one.
-function bandTrace(c, color, label, run, name) {
+function bandTrace(c, color, text, run, name) {
   if (!c.ci_low || !c.ci_high) return null;
   const idx = c.x.map((_, j) => j).filter((j) => num(c.ci_low[j]) && num(c.ci_high[j]));
   if (!idx.length) return null;
@@ -58,20 +62,20 @@ function bandTrace(c, color, label, run, name) {
   return {x: x.concat(x.slice().reverse()),
           y: idx.map((j) => c.ci_high[j]).concat(idx.map((j) => c.ci_low[j]).reverse()),
           fill: "toself", fillcolor: color, opacity: 0.2, line: {width: 0}, mode: "lines",
-          hoverinfo: "skip", showlegend: false, name: label + " 95% CI", meta: {band: run, curve: name}};
+          hoverinfo: "skip", showlegend: false, name: text + " 95% CI", meta: {band: run, curve: name}};
 }
 
 function curveTraces(runs, names, dashes) {
   const traces = [];
-  runs.forEach((run, i) => names.forEach((name, k) => {
+  runs.forEach((run) => names.forEach((name, k) => {
     const c = run.curves[name];
     if (!c || !c.x.length) return;
-    const color = COLORS[i % COLORS.length], label = plotText(run.name) + " " + name;
-    const band = bandTrace(c, color, label, run.run_id, name);
+    const color = colorOf(runs, run), text = label(run) + " " + name;
+    const band = bandTrace(c, color, text, run.run_id, name);
     if (band) traces.push(band);
-    traces.push({x: c.x, y: c.y, mode: "lines+markers", name: label, line: {dash: dashes[k], color}});
+    traces.push({x: c.x, y: c.y, mode: "lines+markers", name: text, line: {dash: dashes[k], color}});
     if (c.null_q95 && c.null_q95.some(num))
-      traces.push({x: c.x, y: c.null_q95, mode: "lines", name: label + " null 95%",
+      traces.push({x: c.x, y: c.null_q95, mode: "lines", name: text + " null 95%",
                    line: {dash: "dash", width: 1, color}, meta: {null: run.run_id, curve: name}});
   }));
   return traces;
@@ -107,13 +111,14 @@ function errorBars(c, idx) {
           arrayminus: idx.map((j, n) => (num(c.ci_low[j]) ? y[n] - c.ci_low[j] : null))};
 }
 
-function regimeTrace(run) {
+function regimeTrace(run, color) {
   const e = run.curves.entropy, m = run.curves.mi;
   const steps = m.x.filter((s) => e.x.includes(s));
   const ie = steps.map((s) => e.x.indexOf(s)), im = steps.map((s) => m.x.indexOf(s));
   return {x: ie.map((j) => e.y[j]), y: im.map((j) => m.y[j]), error_x: errorBars(e, ie),
           error_y: errorBars(m, im), text: steps.map((s) => "it " + s),
-          mode: "lines+markers+text", textposition: "top center", name: plotText(run.name)};
+          mode: "lines+markers+text", textposition: "top center", name: label(run),
+          line: {color}, marker: {color}};
 }
 
 function draw(data) {
@@ -132,7 +137,8 @@ function draw(data) {
   return Promise.all([
     react("plot-mi", curveTraces(shown, ["mi", "entropy"], ["solid", "dot"]),
           layout("I(X;Z) and H(Z|X) over training", "iteration", "nats / token")),
-    react("plot-regime", shown.filter((r) => r.curves.mi.x.length).map(regimeTrace),
+    react("plot-regime", shown.filter((r) => r.curves.mi.x.length)
+                                .map((r) => regimeTrace(r, colorOf(shown, r))),
           layout("regime plot: (H(Z|X), I(X;Z)) path", "H(Z|X)", "I(X;Z)")),
     react("plot-success", curveTraces(shown, ["success", "val_success"], ["solid", "dot"]),
           layout("success", "iteration", "success")),
