@@ -130,9 +130,10 @@ def check_page(url: str, run_id: str, latest: int, alarm: str, alarm_iteration: 
         assert page.locator("#plot-mi .main-svg").count() > 0
         # The page refreshes while the run trains: the next iterations appear.
         resume()
-        page.wait_for_function(f"document.querySelector('{row} .latest-iteration')"
+        # (predicates as functions: the page's CSP forbids evaluating strings)
+        page.wait_for_function(f"() => document.querySelector('{row} .latest-iteration')"
                                f".textContent === '{final}'", timeout=120_000)
-        page.wait_for_function(f"document.querySelector('{row}').children[1].textContent"
+        page.wait_for_function(f"() => document.querySelector('{row}').children[1].textContent"
                                f" === 'FINISHED'", timeout=120_000)
         page.screenshot(path=shot, full_page=True)
         browser.close()
