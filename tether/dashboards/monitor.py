@@ -1,84 +1,42 @@
 """The live collapse monitor (`tether serve`): a Ray Serve application over MLflow.
 
 One page (plain HTML + plotly, no login by default) shows every Tether run of the
-store, running and finished: I(X;Z) and H(Z|X) over training, the regime plot, success
-and kept ratio, the latest iteration of each run, and a banner for every alarm; it
-re-reads ``api/runs`` every few seconds while runs train. Bound to 127.0.0.1 unless
-told otherwise; beyond localhost a token is required (``?token=`` on the page URL, or
-``Authorization: Bearer <token>`` on the API).
+store, running and finished: I(X;Z) and H(Z|X) over training with their 95 % intervals
+and the permutation-null level I(X;Z) must clear, the regime plot, success and kept
+ratio, the latest iteration of each run, and a banner for every alarm; it re-reads
+``api/runs`` every few seconds while runs train.
+
+Bound to 127.0.0.1 unless told otherwise; beyond localhost a token is required. API
+clients send ``Authorization: Bearer <token>``; a browser opens ``/?token=<token>``
+once, which sets an HttpOnly, SameSite=Strict cookie and redirects to the token-free
+URL, so the token never stays in the address bar, the history or the page's script.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import ipaddress
 import json
-import re
-import time
+from pathlib import Path
+from typing import Callable
 
-from ..analysis.runs import KEPT_RATIO, SUCCESS, VAL_SUCCESS, RunData, collapse_key
+from .monitor_data import MonitorSource, json_safe, monitor_payload
 
-MONITOR_METRICS = ("mi_estimate", "mi_zscore_ema", "conditional_entropy_est")
-WANTED = re.compile(r"^(rollout/success|filter/kept_ratio|val/success|collapse/[^/]+/("
-                    + "|".join(MONITOR_METRICS) + r"))$")
-
-
-def monitor_payload(runs: list[RunData], sampling: str = "first_turn") -> dict:
-    """What the page draws, per run: status, latest iteration, curves and alarms."""
-    keys = {"mi": collapse_key(sampling, "mi_estimate"),
-            "mi_zscore_ema": collapse_key(sampling, "mi_zscore_ema"),
-            "entropy": collapse_key(sampling, "conditional_entropy_est"),
-            "success": SUCCESS, "val_success": VAL_SUCCESS, "kept_ratio": KEPT_RATIO}
-    out = []
-    for run in runs:
-        curves = {}
-        for name, key in keys.items():
-            steps, values = run.series(key)
-            curves[name] = {"x": steps.tolist(), "y": values.tolist()}
-        alarms = [{"name": a.get("name"), "iteration": a.get("iteration"), "mode": a.get("mode"),
-                   "message": a.get("message", "")} for a in run.alarms] or [
-            {"name": name, "iteration": step, "mode": "", "message": ""}
-            for step, name in run.alarm_steps()]
-        out.append({"run_id": run.run_id, "name": run.name, "status": run.status,
-                    "latest_iteration": run.latest_iteration, "curves": curves,
-                    "alarms": alarms})
-    return {"sampling": sampling, "time": time.time(), "runs": out}
+HERE = Path(__file__).parent
+COOKIE = "tether_monitor"
+#: The page's own headers: scripts only from this server (no inline script, no
+#: injected handler runs even if markup slipped through), no referrer, no framing.
+PAGE_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self' "
+                               "'unsafe-inline'; img-src 'self' data:; object-src 'none'; "
+                               "base-uri 'none'; frame-ancestors 'none'",
+    "Referrer-Policy": "no-referrer", "X-Content-Type-Options": "nosniff",
+    "Cache-Control": "no-store"}
 
 
-class MonitorSource:
-    """Tether runs of an MLflow store (optionally some experiments), re-read on demand;
-    finished runs are read once and cached."""
-
-    def __init__(self, tracking_uri: str, experiments: list[str] | None = None,
-                 max_runs: int = 50) -> None:
-        from mlflow.tracking import MlflowClient
-
-        self.client = MlflowClient(tracking_uri=tracking_uri)
-        self.experiments, self.max_runs = experiments, max_runs
-        self.cache: dict[str, RunData] = {}
-
-    def runs(self) -> list[RunData]:
-        from ..analysis.source import is_tether_run, load_run
-
-        if self.experiments:
-            found = [self.client.get_experiment_by_name(n) for n in self.experiments]
-            ids = [e.experiment_id for e in found if e is not None]
-        else:
-            ids = [e.experiment_id for e in self.client.search_experiments()]
-        if not ids:
-            return []
-        listed = [r for r in self.client.search_runs(ids, max_results=self.max_runs,
-                                                     order_by=["attributes.start_time DESC"])
-                  if is_tether_run(r)]
-        runs = []
-        for r in listed:
-            cached = self.cache.get(r.info.run_id)
-            if cached is None or cached.status == "RUNNING" or r.info.status == "RUNNING":
-                cached = load_run(self.client, r, with_prompts=False, wanted=WANTED)
-                if r.info.status != "RUNNING":
-                    self.cache[r.info.run_id] = cached
-            runs.append(cached)
-        return runs
+class MonitorError(RuntimeError):
+    """The monitor cannot start safely (one line: what, where, what to do)."""
 
 
 def is_loopback(host: str) -> bool:
@@ -90,11 +48,31 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def authorised(token: str | None, query_token: str | None, header: str | None) -> bool:
+def cookie_value(token: str) -> str:
+    """The session cookie holds a digest of the token, not the token itself (cookies
+    are shared by every port of a host)."""
+    return hmac.new(token.encode(), b"tether-monitor-session", hashlib.sha256).hexdigest()
+
+
+def _same(given: str, expected: str) -> bool:
+    return hmac.compare_digest(given.encode(), expected.encode())
+
+
+def authorised(token: str | None, header: str | None, cookie: str | None) -> bool:
+    """No token configured, or ``Authorization: Bearer <token>``, or the session cookie."""
     if not token:
         return True
-    given = query_token or (header[7:] if header and header.startswith("Bearer ") else "")
-    return hmac.compare_digest(given.encode(), token.encode())
+    if header and header.startswith("Bearer ") and _same(header[7:], token):
+        return True
+    return bool(cookie) and _same(cookie, cookie_value(token))
+
+
+def json_response(data, status_code: int = 200):
+    from starlette.responses import Response
+
+    return Response(json.dumps(json_safe(data), allow_nan=False, default=str),
+                    status_code=status_code, media_type="application/json",
+                    headers={"Cache-Control": "no-store"})
 
 
 class Monitor:
@@ -102,36 +80,46 @@ class Monitor:
 
     def __init__(self, tracking_uri: str, experiments: list[str] | None, token: str | None,
                  refresh_s: float, sampling: str) -> None:
-        from pathlib import Path
-
         self.source = MonitorSource(tracking_uri, experiments)
         self.token, self.refresh_s, self.sampling = token, refresh_s, sampling
-        self.page = (Path(__file__).with_name("monitor.html").read_text()
+        self.page = ((HERE / "monitor.html").read_text()
                      .replace("__REFRESH_MS__", str(int(refresh_s * 1000))))
-        self.plotly_js = None
+        self.scripts = {"/monitor.js": (HERE / "monitor.js").read_text()}
+
+    def script(self, path: str) -> str:
+        if path not in self.scripts:  # plotly's bundle (~4 MB) is read on first use
+            from plotly.offline import get_plotlyjs
+
+            self.scripts[path] = get_plotlyjs()
+        return self.scripts[path]
 
     async def __call__(self, request):
-        from starlette.responses import HTMLResponse, JSONResponse, Response
+        from starlette.responses import HTMLResponse, RedirectResponse, Response
 
-        path = request.url.path.rstrip("/").rsplit("/", 1)[-1]
-        if path != "plotly.js" and not authorised(  # the library holds no data: no token
-                self.token, request.query_params.get("token"), request.headers.get("authorization")):
-            return JSONResponse({"error": "a valid token is required (?token=...)"},
-                                status_code=401)
-        if path == "runs":
-            payload = monitor_payload(self.source.runs(), self.sampling)
-            return Response(json.dumps(payload, allow_nan=False, default=str),
-                            media_type="application/json")
-        if path == "plotly.js":
-            if self.plotly_js is None:
-                from plotly.offline import get_plotlyjs
-
-                self.plotly_js = get_plotlyjs()
-            return Response(self.plotly_js, media_type="application/javascript",
-                            headers={"Cache-Control": "max-age=86400"})
-        if path in ("", "index.html"):
-            return HTMLResponse(self.page)
-        return JSONResponse({"error": f"no page {request.url.path}"}, status_code=404)
+        path = "/" + request.url.path.strip("/")
+        if path in ("/plotly.js", "/monitor.js"):  # code, no data: no token needed
+            return Response(self.script(path), media_type="application/javascript",
+                            headers={"Cache-Control": "max-age=3600"})
+        given = request.query_params.get("token")
+        if given is not None:  # the one-time link: trade the token for a cookie
+            if self.token and not _same(given, self.token):
+                return json_response({"error": "wrong token"}, 401)
+            rest = request.url.remove_query_params("token").query
+            response = RedirectResponse(path + (f"?{rest}" if rest else ""), status_code=303)
+            if self.token:
+                response.set_cookie(COOKIE, cookie_value(self.token), httponly=True,
+                                    samesite="strict", path="/")
+            return response
+        if not authorised(self.token, request.headers.get("authorization"),
+                          request.cookies.get(COOKIE)):
+            return json_response({"error": "a token is required: open the page once as "
+                                  "/?token=TOKEN, or send 'Authorization: Bearer TOKEN'"}, 401)
+        if path == "/api/runs":
+            return json_response(monitor_payload(self.source.runs(), self.sampling,
+                                                 self.source.errors))
+        if path in ("/", "/index.html"):
+            return HTMLResponse(self.page, headers=PAGE_HEADERS)
+        return json_response({"error": f"no page {request.url.path}"}, 404)
 
 
 def build_app(tracking_uri: str, experiments: list[str] | None = None, token: str | None = None,
@@ -143,18 +131,49 @@ def build_app(tracking_uri: str, experiments: list[str] | None = None, token: st
     return deployment.bind(tracking_uri, experiments, token, refresh_s, sampling)
 
 
+def serve_address() -> tuple[str, int]:
+    """The HTTP host and port Serve's proxies actually use in the connected cluster."""
+    from ray.serve.context import _get_global_client
+
+    options = _get_global_client().http_config
+    return options.host, options.port
+
+
+def check_serve_address(asked: tuple[str, int], actual: tuple[str, int],
+                        token: str | None) -> str | None:
+    """None when Serve listens where asked. A Serve already running in the cluster keeps
+    its first HTTP options: beyond localhost without a token that is refused
+    (``MonitorError``), otherwise it is one line of warning."""
+    if tuple(actual) == tuple(asked):
+        return None
+    where = (f"Ray Serve was already running in this Ray cluster on {actual[0]}:{actual[1]} "
+             f"and keeps that address (asked for {asked[0]}:{asked[1]})")
+    if not is_loopback(actual[0]) and not token:
+        raise MonitorError(f"{where}, which is beyond localhost, and no token was given: "
+                           f"stop it (`serve shutdown -y`) and start the monitor again, or "
+                           f"pass --token")
+    return f"{where}; the monitor is served there"
+
+
 def start_monitor(tracking_uri: str, host: str = "127.0.0.1", port: int = 8600,
                   token: str | None = None, experiments: list[str] | None = None,
-                  refresh_s: float = 5.0, sampling: str = "first_turn") -> str:
+                  refresh_s: float = 5.0, sampling: str = "first_turn",
+                  warn: Callable[[str], None] = print) -> str:
     """Start Serve on (host, port) in the connected Ray cluster and deploy the monitor;
-    returns the page URL. Refuses a non-loopback host without a token."""
+    returns the page URL (with the one-time ``?token=`` when a token is set). Refuses a
+    non-loopback host without a token, also when Serve already listens on one."""
     from ray import serve
 
     if not is_loopback(host) and not token:
-        raise ValueError(f"serve.host={host} is beyond localhost: pass a token (--token or "
-                         f"TETHER_SERVE_TOKEN) so the page is not open to the network")
+        raise MonitorError(f"serve.host={host} is beyond localhost: pass a token (--token or "
+                           f"TETHER_SERVE_TOKEN) so the page is not open to the network")
     serve.start(http_options={"host": host, "port": port})
+    actual_host, actual_port = serve_address()
+    warning = check_serve_address((host, port), (actual_host, actual_port), token)
+    if warning:
+        warn(warning)
     serve.run(build_app(tracking_uri, experiments, token, refresh_s, sampling),
               name="tether-monitor", route_prefix="/")
-    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
-    return f"http://{shown}:{port}/" + (f"?token={token}" if token else "")
+    shown = "127.0.0.1" if actual_host in ("0.0.0.0", "::") else actual_host
+    shown = f"[{shown}]" if ":" in shown else shown  # an IPv6 address
+    return f"http://{shown}:{actual_port}/" + (f"?token={token}" if token else "")

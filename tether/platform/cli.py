@@ -346,10 +346,11 @@ def serve(tracking_uri: Optional[str] = TRACKING_URI,
                                    "localhost (e.g. 0.0.0.0) a --token is required."),
           port: int = typer.Option(8600, "--port", help="HTTP port of the page."),
           token: Optional[str] = typer.Option(None, "--token", envvar="TETHER_SERVE_TOKEN",
-                                              help="Require this token: open the page as "
-                                              "http://HOST:PORT/?token=TOKEN (API: header "
-                                              "'Authorization: Bearer TOKEN'). Default: no "
-                                              "login (localhost only)."),
+                                              help="Require this token: open the page once as "
+                                              "http://HOST:PORT/?token=TOKEN (it becomes an "
+                                              "HttpOnly cookie; API: header 'Authorization: "
+                                              "Bearer TOKEN'). Default: no login (localhost "
+                                              "only)."),
           experiment: Optional[list[str]] = typer.Option(None, "--experiment", help="Only these "
                                                          "experiments (repeatable; default all)."),
           refresh: float = typer.Option(5.0, "--refresh", min=0.5, help="Page refresh, seconds."),
@@ -366,7 +367,7 @@ def serve(tracking_uri: Optional[str] = TRACKING_URI,
     from .session import ClusterError, prepare_process, start_ray, stop_ray
 
     prepare_process(address)
-    from ..dashboards.monitor import is_loopback, start_monitor
+    from ..dashboards.monitor import MonitorError, is_loopback, start_monitor
 
     if not is_loopback(host) and not token:
         fail(f"--host {host} is beyond localhost: pass --token (or TETHER_SERVE_TOKEN) so "
@@ -380,7 +381,12 @@ def serve(tracking_uri: Optional[str] = TRACKING_URI,
     from ray import serve as ray_serve
 
     try:
-        url = start_monitor(uri, host, port, token, experiment, refresh, sampling)
+        url = start_monitor(uri, host, port, token, experiment, refresh, sampling,
+                            warn=lambda line: console.print(f"[yellow]warning:[/] {line}"))
+    except MonitorError as exc:  # e.g. a Serve already on 0.0.0.0: leave it as it was
+        stop_ray(started)
+        fail(str(exc))
+    try:
         console.print(f"Tether monitor on [green]{url}[/]  (MLflow {uri}); Ctrl-C stops it")
         while True:
             time.sleep(3600)
