@@ -84,3 +84,30 @@ def test_zero_resamples_switch_each_part_off_and_a_seed_repeats():
     assert "p_grounded" not in no_test and "mi_estimate_ci_low" in no_test
     again = [mi_uncertainty(L, L, column, 0.5, FAST, np.random.default_rng(9)) for _ in range(2)]
     assert again[0] == again[1] and "mi_zscore_ema_ci_low" in again[0]
+
+
+def test_resampled_marginals_and_retrieval_equal_the_direct_computation():
+    """The matmul form of the per-resample mixture marginal and retrieval equals computing
+    each resample's sub-matrix directly, including scores far apart (exp underflow)."""
+    from scipy.special import logsumexp
+
+    from tether.diagnostics.uncertainty import _resampled_columns
+
+    rng = np.random.default_rng(5)
+    column = np.repeat(np.arange(6), 3)
+    L = rng.normal(-2, 1, (18, 6))
+    L[0, 5] = 900.0                                   # one row with a far-off best prompt
+    L[1, [0, 1]] = L[1, [1, 0]] = -1.0                # a tie with its own prompt
+    draws = rng.multinomial(6, np.full(6, 1 / 6), size=50).astype(float)
+    draws[0] = [3, 0, 0, 3, 0, 0]                     # row 0's best prompt (5) not drawn
+    weights = draws[:, column]
+    out = _resampled_columns(L, 3 * L, column, draws, weights)
+    for b in range(len(draws)):
+        drawn = np.flatnonzero(draws[b])
+        for i in np.flatnonzero(weights[b]):
+            marginal = logsumexp(L[i, drawn], b=draws[b, drawn]) - np.log(6)
+            assert out["marginal"][b, i] == pytest.approx(marginal, rel=1e-9, abs=1e-9)
+            own = L[i, column[i]]
+            beaten = (L[i, drawn] > own).sum()
+            ties = (L[i, drawn] == own).sum()
+            assert out["hit"][b, i] == pytest.approx(float(beaten == 0) / ties)

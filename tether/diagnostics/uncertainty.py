@@ -82,22 +82,39 @@ def _hit_rate(L: np.ndarray, own: np.ndarray) -> np.ndarray:
     return np.clip((1 - greater) / np.maximum(equal, 1), 0.0, 1.0)
 
 
-def _resampled_columns(L: np.ndarray, S: np.ndarray, column: np.ndarray, draws: np.ndarray
-                       ) -> dict[str, np.ndarray]:
+def _mixture_marginal(X: np.ndarray, draws: np.ndarray, needed: np.ndarray) -> np.ndarray:
+    """log( sum_j draws[b, j] exp(X[i, j]) / N ) for every resample b and row i: [B, M].
+
+    One matmul against exp(X - row max).  Where that underflows (every drawn prompt more
+    than ~745 nats below the row's best) and the row counts (``needed`` [B, M]), the
+    cell is recomputed exactly in log space."""
+    n = X.shape[1]
+    top = X.max(axis=1)                                                   # [M]
+    with np.errstate(divide="ignore"):
+        out = np.log(draws @ np.exp(X - top[:, None]).T) + top[None, :] - np.log(n)
+    b, i = np.nonzero(~np.isfinite(out) & needed)
+    if len(b):
+        log_w = np.where(draws[b] > 0, np.log(np.maximum(draws[b], 1)), -np.inf)      # [K, N]
+        out[b, i] = logsumexp(X[i] + log_w, axis=1) - np.log(n)
+    return out
+
+
+def _resampled_columns(L: np.ndarray, S: np.ndarray, column: np.ndarray, draws: np.ndarray,
+                       weights: np.ndarray) -> dict[str, np.ndarray]:
     """Row quantities under resampled prompts ``draws`` [B, N] (how often each prompt was
-    drawn): a row's marginal is the mixture over the drawn prompts, and its retrieval asks
-    whether its own prompt beats every *drawn* other.  So the interval also carries the
-    variation that comes from which prompts a batch happens to hold."""
-    m, n = L.shape
-    rows = np.arange(m)
-    log_w = np.log(np.where(draws > 0, draws, 1.0)) - np.where(draws > 0, 0.0, np.inf)   # [B, N]
-    present = draws[:, None, :] > 0                                                       # [B, 1, N]
-    own = L[rows, column]                                                                 # [M]
-    greater = ((L[None] > own[None, :, None]) & present).sum(-1)
-    equal = ((L[None] == own[None, :, None]) & present).sum(-1)
+    drawn; ``weights`` [B, M] the rows' resulting weights): a row's marginal is the
+    mixture over the drawn prompts, and its retrieval asks whether its own prompt beats
+    every *drawn* other.  So the interval also carries the variation that comes from
+    which prompts a batch happens to hold."""
+    rows = np.arange(L.shape[0])
+    own = L[rows, column]                                                 # [M]
+    present = (draws > 0).astype(np.float64)                              # [B, N]
+    greater = present @ (L > own[:, None]).T.astype(np.float64)           # [B, M]
+    equal = present @ (L == own[:, None]).T.astype(np.float64)
+    needed = weights > 0
     return {"matched": own, "matched_seq": S[rows, column],
-            "marginal": logsumexp(L[None] + log_w[:, None, :], axis=-1) - np.log(n),     # [B, M]
-            "marginal_seq": logsumexp(S[None] + log_w[:, None, :], axis=-1) - np.log(n),
+            "marginal": _mixture_marginal(L, draws, needed),
+            "marginal_seq": _mixture_marginal(S, draws, needed),
             "hit": np.clip((1 - greater) / np.maximum(equal, 1), 0.0, 1.0)}
 
 
@@ -107,7 +124,9 @@ def _statistics(q: dict[str, np.ndarray], weights: np.ndarray, sigma_ema: float 
     total = weights.sum(axis=1)
 
     def mean(values: np.ndarray) -> np.ndarray:       # values [M], or [B, M] per resample
-        return (weights * values).sum(axis=1) / total if values.ndim == 2 else weights @ values / total
+        if values.ndim == 2:     # rows of weight 0 may hold -inf marginals: never multiplied
+            return (weights * np.where(weights > 0, values, 0.0)).sum(axis=1) / total
+        return weights @ values / total
 
     marginal_mean = mean(q["marginal"])
     sigma = np.sqrt(np.maximum(mean(q["marginal"] ** 2) - marginal_mean ** 2, 0.0))
@@ -153,16 +172,9 @@ def mi_uncertainty(L: np.ndarray, S: np.ndarray, column: np.ndarray, sigma_ema: 
         clusters, n_clusters = (column, n) if multi else (np.arange(m), m)
         draws = rng.multinomial(n_clusters, np.full(n_clusters, 1.0 / n_clusters),
                                 size=settings.bootstrap)                     # [B, clusters]
-        stats: dict[str, list] = {}
-        # Chunks of resamples keep the [chunk, M, N] arrays of the column-set terms small.
-        chunk = max(1, int(4e6 // max(1, m * n)))
-        for start in range(0, settings.bootstrap, chunk):
-            part = draws[start:start + chunk]
-            resampled = _resampled_columns(L, S, column, part) if multi else q
-            for key, values in _statistics(resampled, part[:, clusters].astype(np.float64),
-                                           sigma_ema if multi else None).items():
-                stats.setdefault(key, []).append(values)
-        stats = {key: np.concatenate(parts) for key, parts in stats.items()}
+        weights = draws[:, clusters].astype(np.float64)                      # [B, M]
+        resampled = _resampled_columns(L, S, column, draws.astype(np.float64), weights) if multi else q
+        stats = _statistics(resampled, weights, sigma_ema if multi else None)
         tail = (1.0 - settings.confidence) / 2.0
         for key in CI_KEYS if multi else _ENTROPY_KEYS:
             if key in stats:
