@@ -225,6 +225,7 @@ IT_XSS = '<img src=x onerror="window.__xss=1">'
 NAME_XSS = '<script>window.__xss=2</script><img src=x onerror="window.__xss=3">run'
 EVIDENCE_XSS = '<img src=x onerror="window.__xss=4">'
 GROUNDED = "collapse/first_turn/grounded"
+P_GROUNDED = "collapse/first_turn/p_grounded"   # the test shared by mi_estimate and the z-scores
 LABEL = 32  # the page shortens run names in plot legends to this many characters
 
 
@@ -239,7 +240,7 @@ def write_monitor_runs(uri: str) -> dict[str, str]:
     success = {"rollout/success": {s: 0.2 * s for s in mi}}
     band = {MI_EST: mi, MI_EST + "_ci_low": {s: v - 0.05 for s, v in mi.items()},
             MI_EST + "_ci_high": {s: v + 0.05 for s, v in mi.items()},
-            MI_EST + "_null_q95": {s: 0.15 for s in mi}, MI_EST + "_p_grounded": {s: 0.004 * s for s in mi},
+            MI_EST + "_null_q95": {s: 0.15 for s in mi}, P_GROUNDED: {s: 0.004 * s for s in mi},
             GROUNDED: flat, H: flat, H + "_ci_low": {s: 0.9 for s in mi},
             H + "_ci_high": {s: 1.1 for s in mi}, **success}
     ids = {"band": write_run(uri, "monitor-test", "grounded-run", band).run_id,
@@ -252,7 +253,7 @@ def write_monitor_runs(uri: str) -> dict[str, str]:
     alarm = {"name": "template_collapse", "iteration": IT_XSS, "time": 0.0, "mode": "warn",
              "message": "<b>not bold</b>",
              "evidence": {MI_EST + "_ci_low": [0.1, 0.12], MI_EST + "_ci_high": [0.3, 0.32],
-                          MI_EST + "_p_grounded": [0.5], EVIDENCE_XSS + "_ci_low": [1.0]}}
+                          P_GROUNDED: [0.5], EVIDENCE_XSS + "_ci_low": [1.0]}}
     ids["hostile"] = write_run(uri, "monitor-test", NAME_XSS, {MI_EST: mi, **success},
                                alarms=[alarm]).run_id
     return ids
@@ -312,7 +313,7 @@ def test_monitor_api_token_cookie_nan_and_intervals(tmp_path):
     alarm, = runs[ids["hostile"]]["alarms"]
     assert runs[ids["hostile"]]["name"] == NAME_XSS and alarm["iteration"] == IT_XSS
     assert alarm["evidence"] == [f"{MI_EST} 95% CI [0.12, 0.32]",
-                                 f"{MI_EST}_p_grounded = 0.5 (permutation test)",
+                                 f"{P_GROUNDED} = 0.5 (permutation test)",
                                  f"{EVIDENCE_XSS} 95% CI [1, ?]"]
 
 

@@ -21,7 +21,7 @@ MONITOR_METRICS = ("mi_estimate", "mi_zscore_ema", "conditional_entropy_est")
 #: the 95th percentile of its permutation null and the permutation p-value (RAGEN-2's MI
 #: proxies, each with the test that says whether it is above chance).
 EXTRAS = ("ci_low", "ci_high", "null_q95", "p_grounded")
-WANTED = re.compile(r"^(rollout/success|filter/kept_ratio|val/success|collapse/[^/]+/grounded|"
+WANTED = re.compile(r"^(rollout/success|filter/kept_ratio|val/success|collapse/[^/]+/(grounded|p_grounded)|"
                     r"collapse/[^/]+/(" + "|".join(MONITOR_METRICS) + r")(_("
                     + "|".join(EXTRAS) + r"))?)$")
 
@@ -43,10 +43,19 @@ def curve(run: RunData, key: str) -> dict:
     steps, values = run.series(key)
     out = {"x": steps.tolist(), "y": values.tolist()}
     for extra in EXTRAS:
-        points = run.metrics.get(f"{key}_{extra}")
+        points = run.metrics.get(f"{key}_{extra}") or run.metrics.get(_shared_test(key, extra))
         if points:
             out[extra] = [points.get(step) for step in out["x"]]
     return out
+
+
+def _shared_test(key: str, extra: str) -> str:
+    """mi_estimate, mi_zscore and mi_zscore_ema share one permutation test (a permutation
+    moves only the matched scores), logged once as ``collapse/<sampling>/p_grounded``."""
+    prefix, _, name = key.rpartition("/")
+    if extra == "p_grounded" and name in ("mi_estimate", "mi_zscore", "mi_zscore_ema"):
+        return f"{prefix}/p_grounded"
+    return ""
 
 
 def _latest(value):
