@@ -30,8 +30,8 @@ Measured.  False alarms: ``template_collapse`` events per 1,000 diagnostic point
 the null histories, and over the pre-onset points of collapse histories (target <= 1).
 Detection: share of collapse histories whose ``template_collapse`` fired after the onset
 (target >= 95 %), and the delay from the point where the intervals first separate (the
-first post-onset point whose MI interval lies wholly below that of an earlier point with
-p < alpha; target <= 2 points).  ``low_entropy_collapse`` events are counted too.
+first post-onset point whose MI interval lies wholly below that of an earlier point the
+alarm counts as significant, p < alpha / window; target <= 2 points).  ``low_entropy_collapse`` events are counted too.
 
     python benchmarks/alarm_quality.py                  # default: 200 null + 100 collapse histories per kind
     python benchmarks/alarm_quality.py --histories 20   # quick look
@@ -183,7 +183,8 @@ def main() -> None:
             if collapse:
                 fired = [t for t in template if t > args.onset]
                 detected += bool(fired)
-                separated = first_separation(stream, args.onset, config.template_collapse.alpha, key)
+                separated = first_separation(stream, args.onset, config.template_collapse.alpha
+                                             / config.template_collapse.window, key)
                 if fired and separated is not None:
                     delays.append(fired[0] - separated)
         rows.append((kind, n, null_points, false_alarms, 1000 * false_alarms / max(null_points, 1),

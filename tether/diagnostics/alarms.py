@@ -47,8 +47,9 @@ class _MiEntropyConfig(_AlarmConfig):
         "diagnostic points kept; the reference (an earlier point where MI was significantly "
         "above its null) must lie within them"))
     alpha: float = Field(0.05, gt=0, lt=0.5, description=(
-        "an earlier point is a reference only when its p-value is below alpha (MI significantly "
-        "above the permutation null there)"))
+        "an earlier point is a reference only when MI was significantly above its permutation "
+        "null there: p < alpha / window (Bonferroni over the points searched, so a point that "
+        "is 'significant' by chance among the window's tests is not taken for grounding)"))
     patience: int = Field(2, ge=1, description=(
         "consecutive diagnostic points whose MI interval lies wholly below the reference's "
         "before the alarm fires (1 = the first separation)"))
@@ -223,7 +224,7 @@ class _MiEntropyAlarm(_WindowAlarm):
     significantly above its null; ``_entropy_ok`` judges H(Z|X) by its intervals too.
 
     A row of the window is [iteration, MI, MI low, MI high, p, H, H low, H high].  The
-    reference is the earlier significant point (p < alpha) with the highest interval
+    reference is the earlier significant point (p < alpha / window) with the highest interval
     floor; a breach is MI's interval now lying wholly below it, by at least
     ``min_drop_fraction`` of the reference value.  An MI at noise level is never
     significant, so it is never a reference: no fall within noise of zero can fire.
@@ -244,7 +245,7 @@ class _MiEntropyAlarm(_WindowAlarm):
         if not self._push(iteration, metrics):
             return None
         *earlier, now = self.history
-        references = [row for row in earlier if row[4] < self.config.alpha]
+        references = [row for row in earlier if row[4] < self.config.alpha / self.config.window]
         if not references:
             self.streak = 0
             return False, "", {}
