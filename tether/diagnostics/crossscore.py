@@ -398,8 +398,10 @@ def information_chain(model, pairs: Sequence[ScoringPair], temperature: float = 
     for link, (contexts, continuations, column) in links.items():
         scores = cross_score_pairs(model, contexts, continuations, temperature, method=method,
                                    batch_size=batch_size, max_continuation_tokens=max_continuation_tokens)
+        started = time.perf_counter()
         link_metrics, ema_state[link] = mi_proxies(scores.L, scores.S, column, ema_state.get(link),
                                                    uncertainty, rng)
+        scores.info["proxy_seconds"] = time.perf_counter() - started   # intervals and test included
         if link == "xz":
             if reasoning_rate is not None:
                 link_metrics["valid_reasoning_rate"] = reasoning_rate

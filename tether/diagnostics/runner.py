@@ -52,6 +52,8 @@ def collapse_diagnostics(model, trajectories, extractor: SpanExtractor, sampling
         metrics.update(result.flat(f"collapse/{sampling}"))
         metrics.update({f"timing/diagnose/{sampling}/{link}": float(info["seconds"])
                         for link, info in result.info.items()})
+        proxies = sum(float(info.get("proxy_seconds", 0.0)) for info in result.info.values())
+        metrics["timing/diagnose/proxies"] = metrics.get("timing/diagnose/proxies", 0.0) + proxies
         if keep_matrices and "xz" in result.scores and result.scores["xz"][0].L.size:
             scores, column = result.scores["xz"]
             matrices[sampling] = (scores.L, column)
