@@ -10,14 +10,22 @@ beyond being a candidate value).  See ``tether/envs/sandbox/__init__.py`` for wh
 the hook refuses and why it is only the second layer.
 """
 
-BOOTSTRAP = r'''
+#: Root of the sandbox's user namespace (real root outside, see isolation.py) becomes
+#: uid 65534 for real before anything else runs; this also clears every capability.
+DROP_PRIVILEGES = r'''
+import os as _os
+if _os.getuid() == 0:
+    _os.setgroups([])
+    _os.setresgid(65534, 65534, 65534)
+    _os.setresuid(65534, 65534, 65534)
+del _os
+'''
+
+#: Privileges, settings, the program and its input, kernel rlimits, stdout.
+PRELUDE = r'''
 import sys, os
-if sys.argv[5] == "drop" and os.getuid() == 0:
-    # Root of the sandbox's user namespace (real root outside): become uid 65534 for
-    # real before anything else; this also clears every capability.
-    os.setgroups([])
-    os.setresgid(65534, 65534, 65534)
-    os.setresuid(65534, 65534, 65534)
+if sys.argv[5] == "drop":
+    exec(DROP_PRIVILEGES)
 import marshal, resource
 cfg = {"fn": sys.argv[1] or None, "cpu": int(sys.argv[2]), "mem": int(sys.argv[3]),
        "fsize": int(sys.argv[4])}
@@ -36,6 +44,17 @@ for name, soft, hard in (("RLIMIT_CPU", cfg["cpu"], cfg["cpu"] + 1),
         resource.setrlimit(getattr(resource, name), (soft, hard))
     except (ValueError, OSError):
         pass
+sys.dont_write_bytecode = True
+stdout_fd = os.dup(1)
+if cfg["fn"]:
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 0)
+    os.dup2(devnull, 1)
+'''
+
+#: The in-process guard: no new builtin/extension modules, no pidfd calls, the audit
+#: hook.  Second layer only (see __init__.py).
+GUARD = r'''
 for name in ("math", "cmath", "_heapq", "_bisect", "_random", "_json", "_struct", "unicodedata",
              "_statistics", "_contextvars", "_md5", "_sha1", "_sha256", "_sha512", "_sha3", "_blake2",
              "_typing", "_string", "_locale", "_tokenize", "_symtable", "atexit", "errno",
@@ -54,13 +73,6 @@ _imp.create_builtin = _imp.create_dynamic = refuse_module
 for mod in (os, sys.modules["posix"], _signal):
     for name in ("pidfd_open", "pidfd_send_signal"):
         mod.__dict__.pop(name, None)
-sys.dont_write_bytecode = True
-stdout_fd = os.dup(1)
-if cfg["fn"]:
-    devnull = os.open(os.devnull, os.O_RDWR)
-    os.dup2(devnull, 0)
-    os.dup2(devnull, 1)
-
 stdlib_dir = os.path.realpath(getattr(sys, "_stdlib_dir", None) or os.path.dirname(os.__file__))
 
 write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
@@ -131,7 +143,10 @@ def install(work=work, stdlib=stdlib_dir, realpath=os.path.realpath, join=os.pat
 
 install()
 del install
-import builtins
+'''
+
+#: Run the candidate and report its result.
+RUN = r'''import builtins
 builtins.exit = builtins.quit = sys.exit
 namespace = {"__name__": "__sandbox__" if cfg["fn"] else "__main__", "__builtins__": builtins}
 sys.argv = ["solution.py"]
@@ -192,3 +207,9 @@ except Exception:
     pass
 os._exit(code)
 '''
+
+PRELUDE = PRELUDE.replace("DROP_PRIVILEGES", repr(DROP_PRIVILEGES))
+BOOTSTRAP = PRELUDE + GUARD + RUN
+#: The same without the in-process guard: the state a candidate reaches after switching
+#: the hook off.  Tests run attacks under it to check what the OS sandbox alone holds.
+UNGUARDED = PRELUDE + RUN

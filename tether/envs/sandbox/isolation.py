@@ -200,7 +200,7 @@ def bwrap_command(python_args: list[str], files: dict[str, bytes] | None = None,
                "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent", "--new-session",
                "--hostname", "sandbox", *_system_binds(), "--proc", "/proc", "--dev", "/dev",
                "--perms", "1777", "--size", str(WORK_TMPFS_BYTES), "--tmpfs", "/tmp",
-               "--perms", "1777", "--dir", INSIDE_WORK]
+               "--perms", "1777", "--dir", INSIDE_WORK, "--remount-ro", "/"]
     try:
         for name, data in (files or {}).items():
             fd = _memfd(name, data)

@@ -109,18 +109,20 @@ def _bootstrap_args(fn_name: str | None, limits: SandboxLimits) -> list[str]:
 
 
 def run_python(code: str, *, stdin: str = "", fn_name: str | None = None,
-               args: Sequence[Any] = (), limits: SandboxLimits = SandboxLimits()) -> RunResult:
+               args: Sequence[Any] = (), limits: SandboxLimits = SandboxLimits(),
+               bootstrap: str = BOOTSTRAP) -> RunResult:
     """Run ``code`` in a fresh limited process.  With ``fn_name``, call
     ``fn_name(*args)`` after the code ran and report ``{"result": ...}`` or
     ``{"error": ...}`` as the last stdout line (the candidate's own prints are
     discarded); otherwise run it as a program on ``stdin``.  Never raises for
     anything the code does; raises ``SandboxUnavailable`` when the isolation asked
-    for cannot be had here."""
+    for cannot be had here.  ``bootstrap``: what runs first (tests pass
+    ``bootstrap.UNGUARDED`` to try attacks against the OS sandbox alone)."""
     started = time.perf_counter()
     files = {"solution.py": code.encode("utf-8", "surrogatepass")}
     if fn_name is not None:
         files["case.bin"] = marshal.dumps(_to_marshal(list(args)))
-    python_args = ["-c", BOOTSTRAP, *_bootstrap_args(fn_name, limits)]
+    python_args = ["-c", bootstrap, *_bootstrap_args(fn_name, limits)]
     try:
         with tempfile.TemporaryFile() as stdin_file:
             stdin_file.write(stdin.encode("utf-8", "surrogatepass"))
