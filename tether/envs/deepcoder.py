@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from .base import SingleTurnTextEnv
-from .sandbox import CodeTest, SandboxLimits, resolve_isolation, run_tests
+from .sandbox import CodeTest, SandboxLimits, as_text, resolve_isolation, run_tests
 
 MAX_CODE_CHARS = 20_000
 MAX_EXAMPLE_CHARS = 60
@@ -71,11 +71,6 @@ def _maybe_json(value: Any) -> Any:
         except ValueError:
             return value
     return value
-
-
-def _as_text(value: Any) -> str:
-    return value if isinstance(value, str) else "\n".join(map(str, value)) if isinstance(
-        value, list) else str(value)
 
 
 def _function_args(value: Any) -> list:
@@ -126,7 +121,7 @@ def parse_problem(row: dict, index: int = 0) -> Problem | None:
         tests = tuple(CodeTest(_function_args(i), o) for i, o in pairs)
     else:
         fn_name = None
-        tests = tuple(CodeTest(_as_text(i), _as_text(o)) for i, o in pairs)
+        tests = tuple(CodeTest(as_text(i), as_text(o)) for i, o in pairs)
     if not tests:
         return None
     solution = row.get("solution")

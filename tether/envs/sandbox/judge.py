@@ -151,15 +151,20 @@ def same_stdout(got: str, expected: str) -> bool:
     return lines(got) == lines(expected) or _tokens_match(got, expected)
 
 
+def as_text(value: Any) -> str:
+    """A stdin/stdout test's input or output as text (datasets also write line lists)."""
+    if isinstance(value, str):
+        return value
+    return "\n".join(map(str, value)) if isinstance(value, list) else str(value)
+
+
 def judge_output(run, test: CodeTest, fn_name: str | None) -> Verdict:
     """Verdict on one finished run (``RunResult``) against ``test``; never raises."""
     try:
         if fn_name is None:
             if not run.ok:
                 return Verdict(False, run.status, run.stderr[-200:])
-            expected = test.output if isinstance(test.output, str) else "\n".join(
-                map(str, test.output))
-            passed = same_stdout(run.stdout, expected)
+            passed = same_stdout(run.stdout, as_text(test.output))
             return Verdict(passed, "ok" if passed else "wrong_answer")
         if run.status not in ("ok", "error"):
             return Verdict(False, run.status)
@@ -177,8 +182,7 @@ def judge_output(run, test: CodeTest, fn_name: str | None) -> Verdict:
 
 def _judge_one(code: str, test: CodeTest, fn_name: str | None, limits: SandboxLimits) -> Verdict:
     if fn_name is None:
-        stdin = test.input if isinstance(test.input, str) else "\n".join(map(str, test.input))
-        run = run_python(code, stdin=stdin, limits=limits)
+        run = run_python(code, stdin=as_text(test.input), limits=limits)
     else:
         args = test.input if isinstance(test.input, (list, tuple)) else [test.input]
         run = run_python(code, fn_name=fn_name, args=args, limits=limits)
