@@ -138,9 +138,9 @@ def test_the_seccomp_program_denies_what_it_lists_and_allows_the_rest(machine):
 def no_bwrap(monkeypatch):
     """A machine without bubblewrap on PATH (the probe is re-run and forgotten after)."""
     monkeypatch.setenv("PATH", "/nonexistent")
-    isolation_module._probe.cache_clear()
+    isolation_module._probe_once.cache_clear()
     yield
-    isolation_module._probe.cache_clear()
+    isolation_module._probe_once.cache_clear()
 
 
 def test_auto_and_bwrap_refuse_without_bubblewrap_and_none_warns(no_bwrap, caplog):

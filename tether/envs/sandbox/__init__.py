@@ -43,7 +43,7 @@ from .judge import (BadResult, CodeTest, Verdict, as_text, check_shape, judge_ou
                     run_tests, same_function_output, same_stdout, same_value)
 from .process import RunResult, SandboxLimits, _runner, run_python
 
-__all__ = ["as_text", "BadResult", "CodeTest", "RunResult", "SandboxConfig", "SandboxLimits",
-           "SandboxUnavailable", "Verdict", "check_shape", "judge_output", "parse_report",
+__all__ = ["BadResult", "CodeTest", "RunResult", "SandboxConfig", "SandboxLimits",
+           "SandboxUnavailable", "Verdict", "as_text", "check_shape", "judge_output", "parse_report",
            "resolve_isolation", "run_python", "run_tests", "same_function_output",
            "same_stdout", "same_value", "_runner"]

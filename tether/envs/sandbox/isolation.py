@@ -62,8 +62,16 @@ class SandboxUnavailable(RuntimeError):
     """Isolation was asked for but this machine cannot provide it."""
 
 
-@functools.lru_cache(maxsize=None)
+_probe_lock = threading.Lock()
+
+
 def _probe() -> str | None:
+    with _probe_lock:
+        return _probe_once()
+
+
+@functools.lru_cache(maxsize=None)
+def _probe_once() -> str | None:
     """None when a bubblewrap sandbox runs here, else why not (one phrase)."""
     if sys.platform != "linux":
         return f"bubblewrap needs Linux, this is {sys.platform}"
@@ -107,8 +115,18 @@ def resolve(isolation: str) -> str:
 
 
 # -- the user namespace used as root --------------------------------------------------------
-@functools.lru_cache(maxsize=None)
+_userns_lock = threading.Lock()
+
+
 def _root_userns() -> int:
+    """The cached fd of ``_new_root_userns`` (one namespace per process, made once even
+    when the first runs start in several threads at once)."""
+    with _userns_lock:
+        return _new_root_userns()
+
+
+@functools.lru_cache(maxsize=None)
+def _new_root_userns() -> int:
     """An open fd of a user namespace mapping uid/gid 0 and 65534 to themselves (root
     only): bubblewrap mounts as its root, the child then drops to 65534.  A helper
     process enters a new namespace, we write its maps, keep the namespace's fd and
@@ -221,7 +239,7 @@ def bwrap_command(python_args: list[str], files: dict[str, bytes] | None = None,
 
 def close_fds(fds: list[int]) -> None:
     """Close the per-run fds of ``bwrap_command`` (the cached namespace fd stays open)."""
-    keep = _root_userns() if os.geteuid() == 0 and _root_userns.cache_info().currsize else None
+    keep = _root_userns() if os.geteuid() == 0 and _new_root_userns.cache_info().currsize else None
     for fd in fds:
         if fd != keep:
             try:
