@@ -3,6 +3,7 @@ reward 0 quickly, and this test process keeps running)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import sys
@@ -11,6 +12,7 @@ import time
 import pytest
 
 from tether.envs.deepcoder import DeepCoderEnv, Problem
+from tether.envs.sandbox.isolation import INSIDE_WORK
 from tether.envs.sandbox import (SandboxLimits, CodeTest, _runner, run_python, run_tests,
                                  same_function_output, same_stdout)
 
@@ -50,20 +52,27 @@ def test_judging_counts_passed_tests_and_compares_leniently():
     assert not same_stdout("1 2", "1 3")
 
 
-def test_child_has_a_clean_env_and_a_throwaway_directory():
-    run = run_python("import os\nprint(os.getcwd())\nprint(sorted(os.environ))", limits=FAST)
+@pytest.mark.parametrize("isolation", ["bwrap", "none"])
+def test_child_has_a_clean_env_and_a_throwaway_directory(isolation):
+    limits = dataclasses.replace(FAST, isolation=isolation)
+    run = run_python("import os\nprint(os.getcwd())\nprint(sorted(os.environ))", limits=limits)
     cwd, env_keys = run.stdout.splitlines()
-    assert os.path.basename(cwd).startswith("tether-sandbox-") and not os.path.exists(cwd)
-    assert set(eval(env_keys)) <= {"PATH", "LANG", "LC_CTYPE"}
+    if isolation == "bwrap":  # a tmpfs inside the sandbox: nothing of it on the host
+        assert cwd == INSIDE_WORK
+    else:
+        assert os.path.basename(cwd).startswith("tether-sandbox-") and not os.path.exists(cwd)
+    assert set(eval(env_keys)) <= {"PATH", "LANG", "LC_CTYPE", "PWD"}  # bwrap sets PWD
     run = run_python("open('scratch.txt', 'w').write('ok')\nprint(open('scratch.txt').read())",
-                     limits=FAST)
+                     limits=limits)
     assert run.stdout == "ok\n"  # its own directory is writable
 
 
 @pytest.mark.skipif(os.name != "posix" or os.geteuid() != 0, reason="privilege drop needs root")
 def test_as_root_the_child_runs_unprivileged_when_possible():
-    interpreter, uid = _runner()
     run = run_python("import os\nprint(os.getuid())", limits=FAST)
+    assert run.stdout.strip() == "65534"  # under bubblewrap: always, the real uid 65534
+    interpreter, uid = _runner()  # isolation none: only with an interpreter nobody can run
+    run = run_python("import os\nprint(os.getuid())", limits=dataclasses.replace(FAST, isolation="none"))
     assert run.stdout.strip() == str(uid if uid is not None else 0)
 
 

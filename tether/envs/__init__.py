@@ -15,6 +15,8 @@ This package imports neither torch nor Ray.
 
 from __future__ import annotations
 
+import importlib
+
 import gymnasium as gym
 
 from .base import MultiTurnTextEnv, SingleTurnTextEnv, TextEnv
@@ -69,7 +71,18 @@ def make(env_id: str, **kwargs) -> TextEnv:
     return env
 
 
+def runs_untrusted_code(env_id: str) -> bool:
+    """Whether the env of ``env_id`` executes model-written code (and so takes the
+    run config's ``sandbox.isolation``); False for an unknown id."""
+    key = _normalise(env_id) if isinstance(env_id, str) else ""
+    if key not in _ENVS:
+        return False
+    module, _, name = _ENVS[key][1].partition(":")
+    return bool(getattr(getattr(importlib.import_module(module), name), "runs_untrusted_code", False))
+
+
 register_all()
 
 __all__ = ["ENV_IDS", "SHORT_NAMES", "CountdownEnv", "FrozenLakeEnv", "MultiTurnTextEnv",
-           "SingleTurnTextEnv", "SokobanEnv", "TextEnv", "make", "register_all"]
+           "SingleTurnTextEnv", "SokobanEnv", "TextEnv", "make", "register_all",
+           "runs_untrusted_code"]

@@ -36,6 +36,9 @@ class TextEnv(gym.Env, abc.ABC):
     max_turns: int = 1
     max_actions_per_turn: int = 1
     max_actions: int = 1
+    #: True for envs that execute model-written code: the run passes them
+    #: ``isolation=`` from the config's ``sandbox`` section.
+    runs_untrusted_code: bool = False
 
     def __init__(self, stochasticity: float = 0.0, format_penalty: float = -0.1) -> None:
         if not 0.0 <= float(stochasticity) <= 1.0:

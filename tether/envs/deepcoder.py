@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from .base import SingleTurnTextEnv
-from .sandbox import SandboxLimits, CodeTest, run_tests
+from .sandbox import CodeTest, SandboxLimits, as_text, resolve_isolation, run_tests
 
 MAX_CODE_CHARS = 20_000
 MAX_EXAMPLE_CHARS = 60
@@ -71,11 +71,6 @@ def _maybe_json(value: Any) -> Any:
         except ValueError:
             return value
     return value
-
-
-def _as_text(value: Any) -> str:
-    return value if isinstance(value, str) else "\n".join(map(str, value)) if isinstance(
-        value, list) else str(value)
 
 
 def _function_args(value: Any) -> list:
@@ -126,7 +121,7 @@ def parse_problem(row: dict, index: int = 0) -> Problem | None:
         tests = tuple(CodeTest(_function_args(i), o) for i, o in pairs)
     else:
         fn_name = None
-        tests = tuple(CodeTest(_as_text(i), _as_text(o)) for i, o in pairs)
+        tests = tuple(CodeTest(as_text(i), as_text(o)) for i, o in pairs)
     if not tests:
         return None
     solution = row.get("solution")
@@ -241,13 +236,18 @@ class DeepCoderEnv(SingleTurnTextEnv):
         max_problems: use only the first N problems (None: all).
         cpu_seconds, wall_seconds, memory_mb: sandbox limits per test.
         max_workers: tests run in parallel on this many processes (None: cores).
+        isolation: ``sandbox.isolation`` of the run config: ``auto`` / ``bwrap`` run
+            every program under bubblewrap (``auto`` refuses to construct the env
+            where it does not work), ``none`` opts out of OS isolation.
         stochasticity, format_penalty: as in ``SingleTurnTextEnv``.
     """
 
+    runs_untrusted_code = True
+
     def __init__(self, data_path: str | None = None, max_problems: int | None = None,
                  cpu_seconds: int = 1, wall_seconds: float = 3.0, memory_mb: int = 512,
-                 max_workers: int | None = None, stochasticity: float = 0.0,
-                 format_penalty: float = -0.1) -> None:
+                 max_workers: int | None = None, isolation: str = "auto",
+                 stochasticity: float = 0.0, format_penalty: float = -0.1) -> None:
         super().__init__(stochasticity, format_penalty)
         problems = load_problems(None if data_path is None else str(data_path))
         if max_problems is not None:
@@ -255,8 +255,9 @@ class DeepCoderEnv(SingleTurnTextEnv):
                 raise ValueError(f"max_problems must be at least 1, got {max_problems}")
             problems = problems[:int(max_problems)]
         self.problems = problems
+        resolve_isolation(isolation)  # refuse now, not at the first step, if it cannot be had
         self.limits = SandboxLimits(cpu_seconds=int(cpu_seconds), wall_seconds=float(wall_seconds),
-                                    memory_bytes=int(memory_mb) * 2**20)
+                                    memory_bytes=int(memory_mb) * 2**20, isolation=isolation)
         self.max_workers = max_workers
         self.problem: Problem | None = None
         self.reward_support = (0.0, 1.0)

@@ -133,11 +133,13 @@ def run(config: Optional[Path] = typer.Argument(None, help="Experiment YAML (def
             info = "  ".join(f"{label} {data[key]:.3f}" for key, label in KEY_METRICS if key in data)
             progress.update(tasks["train"], completed=data["iteration"], info=info)
 
+    from ..envs.sandbox import SandboxUnavailable
+
     try:
         with progress:
             summary = Trainer(cfg, on_event, resume_from=resume_from,
                               resume_run_id=resume_run_id).run()
-    except (ClusterError, TrackingError) as exc:
+    except (ClusterError, TrackingError, SandboxUnavailable) as exc:
         fail(str(exc))
     except KeyboardInterrupt:
         fail("interrupted; the MLflow run is marked KILLED", code=130)
@@ -231,11 +233,12 @@ def sweep(spec: Path = typer.Argument(..., help="Sweep spec YAML: a run config p
     from .session import ClusterError
     from .sweep import SweepError, results_table, run_sweep
     from .tracking import TrackingError
+    from ..envs.sandbox import SandboxUnavailable
 
     try:
         outcome = run_sweep(sweep_spec, resume=resume, address=address,
                             echo=lambda line: console.print(line, highlight=False))
-    except (SweepError, ClusterError, TrackingError) as exc:
+    except (SweepError, ClusterError, TrackingError, SandboxUnavailable) as exc:
         fail(str(exc))
     except KeyboardInterrupt:
         fail("interrupted; continue with `tether sweep SPEC --resume`", code=130)

@@ -19,6 +19,7 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_valid
 
 from ..algos.presets import PRESETS
 from ..diagnostics.alarms import AlarmsConfig
+from ..envs.sandbox.isolation import SandboxConfig
 
 
 class Section(BaseModel):
@@ -288,6 +289,7 @@ class RayConfig(Section):
 class TetherConfig(Section):
     experiment: ExperimentConfig = Field(default_factory=ExperimentConfig)
     env: EnvConfig = Field(default_factory=EnvConfig)
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     algo: AlgoConfig = Field(default_factory=AlgoConfig)
@@ -317,6 +319,17 @@ class TetherConfig(Section):
                                "rollout.num_gpus_per_worker", r.num_gpus_per_worker),
                 ResourceDemand("learner rank", "algo.learner_world_size", a.learner_world_size,
                                "algo.num_cpus", a.num_cpus, "algo.num_gpus", a.num_gpus)]
+
+    def env_kwargs(self) -> dict[str, Any]:
+        """The env's constructor arguments: stochasticity, format penalty, ``env.kwargs``,
+        and ``isolation`` from ``sandbox`` for an env that runs model-written code."""
+        from ..envs import runs_untrusted_code
+
+        kwargs = {"stochasticity": self.env.stochasticity,
+                  "format_penalty": self.env.format_penalty, **self.env.kwargs}
+        if runs_untrusted_code(self.env.id):
+            kwargs["isolation"] = self.sandbox.isolation
+        return kwargs
 
     def flat(self) -> dict[str, Any]:
         """The resolved config as dotted keys (MLflow params, sweep spaces)."""

@@ -30,6 +30,8 @@ from ..algos.batch import collate
 from ..algos.filters import FilterConfig, snr_filter
 from ..algos.update import UpdateSettings
 from ..diagnostics.alarms import AlarmMonitor
+from ..envs import runs_untrusted_code
+from ..envs.sandbox import resolve_isolation
 from ..policy.load import load_tokenizer, resolve_policy
 from ..rollout.base import SamplingParams
 from .actor_pool import ActorPool, ActorRequest
@@ -133,6 +135,8 @@ class Trainer:
         cfg = self.cfg
         if cfg.ray.address:  # before the warm start: an unreachable cluster fails in seconds
             check_reachable(cfg.ray.address)
+        if runs_untrusted_code(cfg.env.id):  # refuse before anything starts (one line)
+            resolve_isolation(cfg.sandbox.isolation)
         self.output_dir.mkdir(parents=True, exist_ok=True)
         demands = cfg.resource_demands()  # before the warm start: a run that can't fit fails now
         self.started_ray = start_ray(cfg.ray.address, cfg.ray.num_cpus,
@@ -140,6 +144,7 @@ class Trainer:
         check_resources(demands)
         self.model_path = str(resolve_policy(
             cfg.model, cfg.env, cfg.experiment.seed, cfg.rollout.max_reply_tokens,
+            isolation=cfg.sandbox.isolation,
             progress=lambda step, total, loss: self.emit("warm_start", {
                 "step": step, "total": total, "loss": loss})))
         self.tokenizer = load_tokenizer(self.model_path)
@@ -169,8 +174,7 @@ class Trainer:
         """The rollout workers and the learner group, keyed by all their constructors and
         resource options take, so a pool reuses actors only where new ones would be equal."""
         cfg, r, a = self.cfg, self.cfg.rollout, self.cfg.algo
-        env_kwargs = {"stochasticity": cfg.env.stochasticity,
-                      "format_penalty": cfg.env.format_penalty, **cfg.env.kwargs}
+        env_kwargs = cfg.env_kwargs()
         worker_options = {"num_cpus": r.num_cpus_per_worker, "num_gpus": r.num_gpus_per_worker}
         worker_args = (self.model_path, cfg.env.id, env_kwargs, r.engine, r.num_cpus_per_worker,
                        cfg.model.dtype, r.engine_kwargs, cfg.experiment.seed)

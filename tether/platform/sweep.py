@@ -319,9 +319,15 @@ def run_sweep(spec: SweepSpec, resume: bool = False, address: str | None = None,
     echo(f"Ray cluster: {ray.cluster_resources().get('CPU', 0):g} CPUs, "
          f"{ray.cluster_resources().get('GPU', 0):g} GPUs; one trial: "
          f"{trial_bundles(base, sweep.resources)}")
+    from ..envs import runs_untrusted_code
+    from ..envs.sandbox import resolve_isolation
+
+    if runs_untrusted_code(base.env.id):  # refuse before any trial starts (one line)
+        resolve_isolation(base.sandbox.isolation)
     if base.model.path is None:  # warm-start once here, not in every trial at once
         echo("warm start (cached after the first time) ...")
-        resolve_policy(base.model, base.env, base.experiment.seed, base.rollout.max_reply_tokens)
+        resolve_policy(base.model, base.env, base.experiment.seed, base.rollout.max_reply_tokens,
+                       isolation=base.sandbox.isolation)
 
     uri = base.tracking.uri or default_tracking_uri(base.experiment.output_dir)
     artifacts = Path(base.experiment.output_dir) / "artifacts"

@@ -37,8 +37,11 @@ def recipe_key(spec: dict) -> str:
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def resolve_policy(model_cfg, env_cfg, seed: int, max_reply_tokens: int, progress=None) -> Path:
-    """A directory holding a HF model + tokenizer: ``model.path`` or the cached tiny model."""
+def resolve_policy(model_cfg, env_cfg, seed: int, max_reply_tokens: int, progress=None,
+                   isolation: str = "auto") -> Path:
+    """A directory holding a HF model + tokenizer: ``model.path`` or the cached tiny model.
+    ``isolation`` (``sandbox.isolation``) is how a code env's demonstrations are run; it
+    does not change the model, so it is not part of the cache key."""
     if model_cfg.path is not None:
         return Path(model_cfg.path).expanduser() if Path(model_cfg.path).expanduser().exists() \
             else model_cfg.path  # a hub id, resolved by transformers
@@ -50,7 +53,7 @@ def resolve_policy(model_cfg, env_cfg, seed: int, max_reply_tokens: int, progres
             return target
         tmp = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
         try:
-            stats = build_warm_model(spec, tmp, progress)
+            stats = build_warm_model(spec, tmp, progress, isolation)
             (tmp / "recipe.json").write_text(json.dumps({**spec, "stats": stats}, indent=1))
             os.replace(tmp, target)  # atomic: a crash never leaves a half-written cache entry
         finally:
@@ -58,11 +61,16 @@ def resolve_policy(model_cfg, env_cfg, seed: int, max_reply_tokens: int, progres
     return target
 
 
-def build_warm_model(spec: dict, out_dir: Path, progress=None) -> dict:
+def build_warm_model(spec: dict, out_dir: Path, progress=None, isolation: str = "auto") -> dict:
     """Tokenizer + tiny model + supervised warm start on demonstrations, saved to ``out_dir``."""
+    from ..envs import runs_untrusted_code
+
     ws = spec["warm_start"]
     n_demo = max(ws["episodes"], 64)
-    episodes = demonstration_episodes(spec["env"], spec["env_kwargs"], n_demo, ws["noise"],
+    env_kwargs = dict(spec["env_kwargs"])
+    if runs_untrusted_code(spec["env"]):
+        env_kwargs["isolation"] = isolation
+    episodes = demonstration_episodes(spec["env"], env_kwargs, n_demo, ws["noise"],
                                       seed=spec["seed"] + 10_000_000,
                                       max_reply_tokens=spec["max_reply_tokens"])
     tokenizer = build_tokenizer(episodes, ws["vocab_size"])
