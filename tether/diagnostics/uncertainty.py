@@ -3,7 +3,8 @@
 Two things are reported beside every proxy of `tether.diagnostics.mi` at every
 diagnostic point, and neither calls the model again:
 
-- **a bootstrap interval** (percentile, ``confidence``, 95 % by default).  Pairs are
+- **a bootstrap interval** (``confidence``, 95 % by default: the resamples' percentile
+  spread around their median, centred on the estimate).  Pairs are
   resampled *by prompt* (a cluster bootstrap: draw the N distinct prompts with
   replacement and take all of each drawn prompt's pairs), because the pairs of one
   prompt are correlated (in ``first_turn`` sampling a whole group shares its prompt).
@@ -175,10 +176,17 @@ def mi_uncertainty(L: np.ndarray, S: np.ndarray, column: np.ndarray, sigma_ema: 
         weights = draws[:, clusters].astype(np.float64)                      # [B, M]
         resampled = _resampled_columns(L, S, column, draws.astype(np.float64), weights) if multi else q
         stats = _statistics(resampled, weights, sigma_ema if multi else None)
+        point = _statistics(q, np.ones((1, m)), sigma_ema if multi else None)
         tail = (1.0 - settings.confidence) / 2.0
         for key in CI_KEYS if multi else _ENTROPY_KEYS:
             if key in stats:
-                low, high = np.quantile(stats[key], [tail, 1.0 - tail])
+                # Centred on the estimate: a resample holds fewer distinct prompts than the
+                # batch (a drawn prompt repeats), which shifts retrieval up and MI down; the
+                # spread is the resamples', its centre the estimate's.
+                low, mid, high = np.quantile(stats[key], [tail, 0.5, 1.0 - tail])
+                low, high = point[key][0] - (mid - low), point[key][0] + (high - mid)
+                if key == "retrieval_acc":
+                    low, high = max(low, 0.0), min(high, 1.0)
                 out[f"{key}_ci_low"], out[f"{key}_ci_high"] = float(low), float(high)
 
     if multi and settings.permutations > 0:
