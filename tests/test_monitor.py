@@ -308,6 +308,14 @@ def test_monitor_api_token_cookie_nan_and_intervals(tmp_path):
     assert runs[ids["band"]]["curves"]["entropy"]["ci_high"] == [1.1] * 4
     assert runs[ids["band"]]["curves"]["grounded"]["y"] == [1.0] * 4
     assert not {"ci_low", "ci_high", "null_q95"} & set(runs[ids["plain"]]["curves"]["mi"])
+    # A run whose alarms.json cannot be read is listed with the reason, the others whole.
+    broken = write_run(uri, "monitor-test", "broken-run", {MI_EST: {1: 0.5}},
+                       alarms=[{"name": "template_collapse", "iteration": 1}])
+    broken.log_text("{not json", "alarms.json")
+    answer = call(monitor, "/api/runs", headers=bearer)
+    runs = {r["run_id"]: r for r in strict_json(answer.body)["runs"]}
+    assert runs[broken.run_id]["error"].startswith("cannot read this run: JSONDecodeError")
+    assert runs[ids["band"]]["curves"]["mi"]["ci_low"] == pytest.approx([0.45, 0.35, 0.25, 0.15])
     alarm, = runs[ids["hostile"]]["alarms"]
     assert runs[ids["hostile"]]["name"] == NAME_XSS and alarm["iteration"] == IT_XSS
     assert alarm["evidence"] == [f"{MI_EST} 95% CI [0.12, 0.32]",
