@@ -127,8 +127,11 @@ def check_page(url: str, run_id: str, latest: int, alarm: str, alarm_iteration: 
         banner = page.inner_text(".alarm-banner")
         assert alarm in banner and f"iteration {alarm_iteration}" in banner
         # The curves are drawn (plotly traces) up to the latest iteration.
-        mi_x = page.evaluate("document.getElementById('plot-mi').data.map(t => t.x)")
+        # (I(X;Z) and H(Z|X); their interval bands are traces of their own)
+        mi_x = page.evaluate("document.getElementById('plot-mi').data.filter(t => !t.fill).map(t => t.x)")
         assert len(mi_x) == 2 and max(max(x) for x in mi_x) == latest
+        bands = page.evaluate("document.getElementById('plot-mi').data.filter(t => t.fill).length")
+        assert bands == 2                                    # the run logged both intervals
         kept_y = page.evaluate("document.getElementById('plot-kept').data[0].y")
         assert len(kept_y) == latest and (kept_last is None or kept_y[-1] == pytest.approx(kept_last))
         assert page.evaluate("document.getElementById('plot-regime').data[0].x.length") == latest
@@ -244,7 +247,8 @@ def write_monitor_runs(uri: str) -> dict[str, str]:
             GROUNDED: flat, H: flat, H + "_ci_low": {s: 0.9 for s in mi},
             H + "_ci_high": {s: 1.1 for s in mi}, **success}
     ids = {"band": write_run(uri, "monitor-test", "grounded-run", band).run_id,
-           "plain": write_run(uri, "monitor-test", "plain-run", {MI_EST: mi, H: flat, **success}).run_id}
+           "plain": write_run(uri, "monitor-test", "plain-run",
+                              {MI_EST: mi, H: flat, **success}).run_id}
     nan = write_run(uri, "monitor-test", "nan-run", {MI_EST: mi, H: flat, **success}, finish=False)
     later = int(time.time() * 1000) + 1000  # the later write of a step wins
     nan.client.log_batch(nan.run_id, metrics=[Metric(MI_EST, math.nan, later, 2)])
@@ -300,16 +304,26 @@ def test_monitor_api_token_cookie_nan_and_intervals(tmp_path):
     assert answer.status_code == 200
     runs = {r["run_id"]: r for r in strict_json(answer.body)["runs"]}
     assert set(runs) == set(ids.values())
-    assert runs[ids["nan"]]["curves"]["mi"]["y"] == [0.5, None, pytest.approx(0.3), pytest.approx(0.2)]
+    assert runs[ids["nan"]]["curves"]["mi"]["y"] == [0.5, None, pytest.approx(0.3),
+                                                     pytest.approx(0.2)]
     # The band series: the interval and null level aligned to the curve's steps.
     mi = runs[ids["band"]]["curves"]["mi"]
     assert mi["x"] == [1, 2, 3, 4]
     assert mi["ci_low"] == pytest.approx([0.45, 0.35, 0.25, 0.15])
     assert mi["ci_high"] == pytest.approx([0.55, 0.45, 0.35, 0.25])
-    assert mi["null_q95"] == [0.15] * 4 and mi["p_grounded"] == pytest.approx([0.004, 0.008, 0.012, 0.016])
+    assert mi["null_q95"] == [0.15] * 4
+    assert mi["p_grounded"] == pytest.approx([0.004, 0.008, 0.012, 0.016])
     assert runs[ids["band"]]["curves"]["entropy"]["ci_high"] == [1.1] * 4
     assert runs[ids["band"]]["curves"]["grounded"]["y"] == [1.0] * 4
     assert not {"ci_low", "ci_high", "null_q95"} & set(runs[ids["plain"]]["curves"]["mi"])
+    # A run whose alarms.json cannot be read is listed with the reason, the others whole.
+    broken = write_run(uri, "monitor-test", "broken-run", {MI_EST: {1: 0.5}},
+                       alarms=[{"name": "template_collapse", "iteration": 1}])
+    broken.log_text("{not json", "alarms.json")
+    answer = call(monitor, "/api/runs", headers=bearer)
+    runs = {r["run_id"]: r for r in strict_json(answer.body)["runs"]}
+    assert runs[broken.run_id]["error"].startswith("cannot read this run: JSONDecodeError")
+    assert runs[ids["band"]]["curves"]["mi"]["ci_low"] == pytest.approx([0.45, 0.35, 0.25, 0.15])
     alarm, = runs[ids["hostile"]]["alarms"]
     assert runs[ids["hostile"]]["name"] == NAME_XSS and alarm["iteration"] == IT_XSS
     assert alarm["evidence"] == [f"{MI_EST} 95% CI [0.12, 0.32]",
@@ -356,7 +370,8 @@ def test_monitor_page_escapes_run_data_and_draws_intervals(ray_local, tmp_path):
             assert f"in run {NAME_XSS} at iteration {IT_XSS}: <b>not bold</b>" in banner
             assert f"{EVIDENCE_XSS} 95% CI [1, ?]" in banner and "[0.12, 0.32]" in banner
             assert page.inner_text(f"#run-{ids['hostile']} td") == NAME_XSS
-            assert page.inner_text(f"#run-{ids['hostile']} .alarms") == f"template_collapse@{IT_XSS}"
+            alarms_cell = page.inner_text(f"#run-{ids['hostile']} .alarms")
+            assert alarms_cell == f"template_collapse@{IT_XSS}"
             legend = page.evaluate("Array.from(document.querySelectorAll('#plot-mi .legendtext'))"
                                    ".map(e => e.textContent)")
             assert f"{NAME_XSS[:LABEL]}… mi" in legend
@@ -365,12 +380,14 @@ def test_monitor_page_escapes_run_data_and_draws_intervals(ray_local, tmp_path):
             for run_id, bands in ((ids["band"], 2), (ids["plain"], 0), (ids["nan"], 0)):
                 assert page.locator(f"#plot-mi path.ci-band[data-run='{run_id}']").count() == bands
             # the band spans the curve's steps: 4 corners (plotly drops collinear points)
-            assert page.get_attribute(f"path.ci-band[data-run='{ids['band']}']", "d").count("L") >= 3
+            band = page.get_attribute(f"path.ci-band[data-run='{ids['band']}']", "d")
+            assert band.startswith("M") and band.count("L") >= 3
             null = page.evaluate(f"document.getElementById('plot-mi').data.filter(t => t.meta && "
                                  f"t.meta.null === '{ids['band']}').map(t => t.y)")
             assert null == [[0.15] * 4]
             assert page.inner_text(f"#run-{ids['band']} .mi") == "0.200 [0.150, 0.250]"
-            assert page.inner_text(f"#run-{ids['band']} .grounded") == "yes (permutation p = 0.016)"
+            assert (page.inner_text(f"#run-{ids['band']} .grounded")
+                    == "yes (permutation test, p = 0.016 for I(X;Z))")
             assert page.inner_text(f"#run-{ids['plain']} .mi") == "0.200"
             assert page.inner_text(f"#run-{ids['plain']} .grounded") == "–"
             # The NaN run is drawn with a gap; the others are drawn whole.

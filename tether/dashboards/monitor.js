@@ -10,10 +10,12 @@ const num = (v) => typeof v === "number" && isFinite(v);
 const fmt = (v) => num(v) ? v.toFixed(3) : "–";
 const lastOf = (c, key) => (c && c[key] && c[key].length ? c[key][c[key].length - 1] : null);
 // plotly reads a few HTML tags in trace names; entities keep every character literal
-const plotText = (s) => String(s).replace(/[&<>]/g, (c) => ({"&": "&amp;", "<": "&lt;", ">": "&gt;"}[c]));
+const ENTITIES = {"&": "&amp;", "<": "&lt;", ">": "&gt;"};
+const plotText = (s) => String(s).replace(/[&<>]/g, (c) => ENTITIES[c]);
 // a run's name in plot legends: shortened, so a long name does not squeeze the plot
 const LABEL = 32;
-const label = (run) => plotText(run.name.length > LABEL ? run.name.slice(0, LABEL) + "…" : run.name);
+const label = (run) => plotText(run.name.length > LABEL ? run.name.slice(0, LABEL) + "…"
+                                                         : run.name);
 const colorOf = (runs, run) => COLORS[runs.indexOf(run) % COLORS.length];
 
 function el(tag, props, ...children) {
@@ -32,7 +34,7 @@ function groundedText(run) {
   const grounded = lastOf(run.curves.grounded, "y"), p = lastOf(run.curves.mi, "p_grounded");
   if (!num(grounded)) return "–";
   return (grounded >= 0.5 ? "yes" : "no") +
-    (num(p) ? ` (permutation p = ${p.toFixed(3)})` : " (permutation test)");
+    (num(p) ? ` (permutation test, p = ${p.toFixed(3)} for I(X;Z))` : " (permutation test)");
 }
 
 function runRow(run) {
@@ -43,13 +45,16 @@ function runRow(run) {
   return el("tr", {id: "run-" + run.run_id}, el("td", {}, run.name), el("td", {}, run.status),
     el("td", {className: "latest-iteration"}, run.latest_iteration),
     el("td", {}, fmt(lastOf(c.success, "y"))), el("td", {}, fmt(lastOf(c.kept_ratio, "y"))),
-    el("td", {className: "mi"}, withInterval(c.mi)), el("td", {className: "grounded"}, groundedText(run)),
-    el("td", {className: "entropy"}, withInterval(c.entropy)), el("td", {className: "alarms"}, alarms));
+    el("td", {className: "mi"}, withInterval(c.mi)),
+    el("td", {className: "grounded"}, groundedText(run)),
+    el("td", {className: "entropy"}, withInterval(c.entropy)),
+    el("td", {className: "alarms"}, alarms));
 }
 
 function alarmBanner(run, a) {
   return el("div", {className: "alarm-banner" + (a.mode === "warn" ? " warn" : "")},
-    `ALARM ${a.name} in run ${run.name} at iteration ${a.iteration}` + (a.message ? ": " + a.message : ""),
+    `ALARM ${a.name} in run ${run.name} at iteration ${a.iteration}` +
+      (a.message ? ": " + a.message : ""),
     ...(a.evidence || []).map((line) => el("div", {className: "evidence"}, line)));
 }
 
@@ -62,7 +67,8 @@ function bandTrace(c, color, text, run, name) {
   return {x: x.concat(x.slice().reverse()),
           y: idx.map((j) => c.ci_high[j]).concat(idx.map((j) => c.ci_low[j]).reverse()),
           fill: "toself", fillcolor: color, opacity: 0.2, line: {width: 0}, mode: "lines",
-          hoverinfo: "skip", showlegend: false, name: text + " 95% CI", meta: {band: run, curve: name}};
+          hoverinfo: "skip", showlegend: false, name: text + " 95% CI",
+          meta: {band: run, curve: name}};
 }
 
 function curveTraces(runs, names, dashes) {
@@ -73,7 +79,8 @@ function curveTraces(runs, names, dashes) {
     const color = colorOf(runs, run), text = label(run) + " " + name;
     const band = bandTrace(c, color, text, run.run_id, name);
     if (band) traces.push(band);
-    traces.push({x: c.x, y: c.y, mode: "lines+markers", name: text, line: {dash: dashes[k], color}});
+    traces.push({x: c.x, y: c.y, mode: "lines+markers", name: text,
+                 line: {dash: dashes[k], color}});
     if (c.null_q95 && c.null_q95.some(num))
       traces.push({x: c.x, y: c.null_q95, mode: "lines", name: text + " null 95%",
                    line: {dash: "dash", width: 1, color}, meta: {null: run.run_id, curve: name}});
