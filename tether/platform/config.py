@@ -56,6 +56,13 @@ class WarmStartConfig(Section):
     batch_size: int = Field(8, ge=1, description="Episodes per SFT step.")
     lr: float = Field(2e-3, gt=0.0, description="AdamW learning rate of the warm start.")
     vocab_size: int = Field(512, ge=300, description="BPE vocabulary of the project tokenizer.")
+    numerals: Literal["digits", "coordinates", "numbers"] = Field(
+        "digits", description="How the tokenizer cuts numerals: digits (one digit a token), "
+        "coordinates (a coordinate (r,c) may merge into one token, so copying a position from "
+        "the state is one token), numbers (coordinates and whole digit runs).")
+    restate: bool = Field(False, description="Demonstration reasoning opens with the "
+                          "observed state in full (FrozenLake: the map's rows), so more of its "
+                          "tokens depend on the input (envs whose demonstrations take it).")
 
 
 class ModelConfig(Section):

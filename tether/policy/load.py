@@ -64,8 +64,9 @@ def build_warm_model(spec: dict, out_dir: Path, progress=None) -> dict:
     n_demo = max(ws["episodes"], 64)
     episodes = demonstration_episodes(spec["env"], spec["env_kwargs"], n_demo, ws["noise"],
                                       seed=spec["seed"] + 10_000_000,
-                                      max_reply_tokens=spec["max_reply_tokens"])
-    tokenizer = build_tokenizer(episodes, ws["vocab_size"])
+                                      max_reply_tokens=spec["max_reply_tokens"],
+                                      restate=ws.get("restate", False))
+    tokenizer = build_tokenizer(episodes, ws["vocab_size"], ws.get("numerals", "digits"))
     from ..agent.chat import ChatFormatter
     from .tiny import build_tiny_model, tiny_config
 

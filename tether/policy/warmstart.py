@@ -11,6 +11,7 @@ prompts, same chat segments), and the loss covers only the assistant replies.
 
 from __future__ import annotations
 
+import inspect
 import math
 import time
 from dataclasses import dataclass
@@ -41,9 +42,14 @@ class DemoEpisode:
 
 
 def demonstration_episodes(env_id: str, env_kwargs: dict, n: int, noise: float, seed: int,
-                           max_reply_tokens: int) -> list[DemoEpisode]:
-    """Play ``n`` episodes with the env's demonstrator (seeds ``seed .. seed+n-1``)."""
+                           max_reply_tokens: int, restate: bool = False) -> list[DemoEpisode]:
+    """Play ``n`` episodes with the env's demonstrator (seeds ``seed .. seed+n-1``);
+    ``restate`` asks it to open each reasoning with the observed state."""
     env = make_env(env_id, **env_kwargs)
+    options = {"restate": True} if restate else {}
+    if restate and "restate" not in inspect.signature(env.demonstration).parameters:
+        raise ValueError(f"model.warm_start.restate: {env_id}'s demonstrations cannot restate "
+                         "the state; leave it false for this env")
     rng = np.random.default_rng([seed, 0xDE70])
     episodes = []
     for k in range(n):
@@ -53,7 +59,7 @@ def demonstration_episodes(env_id: str, env_kwargs: dict, n: int, noise: float, 
         reward = None
         for turn in range(1, env.max_turns + 1):
             episode.users.append(user_prompt(turn, state, actions_left, max_reply_tokens, reward))
-            reasoning, answer = env.demonstration(rng, noise)
+            reasoning, answer = env.demonstration(rng, noise, **options)
             episode.replies.append(format_reply(reasoning, answer))
             state, reward, terminated, truncated, info = env.step(answer)
             actions_left = env.actions_left() if hasattr(env, "actions_left") else None
@@ -79,9 +85,8 @@ def encode_episode(formatter: ChatFormatter, episode: DemoEpisode) -> tuple[list
     return ids, mask
 
 
-def build_tokenizer(episodes: list[DemoEpisode], vocab_size: int):
-    tokenizer = train_tokenizer((e.text() for e in episodes), vocab_size=vocab_size)
-    return tokenizer
+def build_tokenizer(episodes: list[DemoEpisode], vocab_size: int, numerals: str = "digits"):
+    return train_tokenizer((e.text() for e in episodes), vocab_size=vocab_size, numerals=numerals)
 
 
 def supervised_finetune(model, sequences: list[tuple[list[int], list[int]]], pad_id: int,

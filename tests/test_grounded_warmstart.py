@@ -1,0 +1,47 @@
+"""Grounded warm starts: demonstrations that restate the state, tokens that make copying it cheap."""
+
+import re
+
+import numpy as np
+import pytest
+
+from tether.envs.frozenlake import FrozenLakeEnv
+from tether.policy.warmstart import build_tokenizer, demonstration_episodes
+
+FROZENLAKE = ("tether/FrozenLake-v0", {"size": 4, "frozen_fraction": 0.8})
+
+
+def test_coordinate_numerals_make_each_position_one_token():
+    demos = demonstration_episodes(*FROZENLAKE, 200, 0.3, seed=0, max_reply_tokens=48)
+    opaque = build_tokenizer(demos, 512, numerals="coordinates")
+    digits = build_tokenizer(demos, 512, numerals="digits")
+    for r in range(4):
+        for c in range(4):
+            assert len(opaque.encode(f"At ({r},{c}).", add_special_tokens=False)) == 3
+            assert len(digits.encode(f"At ({r},{c}).", add_special_tokens=False)) > 3
+    # a list of positions keeps each one whole; text round-trips
+    text = "Boxes (1,2),(3,0). Target 24 from 3, 15."
+    assert opaque.decode(opaque.encode(text, add_special_tokens=False)) == text
+    numbers = build_tokenizer(demonstration_episodes("tether/Countdown-v0", {}, 300, 0.3, 0, 48),
+                              512, numerals="numbers")
+    assert len(numbers.encode(" 14", add_special_tokens=False)) == 1
+    with pytest.raises(ValueError, match="numerals"):
+        build_tokenizer(demos[:4], 512, numerals="roman")
+
+
+def test_restating_demonstrations_open_with_the_observed_map():
+    demos = demonstration_episodes(*FROZENLAKE, 40, 0.3, seed=5, max_reply_tokens=48,
+                                   restate=True)
+    for demo in demos:
+        for user, reply in zip(demo.users, demo.replies):
+            state = user.split("State:\n", 1)[1]
+            rows = state.split("\nPlayer", 1)[0]
+            player = re.search(r"Player (\(\d,\d\))", state).group(1)
+            assert reply.startswith(rows + f"\nAt {player}, ")
+    env = FrozenLakeEnv()
+    env.reset(seed=3)
+    plain = env.demonstration(np.random.default_rng(0))
+    restated = env.demonstration(np.random.default_rng(0), restate=True)
+    assert restated[1] == plain[1] and restated[0].endswith(plain[0])
+    with pytest.raises(ValueError, match="cannot restate"):
+        demonstration_episodes("tether/Countdown-v0", {}, 2, 0.0, 0, 48, restate=True)
