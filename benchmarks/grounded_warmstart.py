@@ -51,9 +51,17 @@ def main() -> None:
     from tether.rollout.base import SamplingParams
 
     cfg = load_config(args.spec, args.overrides)
-    load_before, started = loadavg(), time.perf_counter()
-    path = resolve_policy(cfg.model, cfg.env, cfg.experiment.seed, cfg.rollout.max_reply_tokens)
+    load_before, started, cpu_started = loadavg(), time.perf_counter(), time.process_time()
+
+    def progress(step, total, loss):
+        if step % 50 == 0 or step == total:
+            print(f"warm start {step}/{total} loss {loss:.3f} {time.perf_counter() - started:.0f} s "
+                  f"load {loadavg()}", flush=True)
+
+    path = resolve_policy(cfg.model, cfg.env, cfg.experiment.seed, cfg.rollout.max_reply_tokens,
+                          progress)
     resolve_seconds, load_after = time.perf_counter() - started, loadavg()
+    resolve_cpu_seconds = time.process_time() - cpu_started  # ~2x wall on an idle 2-core box
     stats = json.loads((path / "recipe.json").read_text()).get("stats", {})
 
     model, tokenizer = load_model_and_tokenizer(path, cfg.model.dtype)
@@ -114,7 +122,8 @@ def main() -> None:
         "val_success": sum(t.success for t in val) / len(val), "val_episodes": len(val),
         "warm_start_s": stats.get("sft_seconds"), "sft_steps": stats.get("sft_steps"),
         "sft_loss": stats.get("sft_loss"), "demo_success": stats.get("demo_success"),
-        "resolve_s": round(resolve_seconds, 1), "load_before": load_before,
+        "resolve_s": round(resolve_seconds, 1),
+        "resolve_cpu_s": round(resolve_cpu_seconds, 1), "load_before": load_before,
         "load_after_warm_start": load_after, "collect_s": round(collect_seconds, 1),
         "diagnose_s": round(diagnose_seconds, 1), "load_end": loadavg(),
     }

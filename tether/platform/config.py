@@ -60,6 +60,12 @@ class WarmStartConfig(Section):
         "digits", description="How the tokenizer cuts numerals: digits (one digit a token), "
         "coordinates (a coordinate (r,c) may merge into one token, so copying a position from "
         "the state is one token), numbers (coordinates and whole digit runs).")
+    state_turn_epochs: int = Field(0, ge=0, description="Curriculum: passes over every "
+                                   "demonstration turn as a short sequence (the observed state, "
+                                   "then the reply) before the full episodes; copying the state "
+                                   "is learned in far fewer steps there (0 = no such stage).")
+    state_turn_batch_size: int = Field(32, ge=1, description="Turns per SFT step of the "
+                                       "short-sequence stage.")
     restate: bool = Field(False, description="Demonstration reasoning opens with the "
                           "observed state in full (FrozenLake: the map's rows), so more of its "
                           "tokens depend on the input (envs whose demonstrations take it).")
