@@ -45,3 +45,29 @@ def test_restating_demonstrations_open_with_the_observed_map():
     assert restated[1] == plain[1] and restated[0].endswith(plain[0])
     with pytest.raises(ValueError, match="cannot restate"):
         demonstration_episodes("tether/Countdown-v0", {}, 2, 0.0, 0, 48, restate=True)
+
+
+def test_state_turns_are_the_episode_turns_without_what_came_before():
+    """The curriculum's short sequences hold each turn's tokens exactly as the episode has
+    them (same tokens between the state and the reply), so what is learned there carries over."""
+    from tether.agent.chat import ChatFormatter
+    from tether.policy.warmstart import encode_episode, state_turn_sequences
+
+    demos = demonstration_episodes(*FROZENLAKE, 30, 0.3, seed=1, max_reply_tokens=48, restate=True)
+    formatter = ChatFormatter(build_tokenizer(demos, 512, numerals="coordinates"))
+    turns = state_turn_sequences(formatter, demos)
+    assert len(turns) == sum(len(d.replies) for d in demos)
+    k = 0
+    for demo in demos:
+        ids, mask = encode_episode(formatter, demo)
+        for reply in demo.replies:
+            short, short_mask = turns[k]
+            k += 1
+            n_reply = sum(short_mask)
+            assert short_mask == [0] * (len(short) - n_reply) + [1] * n_reply
+            assert n_reply == len(formatter.encode(reply))
+            # the short sequence, minus the end-of-turn token that opens it, sits in the episode
+            body = short[1:]
+            starts = [i for i in range(len(ids) - len(body) + 1) if ids[i:i + len(body)] == body]
+            assert starts and all(mask[starts[0] + len(body) - n_reply:starts[0] + len(body)])
+            assert len(short) < 0.6 * len(ids) or len(demo.replies) == 1

@@ -14,13 +14,13 @@ from __future__ import annotations
 import inspect
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from ..agent.chat import ChatFormatter
-from ..agent.format import format_reply, system_prompt, user_prompt
+from ..agent.format import THINK_OPEN, format_reply, system_prompt, user_prompt
 from ..envs import make as make_env
 from .tokenizer import train_tokenizer
 
@@ -31,6 +31,7 @@ class DemoEpisode:
     users: list[str]
     replies: list[str]
     success: bool
+    states: list[str] = field(default_factory=list)
 
     def text(self) -> str:
         """ChatML text of the episode (the tokenizer's training corpus)."""
@@ -59,6 +60,7 @@ def demonstration_episodes(env_id: str, env_kwargs: dict, n: int, noise: float, 
         reward = None
         for turn in range(1, env.max_turns + 1):
             episode.users.append(user_prompt(turn, state, actions_left, max_reply_tokens, reward))
+            episode.states.append(state)
             reasoning, answer = env.demonstration(rng, noise, **options)
             episode.replies.append(format_reply(reasoning, answer))
             state, reward, terminated, truncated, info = env.step(answer)
@@ -87,15 +89,17 @@ def encode_episode(formatter: ChatFormatter, episode: DemoEpisode) -> tuple[list
 
 def state_turn_sequences(formatter: ChatFormatter,
                          episodes: list[DemoEpisode]) -> list[tuple[list[int], list[int]]]:
-    """Every demonstration turn as a short sequence: its user segment exactly as it sits in
-    an episode (the same tokens between the state and the reply), without the system
-    prompt and the earlier turns, then the reply (the loss covers the reply).  With a
-    hundred tokens of context instead of several hundred, the attention that copies the
-    state into the reasoning starts far less diluted: the curriculum's first stage."""
+    """Every demonstration turn as a short sequence: the state as observed, the opening
+    ``<think>``, then the reply (the loss covers the reply).  With a few dozen tokens
+    instead of a few hundred between them, the attention that copies the state into
+    the reasoning starts far less diluted: the curriculum's first stage.  (Keeping the
+    turn's whole user segment instead, so that the tokens between state and reply are
+    those of an episode, measured no better: benchmarks/RESULTS.md.)"""
+    think = formatter.encode(THINK_OPEN)
     sequences = []
     for episode in episodes:
-        for user, reply in zip(episode.users, episode.replies):
-            prompt = formatter.continuation_ids(user, [])
+        for state, reply in zip(episode.states, episode.replies):
+            prompt = formatter.encode(f"State:\n{state.strip()}") + think
             reply_ids = formatter.encode(reply)
             sequences.append((prompt + reply_ids, [0] * len(prompt) + [1] * len(reply_ids)))
     return sequences
