@@ -47,27 +47,29 @@ def test_restating_demonstrations_open_with_the_observed_map():
         demonstration_episodes("tether/Countdown-v0", {}, 2, 0.0, 0, 48, restate=True)
 
 
-def test_state_turns_are_the_episode_turns_without_what_came_before():
-    """The curriculum's short sequences hold each turn's tokens exactly as the episode has
-    them (same tokens between the state and the reply), so what is learned there carries over."""
+def test_state_turns_hold_each_observed_state_and_its_reply_in_a_short_sequence():
+    """The curriculum's first stage: every turn as the state it observed, the opening
+    ``<think>`` and the reply, with the loss on the reply only; a few dozen tokens where
+    the episode has hundreds before the same reply."""
     from tether.agent.chat import ChatFormatter
+    from tether.agent.format import THINK_OPEN
     from tether.policy.warmstart import encode_episode, state_turn_sequences
 
     demos = demonstration_episodes(*FROZENLAKE, 30, 0.3, seed=1, max_reply_tokens=48, restate=True)
     formatter = ChatFormatter(build_tokenizer(demos, 512, numerals="coordinates"))
     turns = state_turn_sequences(formatter, demos)
     assert len(turns) == sum(len(d.replies) for d in demos)
+    think = formatter.encode(THINK_OPEN)
     k = 0
     for demo in demos:
-        ids, mask = encode_episode(formatter, demo)
-        for reply in demo.replies:
-            short, short_mask = turns[k]
+        episode_length = len(encode_episode(formatter, demo)[0])
+        for user, reply in zip(demo.users, demo.replies):
+            ids, mask = turns[k]
             k += 1
-            n_reply = sum(short_mask)
-            assert short_mask == [0] * (len(short) - n_reply) + [1] * n_reply
-            assert n_reply == len(formatter.encode(reply))
-            # the short sequence, minus the end-of-turn token that opens it, sits in the episode
-            body = short[1:]
-            starts = [i for i in range(len(ids) - len(body) + 1) if ids[i:i + len(body)] == body]
-            assert starts and all(mask[starts[0] + len(body) - n_reply:starts[0] + len(body)])
-            assert len(short) < 0.6 * len(ids) or len(demo.replies) == 1
+            reply_ids = formatter.encode(reply)
+            prompt = ids[:len(ids) - len(reply_ids)]
+            assert ids[len(prompt):] == reply_ids and mask == [0] * len(prompt) + [1] * len(reply_ids)
+            assert prompt[-len(think):] == think
+            state = formatter.tokenizer.decode(prompt[:-len(think)])
+            assert state.startswith("State:\n") and state[len("State:\n"):] in user
+            assert len(ids) < 90 < episode_length
