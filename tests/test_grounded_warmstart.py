@@ -73,3 +73,25 @@ def test_state_turns_hold_each_observed_state_and_its_reply_in_a_short_sequence(
             state = formatter.tokenizer.decode(prompt[:-len(think)])
             assert state.startswith("State:\n") and state[len("State:\n"):] in user
             assert len(ids) < 90 < episode_length
+
+
+def test_quickstart_grounded_demonstrations_fit_the_reply_cap():
+    """experiments/quickstart.yaml restates the map: its replies still fit the reply cap,
+    every position in them is one token, and the noise keeps success moderate."""
+    from pathlib import Path
+
+    from tether.agent.chat import ChatFormatter
+    from tether.platform.config import load_config
+
+    cfg = load_config(Path(__file__).parent.parent / "experiments" / "quickstart.yaml")
+    ws = cfg.model.warm_start
+    assert ws.restate and ws.numerals == "coordinates" and ws.state_turn_epochs > 0
+    demos = demonstration_episodes(cfg.env.id, cfg.env.kwargs, 300, ws.noise, seed=10_000_000,
+                                   max_reply_tokens=cfg.rollout.max_reply_tokens, restate=True)
+    tokenizer = build_tokenizer(demos, ws.vocab_size, ws.numerals)
+    formatter = ChatFormatter(tokenizer)
+    assert max(len(formatter.encode(r)) for d in demos for r in d.replies) \
+        <= cfg.rollout.max_reply_tokens
+    positions = {p for d in demos for r in d.replies for p in re.findall(r" \(\d,\d\)", r)}
+    assert len(positions) == 16 and all(len(formatter.encode(p)) == 1 for p in positions)
+    assert 0.6 <= np.mean([d.success for d in demos]) < 0.95
