@@ -23,8 +23,8 @@ def test_quickstart_warm_start_demonstrations_fit_and_mostly_succeed(name, episo
     cfg = load_config(EXPERIMENTS / f"{name}.yaml")
     ws = cfg.model.warm_start
     demos = demonstration_episodes(cfg.env.id, cfg.env.kwargs, episodes, ws.noise, seed=10_000_000,
-                                   max_reply_tokens=cfg.rollout.max_reply_tokens)
-    formatter = ChatFormatter(build_tokenizer(demos, ws.vocab_size))
+                                   max_reply_tokens=cfg.rollout.max_reply_tokens, restate=ws.restate)
+    formatter = ChatFormatter(build_tokenizer(demos, ws.vocab_size, ws.numerals))
     lengths = [len(encode_episode(formatter, e)[0]) for e in demos]
     assert np.mean([n <= cfg.model.max_context for n in lengths]) >= min_fitting
     assert max(len(formatter.encode(r)) for e in demos for r in e.replies) \

@@ -193,10 +193,12 @@ class FrozenLakeEnv(MultiTurnTextEnv):
                 else "is safe")
         return nxt, f"{action} to {fmt_pos(nxt)} {what}"
 
-    def demonstration(self, rng: np.random.Generator, noise: float = 0.0) -> tuple[str, str]:
+    def demonstration(self, rng: np.random.Generator, noise: float = 0.0,
+                      restate: bool = False) -> tuple[str, str]:
         """Reasoning that names the player and goal and where each chosen move leads,
         then the moves: the optimal plan's next ≤2 moves, or with probability
-        ``noise`` as many random moves."""
+        ``noise`` as many random moves.  ``restate`` opens the reasoning with the map's
+        rows as observed, so the holes it read are in it too, not only two coordinates."""
         assert self.player is not None
         plan = self.solve() or []
         budget = max(1, min(self.max_actions_per_turn, self.actions_left()))
@@ -213,6 +215,8 @@ class FrozenLakeEnv(MultiTurnTextEnv):
                 break  # the episode would end here; later moves would not run
         reasoning = (f"At {fmt_pos(self.player)}, goal {fmt_pos(self.goal)}. "
                      + ", then ".join(clauses) + ".")
+        if restate:
+            reasoning = self.render().rsplit("\n", 1)[0] + "\n" + reasoning
         return reasoning, " || ".join(actions)
 
 

@@ -57,7 +57,15 @@ class WarmStartConfig(Section):
     batch_size: int = Field(8, ge=1, description="Episodes per SFT step.")
     lr: float = Field(2e-3, gt=0.0, description="AdamW learning rate of the warm start.")
     vocab_size: int = Field(512, ge=300, description="BPE vocabulary of the project tokenizer.")
-
+    numerals: Literal["digits", "coordinates", "numbers"] = Field(
+        "digits", description="Tokenizer numerals: digits (one a token), coordinates ((r,c) may "
+        "merge into one token: copying a position is one token), numbers (and digit runs).")
+    state_turn_epochs: int = Field(0, ge=0, description="Curriculum: passes over every turn "
+                                   "alone (observed state, then reply) before the full episodes, "
+                                   "where copying the state is learned in few steps (0 = none).")
+    state_turn_batch_size: int = Field(32, ge=1, description="Turns per step of that stage.")
+    restate: bool = Field(False, description="Demonstration reasoning opens with the whole "
+                          "observed state (FrozenLake: the map's rows), where the env supports it.")
 
 class ModelConfig(Section):
     path: str | None = Field(None, description="A Hugging Face causal LM directory or hub id "

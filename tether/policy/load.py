@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -15,7 +16,7 @@ from filelock import FileLock
 from transformers import AutoTokenizer
 
 from .warmstart import (build_tokenizer, demonstration_episodes, encode_episode,
-                        supervised_finetune)
+                        state_turn_sequences, supervised_finetune)
 
 # The modelling code (transformers' model classes pull in torch._dynamo and DTensor:
 # ~2 s of imports) is imported where a model is built or loaded, so a process that only
@@ -72,8 +73,9 @@ def build_warm_model(spec: dict, out_dir: Path, progress=None, isolation: str = 
         env_kwargs["isolation"] = isolation
     episodes = demonstration_episodes(spec["env"], env_kwargs, n_demo, ws["noise"],
                                       seed=spec["seed"] + 10_000_000,
-                                      max_reply_tokens=spec["max_reply_tokens"])
-    tokenizer = build_tokenizer(episodes, ws["vocab_size"])
+                                      max_reply_tokens=spec["max_reply_tokens"],
+                                      restate=ws.get("restate", False))
+    tokenizer = build_tokenizer(episodes, ws["vocab_size"], ws.get("numerals", "digits"))
     from ..agent.chat import ChatFormatter
     from .tiny import build_tiny_model, tiny_config
 
@@ -87,12 +89,34 @@ def build_warm_model(spec: dict, out_dir: Path, progress=None, isolation: str = 
     stats = {"demo_success": float(sum(e.success for e in episodes) / len(episodes)),
              "demo_episodes": len(sequences)}
     if ws["episodes"] > 0:
-        stats.update(supervised_finetune(model, sequences, tokenizer.pad_token_id, ws["epochs"],
-                                         ws["batch_size"], ws["lr"], spec["seed"], progress))
+        stats.update(warm_start_stages(model, formatter, episodes, sequences, ws, spec["seed"],
+                                       progress))
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
+    return stats
+
+
+def warm_start_stages(model, formatter, episodes, sequences, ws: dict, seed: int,
+                      progress=None) -> dict:
+    """SFT on the full episodes, after (``state_turn_epochs`` > 0) a first stage on every
+    turn alone as a short sequence (`state_turn_sequences`); one progress count over both."""
+    pad = formatter.tokenizer.pad_token_id
+    turns = state_turn_sequences(formatter, episodes) if ws.get("state_turn_epochs", 0) else []
+    first_steps = ws.get("state_turn_epochs", 0) * math.ceil(len(turns) / ws["state_turn_batch_size"])
+    total = first_steps + ws["epochs"] * math.ceil(len(sequences) / ws["batch_size"])
+
+    def counted(offset):
+        return progress and (lambda step, _, loss: progress(offset + step, total, loss))
+
+    stats = {}
+    if turns:
+        first = supervised_finetune(model, turns, pad, ws["state_turn_epochs"],
+                                    ws["state_turn_batch_size"], ws["lr"], seed, counted(0))
+        stats.update({f"state_turn_{k}": v for k, v in first.items()})
+    stats.update(supervised_finetune(model, sequences, pad, ws["epochs"], ws["batch_size"],
+                                     ws["lr"], seed, counted(first_steps)))
     return stats
 
 

@@ -1,8 +1,17 @@
 """The BPE tokenizer Tether trains on environment text for its tiny model.
 
-Byte-level, so every string (and every byte) has an encoding; digits are split
-one per token so coordinates and numbers stay compositional; the reasoning and
+Byte-level, so every string (and every byte) has an encoding; the reasoning and
 answer tags are single tokens so the prompt ends on exactly one ``<think>`` id.
+
+How numerals are cut (``numerals``) decides what copying a position or a number
+costs the model:
+- ``digits``: one digit per token, so coordinates and numbers stay compositional;
+  copying ``(2,3)`` is five tokens, two of which must be found in the prompt;
+- ``coordinates``: a coordinate ``(r,c)`` (with its leading space) is one
+  pre-token, which BPE merges into one opaque token when it is frequent: copying
+  it is one token whose identity the attention reads off the prompt (with tied
+  embeddings, an identity map), and every such token is specific to the state;
+- ``numbers``: as ``coordinates``, and a run of digits is one pre-token too.
 Saved and loaded as a ``PreTrainedTokenizerFast`` with a ChatML chat template,
 like any Hugging Face chat tokenizer.
 """
@@ -11,7 +20,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from typing import Literal
+
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 from ..agent.format import TAGS
@@ -25,14 +36,33 @@ CHATML_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 
+Numerals = Literal["digits", "coordinates", "numbers"]
+NUMERALS: tuple[str, ...] = ("digits", "coordinates", "numbers")
+# GPT-2's split, with a coordinate (and optionally a digit run) kept whole; an opening
+# parenthesis never glues onto the punctuation before it, so "),(1,2)" keeps "(1,2)".
+_SPLIT = (r" ?\(\d+,\d+\)| ?\p{{L}}+| ?\p{{N}}{digits}| ?[^\s\p{{L}}\p{{N}}(]+| ?\(|\s+(?!\S)|\s+")
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int = 512) -> PreTrainedTokenizerFast:
+
+def pre_tokenizer(numerals: Numerals = "digits"):
+    if numerals == "digits":
+        return pre_tokenizers.Sequence([
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ])
+    if numerals not in NUMERALS:
+        raise ValueError(f"unknown numerals {numerals!r}; choose one of {list(NUMERALS)}")
+    pattern = _SPLIT.format(digits="+" if numerals == "numbers" else "")
+    return pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+
+
+def train_tokenizer(texts: Iterable[str], vocab_size: int = 512,
+                    numerals: Numerals = "digits") -> PreTrainedTokenizerFast:
     """Train a byte-level BPE on ``texts`` and wrap it as a HF fast tokenizer."""
     bpe = Tokenizer(models.BPE(unk_token=None, byte_fallback=False))
-    bpe.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-    ])
+    bpe.pre_tokenizer = pre_tokenizer(numerals)
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,

@@ -11,15 +11,16 @@ prompts, same chat segments), and the loss covers only the assistant replies.
 
 from __future__ import annotations
 
+import inspect
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from ..agent.chat import ChatFormatter
-from ..agent.format import format_reply, system_prompt, user_prompt
+from ..agent.format import THINK_OPEN, format_reply, system_prompt, user_prompt
 from ..envs import make as make_env
 from .tokenizer import train_tokenizer
 
@@ -30,6 +31,7 @@ class DemoEpisode:
     users: list[str]
     replies: list[str]
     success: bool
+    states: list[str] = field(default_factory=list)
 
     def text(self) -> str:
         """ChatML text of the episode (the tokenizer's training corpus)."""
@@ -41,9 +43,14 @@ class DemoEpisode:
 
 
 def demonstration_episodes(env_id: str, env_kwargs: dict, n: int, noise: float, seed: int,
-                           max_reply_tokens: int) -> list[DemoEpisode]:
-    """Play ``n`` episodes with the env's demonstrator (seeds ``seed .. seed+n-1``)."""
+                           max_reply_tokens: int, restate: bool = False) -> list[DemoEpisode]:
+    """Play ``n`` episodes with the env's demonstrator (seeds ``seed .. seed+n-1``);
+    ``restate`` asks it to open each reasoning with the observed state."""
     env = make_env(env_id, **env_kwargs)
+    options = {"restate": True} if restate else {}
+    if restate and "restate" not in inspect.signature(env.demonstration).parameters:
+        raise ValueError(f"model.warm_start.restate: {env_id}'s demonstrations cannot restate "
+                         "the state; leave it false for this env")
     rng = np.random.default_rng([seed, 0xDE70])
     episodes = []
     for k in range(n):
@@ -53,7 +60,8 @@ def demonstration_episodes(env_id: str, env_kwargs: dict, n: int, noise: float, 
         reward = None
         for turn in range(1, env.max_turns + 1):
             episode.users.append(user_prompt(turn, state, actions_left, max_reply_tokens, reward))
-            reasoning, answer = env.demonstration(rng, noise)
+            episode.states.append(state)
+            reasoning, answer = env.demonstration(rng, noise, **options)
             episode.replies.append(format_reply(reasoning, answer))
             state, reward, terminated, truncated, info = env.step(answer)
             actions_left = env.actions_left() if hasattr(env, "actions_left") else None
@@ -79,9 +87,26 @@ def encode_episode(formatter: ChatFormatter, episode: DemoEpisode) -> tuple[list
     return ids, mask
 
 
-def build_tokenizer(episodes: list[DemoEpisode], vocab_size: int):
-    tokenizer = train_tokenizer((e.text() for e in episodes), vocab_size=vocab_size)
-    return tokenizer
+def state_turn_sequences(formatter: ChatFormatter,
+                         episodes: list[DemoEpisode]) -> list[tuple[list[int], list[int]]]:
+    """Every demonstration turn as a short sequence: the state as observed, the opening
+    ``<think>``, then the reply (the loss covers the reply).  With a few dozen tokens
+    instead of a few hundred between them, the attention that copies the state into
+    the reasoning starts far less diluted: the curriculum's first stage.  (Keeping the
+    turn's whole user segment instead, so that the tokens between state and reply are
+    those of an episode, measured no better: benchmarks/RESULTS.md.)"""
+    think = formatter.encode(THINK_OPEN)
+    sequences = []
+    for episode in episodes:
+        for state, reply in zip(episode.states, episode.replies):
+            prompt = formatter.encode(f"State:\n{state.strip()}") + think
+            reply_ids = formatter.encode(reply)
+            sequences.append((prompt + reply_ids, [0] * len(prompt) + [1] * len(reply_ids)))
+    return sequences
+
+
+def build_tokenizer(episodes: list[DemoEpisode], vocab_size: int, numerals: str = "digits"):
+    return train_tokenizer((e.text() for e in episodes), vocab_size=vocab_size, numerals=numerals)
 
 
 def supervised_finetune(model, sequences: list[tuple[list[int], list[int]]], pad_id: int,

@@ -1,0 +1,97 @@
+"""Grounded warm starts: demonstrations that restate the state, tokens that make copying it cheap."""
+
+import re
+
+import numpy as np
+import pytest
+
+from tether.envs.frozenlake import FrozenLakeEnv
+from tether.policy.warmstart import build_tokenizer, demonstration_episodes
+
+FROZENLAKE = ("tether/FrozenLake-v0", {"size": 4, "frozen_fraction": 0.8})
+
+
+def test_coordinate_numerals_make_each_position_one_token():
+    demos = demonstration_episodes(*FROZENLAKE, 200, 0.3, seed=0, max_reply_tokens=48)
+    opaque = build_tokenizer(demos, 512, numerals="coordinates")
+    digits = build_tokenizer(demos, 512, numerals="digits")
+    for r in range(4):
+        for c in range(4):
+            assert len(opaque.encode(f"At ({r},{c}).", add_special_tokens=False)) == 3
+            assert len(digits.encode(f"At ({r},{c}).", add_special_tokens=False)) > 3
+    # a list of positions keeps each one whole; text round-trips
+    text = "Boxes (1,2),(3,0). Target 24 from 3, 15."
+    assert opaque.decode(opaque.encode(text, add_special_tokens=False)) == text
+    numbers = build_tokenizer(demonstration_episodes("tether/Countdown-v0", {}, 300, 0.3, 0, 48),
+                              512, numerals="numbers")
+    assert len(numbers.encode(" 14", add_special_tokens=False)) == 1
+    with pytest.raises(ValueError, match="numerals"):
+        build_tokenizer(demos[:4], 512, numerals="roman")
+
+
+def test_restating_demonstrations_open_with_the_observed_map():
+    demos = demonstration_episodes(*FROZENLAKE, 40, 0.3, seed=5, max_reply_tokens=48,
+                                   restate=True)
+    for demo in demos:
+        for user, reply in zip(demo.users, demo.replies):
+            state = user.split("State:\n", 1)[1]
+            rows = state.split("\nPlayer", 1)[0]
+            player = re.search(r"Player (\(\d,\d\))", state).group(1)
+            assert reply.startswith(rows + f"\nAt {player}, ")
+    env = FrozenLakeEnv()
+    env.reset(seed=3)
+    plain = env.demonstration(np.random.default_rng(0))
+    restated = env.demonstration(np.random.default_rng(0), restate=True)
+    assert restated[1] == plain[1] and restated[0].endswith(plain[0])
+    with pytest.raises(ValueError, match="cannot restate"):
+        demonstration_episodes("tether/Countdown-v0", {}, 2, 0.0, 0, 48, restate=True)
+
+
+def test_state_turns_hold_each_observed_state_and_its_reply_in_a_short_sequence():
+    """The curriculum's first stage: every turn as the state it observed, the opening
+    ``<think>`` and the reply, with the loss on the reply only; a few dozen tokens where
+    the episode has hundreds before the same reply."""
+    from tether.agent.chat import ChatFormatter
+    from tether.agent.format import THINK_OPEN
+    from tether.policy.warmstart import encode_episode, state_turn_sequences
+
+    demos = demonstration_episodes(*FROZENLAKE, 30, 0.3, seed=1, max_reply_tokens=48, restate=True)
+    formatter = ChatFormatter(build_tokenizer(demos, 512, numerals="coordinates"))
+    turns = state_turn_sequences(formatter, demos)
+    assert len(turns) == sum(len(d.replies) for d in demos)
+    think = formatter.encode(THINK_OPEN)
+    k = 0
+    for demo in demos:
+        episode_length = len(encode_episode(formatter, demo)[0])
+        for user, reply in zip(demo.users, demo.replies):
+            ids, mask = turns[k]
+            k += 1
+            reply_ids = formatter.encode(reply)
+            prompt = ids[:len(ids) - len(reply_ids)]
+            assert ids[len(prompt):] == reply_ids and mask == [0] * len(prompt) + [1] * len(reply_ids)
+            assert prompt[-len(think):] == think
+            state = formatter.tokenizer.decode(prompt[:-len(think)])
+            assert state.startswith("State:\n") and state[len("State:\n"):] in user
+            assert len(ids) < 90 < episode_length
+
+
+def test_quickstart_grounded_demonstrations_fit_the_reply_cap():
+    """experiments/quickstart.yaml restates the map: its replies still fit the reply cap,
+    every position in them is one token, and the noise keeps success moderate."""
+    from pathlib import Path
+
+    from tether.agent.chat import ChatFormatter
+    from tether.platform.config import load_config
+
+    cfg = load_config(Path(__file__).parent.parent / "experiments" / "quickstart.yaml")
+    ws = cfg.model.warm_start
+    assert ws.restate and ws.numerals == "coordinates" and ws.state_turn_epochs > 0
+    demos = demonstration_episodes(cfg.env.id, cfg.env.kwargs, 300, ws.noise, seed=10_000_000,
+                                   max_reply_tokens=cfg.rollout.max_reply_tokens, restate=True)
+    tokenizer = build_tokenizer(demos, ws.vocab_size, ws.numerals)
+    formatter = ChatFormatter(tokenizer)
+    assert max(len(formatter.encode(r)) for d in demos for r in d.replies) \
+        <= cfg.rollout.max_reply_tokens
+    positions = {p for d in demos for r in d.replies for p in re.findall(r" \(\d,\d\)", r)}
+    assert len(positions) == 16 and all(len(formatter.encode(p)) == 1 for p in positions)
+    assert 0.6 <= np.mean([d.success for d in demos]) < 0.95
