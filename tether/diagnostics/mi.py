@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 from scipy.special import logsumexp
 
-from tether.diagnostics.uncertainty import ZSCORE_EPS, Uncertainty, mi_uncertainty
+from tether.diagnostics.uncertainty import ZSCORE_EPS, Uncertainty, hit_rate, mi_uncertainty
 
 # Decay of the exponential moving average of std(marginal) used by `mi_zscore_ema`.
 SIGMA_EMA_DECAY = 0.9
@@ -78,10 +78,7 @@ def _matched_marginal(scores: np.ndarray, column: np.ndarray) -> tuple[np.ndarra
 def _topk_hit_rate(scores: np.ndarray, column: np.ndarray, k: int) -> np.ndarray:
     """Per pair, the probability that its own column is in the top k, ties broken
     uniformly at random (so a constant row scores k/N, not a column-0 bias)."""
-    own = scores[np.arange(len(column)), column][:, None]       # [M, 1]
-    greater = (scores > own).sum(axis=1)                         # columns strictly better
-    equal = (scores == own).sum(axis=1)                          # ties, including its own
-    return np.clip((k - greater) / equal, 0.0, 1.0)
+    return hit_rate(scores, scores[np.arange(len(column)), column], k)
 
 
 def mi_proxies(L: np.ndarray, S: np.ndarray, column: np.ndarray,

@@ -72,15 +72,19 @@ def _row_quantities(L: np.ndarray, S: np.ndarray, column: np.ndarray) -> dict[st
     marginal_seq = logsumexp(S, axis=1) - np.log(n)
     return {"matched": L[rows, column], "marginal": marginal,
             "matched_seq": S[rows, column], "marginal_seq": marginal_seq,
-            "hit": _hit_rate(L, L[rows, column])}
+            "hit": hit_rate(L, L[rows, column])}
 
 
-def _hit_rate(L: np.ndarray, own: np.ndarray) -> np.ndarray:
-    """P(own score ranks first among the row's N scores), ties split evenly.
-    ``own`` is [M] or [B, M]; the result has its shape."""
-    greater = (L > own[..., None]).sum(axis=-1)
-    equal = (L == own[..., None]).sum(axis=-1)
-    return np.clip((1 - greater) / np.maximum(equal, 1), 0.0, 1.0)
+def tie_split_hit(greater, equal, k: int = 1):
+    """P(a score ranks in the top k) given how many scores beat it and how many tie with
+    it (itself included), ties broken uniformly at random."""
+    return np.clip((k - greater) / np.maximum(equal, 1), 0.0, 1.0)
+
+
+def hit_rate(L: np.ndarray, own: np.ndarray, k: int = 1) -> np.ndarray:
+    """P(own score ranks in the top k among the row's N scores), ties split evenly.
+    ``own`` is [M] or [B, M] (L broadcast against it); the result has its shape."""
+    return tie_split_hit((L > own[..., None]).sum(axis=-1), (L == own[..., None]).sum(axis=-1), k)
 
 
 def _mixture_marginal(X: np.ndarray, draws: np.ndarray, needed: np.ndarray) -> np.ndarray:
@@ -116,7 +120,7 @@ def _resampled_columns(L: np.ndarray, S: np.ndarray, column: np.ndarray, draws: 
     return {"matched": own, "matched_seq": S[rows, column],
             "marginal": _mixture_marginal(L, draws, needed),
             "marginal_seq": _mixture_marginal(S, draws, needed),
-            "hit": np.clip((1 - greater) / np.maximum(equal, 1), 0.0, 1.0)}
+            "hit": tie_split_hit(greater, equal)}
 
 
 def _statistics(q: dict[str, np.ndarray], weights: np.ndarray, sigma_ema: float | None
@@ -197,7 +201,7 @@ def mi_uncertainty(L: np.ndarray, S: np.ndarray, column: np.ndarray, sigma_ema: 
         sigma = float(q["marginal"].std())
         null = {"mi_estimate": matched.mean(1) - q["marginal"].mean(),
                 "mi_seq_estimate": S[rows, labels].mean(1) - q["marginal_seq"].mean(),
-                "retrieval_acc": _hit_rate(L[None], matched).mean(1)}
+                "retrieval_acc": hit_rate(L[None], matched).mean(1)}
         null["mi_zscore"] = null["mi_estimate"] / (sigma + ZSCORE_EPS)
         if sigma_ema is not None:
             null["mi_zscore_ema"] = null["mi_estimate"] / (sigma_ema + ZSCORE_EPS)
