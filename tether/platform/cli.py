@@ -122,6 +122,9 @@ def run(config: Optional[Path] = typer.Argument(None, help="Experiment YAML (def
         elif kind == "alarm":
             style = "bold red" if data["mode"] == "stop" else "yellow"
             console.print(f"[{style}]ALARM[/] {data['message']}", highlight=False)
+        elif kind == "action":
+            console.print(f"[cyan]ACTION[/] iteration {data['iteration']}: {data['message']}",
+                          highlight=False)
         elif kind == "worker_failed":
             console.print(f"[yellow]rollout worker {data['worker']} died "
                           f"({data['error']}); re-collecting its share[/]", highlight=False)
