@@ -162,7 +162,7 @@ def run_trial(config: dict[str, Any], spec_json: str, parent_run_id: str) -> Non
     spec = SweepSpec.from_json(spec_json)
     values = decode(spec, config)
     trial_id = tune.get_context().get_trial_id()
-    cfg = spec.build(values)
+    cfg = stop_when_collapsed(spec.build(values), spec.sweep.stop_collapsed)
     cfg.experiment.run_name = f"{spec.name}-{trial_id}"
     resolved = cfg.flat()
     tags = {"sweep.name": spec.name, "sweep.trial_id": trial_id,
@@ -181,6 +181,20 @@ def run_trial(config: dict[str, Any], spec_json: str, parent_run_id: str) -> Non
                       actor_pool=process_pool()).run()
     if summary.status != "FINISHED":
         raise RuntimeError(f"trial {trial_id} ended {summary.status}")
+
+
+def stop_when_collapsed(cfg, stop):
+    """The trial's config with the listed MI alarms in stop mode after ``stop.points``
+    collapsed diagnostic points (unchanged when ``stop`` is None)."""
+    if stop is None:
+        return cfg
+    for name in stop.alarms:
+        alarm = getattr(cfg.alarms, name)
+        update = {"mode": "stop", "patience": stop.points}
+        if hasattr(alarm, "within"):
+            update["within"] = max(alarm.within, stop.points)
+        setattr(cfg.alarms, name, alarm.model_copy(update=update))
+    return cfg
 
 
 def swept_fields(spec: SweepSpec) -> dict[str, Any]:
@@ -380,7 +394,8 @@ def run_sweep(spec: SweepSpec, resume: bool = False, address: str | None = None,
     interrupted = len(trials) < _expected_trials(spec) or any(
         t.status not in ("TERMINATED", "ERROR") for t in trials)
     close_stale_children(*ids)
-    rows = results_rows(*ids, sweep.metric, sweep.mode)
+    rows = results_rows(*ids, sweep.metric, sweep.mode, sweep.collapse_penalty,
+                        sweep.collapse_alarms())
     write_results_csv(rows, sweep.metric, exp_path / RESULTS_FILE)
     parent.client.log_artifact(parent.run_id, str(exp_path / RESULTS_FILE))
     status = "KILLED" if interrupted else ("FAILED" if errored == len(trials) else "FINISHED")
