@@ -228,7 +228,7 @@ def main() -> None:
                                               "low_entropy_collapse": overrides})
         c = config.template_collapse
         key = c.mi_metric
-        print(f"\nvariant {name}: {c.model_dump(exclude={'mode'})}")
+        print(f"\nvariant {name}: {c.model_dump(exclude={'mode', 'actions'})}")
         print(f"{'history':9} {'n':>4} {'clean pts':>9} {'false':>5} {'per 1k':>7} {'detected':>16} "
               f"{'delay (points after separation)':>32} {'<=2 points':>16} {'low-H':>5} "
               f"{'MI first':>8} {'MI last':>8}")

@@ -433,5 +433,7 @@ def describe_fields(model: type[BaseModel] = TetherConfig, prefix: str = ""):
             rows += describe_fields(annotation, path + ".")
         else:
             default = field.get_default(call_default_factory=True)
+            if isinstance(default, list) and any(isinstance(v, BaseModel) for v in default):
+                default = [v.model_dump() if isinstance(v, BaseModel) else v for v in default]
             rows.append((path, default, field.description or ""))
     return rows
