@@ -165,6 +165,6 @@ def render_html(report: Report, runs: list[RunData]) -> str:
             + "\n".join(parts) + "</body></html>")
 
 
-def log_report(client, run_id: str, out_dir: Path, artifact_path: str = "report") -> None:
-    """Attach the report to a run (a sweep's parent, or the run itself)."""
-    client.log_artifacts(run_id, str(out_dir), artifact_path)
+def log_report(tracker, out_dir: Path, artifact_path: str = "report") -> None:
+    """Attach the report to the tracker's run (a sweep's parent, or the run itself)."""
+    tracker.log_artifacts(out_dir, artifact_path)

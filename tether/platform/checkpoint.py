@@ -12,15 +12,37 @@ def checkpoint_path(directory: Path, iteration: int) -> Path:
     return Path(directory) / f"iter_{iteration:06d}.pt"
 
 
+class CheckpointError(OSError):
+    """A checkpoint could not be written; the message names the error and the last good
+    checkpoint, which is intact (the partial file was removed)."""
+
+
 def save_checkpoint(directory: Path, iteration: int, state: dict, keep: int = 2,
                     protect: tuple[Path, ...] = ()) -> Path:
     """Save ``state`` as ``iter_<iteration>.pt``; keep the newest ``keep`` and the
-    ``protect``ed ones (a rollback's targets), delete older ones."""
-    directory.mkdir(parents=True, exist_ok=True)
+    ``protect``ed ones (a rollback's targets), delete older ones.
+
+    The state is written to ``iter_<iteration>.pt.tmp``, flushed to disk, and renamed
+    over the target, so a checkpoint is complete or absent; older ones are pruned only
+    after that. A write that fails (a full disk: ENOSPC, any OS error) removes the
+    temporary file and raises CheckpointError naming the last good checkpoint."""
     path = checkpoint_path(directory, iteration)
     tmp = path.with_suffix(".pt.tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as out:
+            torch.save(state, out)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+    except (OSError, RuntimeError) as exc:  # torch reports some write failures as RuntimeError
+        tmp.unlink(missing_ok=True)
+        last = latest_checkpoint(directory) if directory.is_dir() else None
+        error = CheckpointError(f"checkpoint of iteration {iteration} not written to {path} "
+                                f"({type(exc).__name__}: {exc}); last good checkpoint: "
+                                f"{last or 'none yet'}")
+        error.errno, error.last_good = getattr(exc, "errno", None), last
+        raise error from exc
     kept = {Path(p).resolve() for p in protect}
     for old in sorted(directory.glob("iter_*.pt"))[:-keep]:
         if old.resolve() not in kept:

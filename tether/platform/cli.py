@@ -125,6 +125,13 @@ def run(config: Optional[Path] = typer.Argument(None, help="Experiment YAML (def
         elif kind == "action":
             console.print(f"[cyan]ACTION[/] iteration {data['iteration']}: {data['message']}",
                           highlight=False)
+        elif kind == "tracking":
+            console.print(f"[yellow]{data['message']}[/]", highlight=False)
+        elif kind == "learner_failed":
+            console.print(f"[yellow]learner died ({data['error']}); restart {data['restart']}: "
+                          f"rebuilding from {data['checkpoint']}[/]", highlight=False)
+        elif kind == "checkpoint_failed":
+            console.print(f"[yellow]{data['message']}[/]", highlight=False)
         elif kind == "worker_failed":
             console.print(f"[yellow]rollout worker {data['worker']} died "
                           f"({data['error']}); re-collecting its share[/]", highlight=False)
@@ -331,18 +338,42 @@ def report(target: str = typer.Argument(..., help="A run id, a sweep's parent ru
     if log:
         from mlflow.tracking import MlflowClient
 
-        from .tracking import Tracker
+        from .config import TrackingConfig
+        from .tracking import SPOOL_DIRNAME, Tracker
 
-        client = MlflowClient(tracking_uri=uri)
-        log_to = resolved.log_to or Tracker(uri, client.get_experiment(
+        # Through a Tracker with its spool beside the report's directory (not in it: the
+        # directory is what is uploaded): a server that goes away mid-upload leaves the
+        # rest there for `tether sync-tracking`, not a traceback.
+        tracker = Tracker(uri, MlflowClient(tracking_uri=uri).get_experiment(
             resolved.experiment_id).name, run_name=f"report-{target}",
-            tags={"tether.kind": "report"}).run_id
-        log_report(client, log_to, out)
-        if resolved.log_to is None:
-            client.set_terminated(log_to)
-        console.print(f"logged as artifacts report/ of run [cyan]{log_to}[/]")
+            tags={"tether.kind": "report"}, run_id=resolved.log_to, reopen=False,
+            spool_root=out.with_name(f"{out.name}_{SPOOL_DIRNAME}"), settings=TrackingConfig(),
+            notify=lambda message: console.print(f"[yellow]{message}[/]", highlight=False))
+        log_report(tracker, out)
+        landed = tracker.finish() if resolved.log_to is None else tracker.flush()
+        if landed:
+            console.print(f"logged as artifacts report/ of run [cyan]{tracker.run_id}[/]")
+        elif resolved.log_to is not None:
+            console.print(f"[yellow]report/ of run {tracker.run_id} waits in "
+                          f"{tracker.spool.directory}: `tether sync-tracking "
+                          f"{tracker.spool.directory}` uploads it[/]", highlight=False)
     console.print(f"report: [green]{(out / 'report.html').resolve()}[/] "
                   f"({len(result.figures)} figures)")
+
+
+@app.command("sync-tracking")
+def sync_tracking(spool: Path = typer.Argument(..., help="A tracking spool directory "
+                                               "(<output_dir>/tracking_spool/<run id>) left by "
+                                               "a run whose server was away when it ended.")):
+    """Replay a run's spooled tracking writes (metrics, params, tags, artifacts, final
+    status) into its MLflow server, in order; writes already there are not duplicated."""
+    from .tracking import TrackingError, sync_spool
+
+    try:
+        run_id, count = sync_spool(spool, notify=lambda m: console.print(m, highlight=False))
+    except TrackingError as exc:
+        fail(str(exc))
+    console.print(f"replayed {count} writes into run [cyan]{run_id}[/]")
 
 
 @app.command()

@@ -276,6 +276,17 @@ class TrainerConfig(Section):
     val_temperature: float | None = Field(None, ge=0.0, description="Validation temperature "
                                           "(default: the rollout temperature).")
     checkpoint_every: int = Field(10, ge=1, description="Checkpoint every N iterations.")
+    checkpoint_errors: Literal["warn", "stop"] = Field(
+        "warn", description="A checkpoint that cannot be written (disk full, any OS error): "
+        "'warn' keeps training (the last good checkpoint stays, named in the warning); "
+        "'stop' ends the run cleanly (status FAILED, stop reason names the error and the "
+        "last good checkpoint). The partial file is removed either way.")
+    max_learner_restarts: int = Field(3, ge=0, description="A learner rank that dies is "
+                                      "rebuilt from the last checkpoint and the lost "
+                                      "iterations re-run, up to N times per run (0: a dead "
+                                      "learner ends the run).")
+    learner_restart_backoff_s: float = Field(2.0, ge=0, description="Wait before the k-th "
+                                             "learner rebuild: N * 2^(k-1) seconds.")
     samples_every: int = Field(5, ge=1, description="Log sample transcripts and the per-prompt rewards "
                                "(prompts/iter_N.json, for the report's heatmaps) every N iterations.")
     samples_per_log: int = Field(4, ge=0, description="Transcripts per sample artifact.")
@@ -285,6 +296,28 @@ class TrackingConfig(Section):
     uri: str | None = Field(None, description="MLflow tracking URI (default: a SQLite file in "
                             "experiment.output_dir).")
     log_model: bool = Field(True, description="Log the final policy as an artifact.")
+    spool: bool = Field(True, description="When the tracking server does not take a write "
+                        "(unreachable, 5xx), keep training and spool the run's writes to "
+                        "experiment.output_dir/tracking_spool/<run id>/ (JSONL + artifact "
+                        "copies); they are replayed in order when the server answers again, "
+                        "at the end of the run and on `tether run --resume`. False: such a "
+                        "write fails the run.")
+    probe_every_s: float = Field(10.0, gt=0, description="While spooling, probe the server's "
+                                 "/health at most every N seconds (writes in between go "
+                                 "straight to the spool).")
+    drain_timeout_s: float = Field(120.0, ge=0, description="At the end of a run, wait up to N "
+                                   "seconds for the spool to drain before leaving it on disk "
+                                   "(replay later with `tether sync-tracking DIR`); the run's "
+                                   "final status is set only once it has drained.")
+    http_max_retries: int = Field(2, ge=0, le=10, description="Default for MLflow's "
+                                  "MLFLOW_HTTP_REQUEST_MAX_RETRIES with an HTTP tracking URI "
+                                  "and the spool on (MLflow's own default, 7 with backoff "
+                                  "factor 2, stalls a write for minutes; an environment "
+                                  "variable the user set wins).")
+    http_timeout_s: int = Field(10, ge=1, description="Default for MLFLOW_HTTP_REQUEST_TIMEOUT "
+                                "(seconds per request; MLflow's default is 120).")
+    http_backoff_factor: int = Field(1, ge=0, description="Default for "
+                                     "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR (MLflow's default is 2).")
 
 
 class RayConfig(Section):

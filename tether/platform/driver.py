@@ -10,7 +10,7 @@ into the pure core (``tether.agent``, ``tether.algos``).
 from __future__ import annotations
 
 import dataclasses
-
+import logging
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -38,10 +38,10 @@ from ..envs.sandbox import resolve_isolation
 from ..policy.load import load_tokenizer, resolve_policy
 from ..rollout.base import SamplingParams
 from .actor_pool import ActorPool, ActorRequest
-from .checkpoint import checkpoint_path, load_checkpoint, save_checkpoint
+from .checkpoint import CheckpointError, checkpoint_path, load_checkpoint, save_checkpoint
 from .config import TetherConfig
 from .session import check_reachable, check_resources, start_ray, stop_ray
-from .tracking import Tracker, default_tracking_uri
+from .tracking import SPOOL_DIRNAME, Tracker, default_tracking_uri
 
 
 @dataclass
@@ -84,6 +84,13 @@ def _first_line(exc: BaseException) -> str:
     return lines[0] if lines else type(exc).__name__
 
 
+def _warn(kind: str, data: dict) -> None:
+    """Without an event hook, the tracking spool's and a failed checkpoint's messages
+    still reach the user."""
+    if kind in ("tracking", "checkpoint_failed"):
+        logging.getLogger(f"tether.{kind}").warning(data["message"])
+
+
 class Timers(dict):
     @contextmanager
     def __call__(self, name: str):
@@ -98,7 +105,8 @@ class Trainer:
                  resume_from: Path | None = None, resume_run_id: str | None = None,
                  actor_pool: ActorPool | None = None):
         """``on_event(kind, data)`` receives progress ("warm_start", "started", "validation",
-        "iteration" with the iteration's metrics, "alarm", "worker_failed"); a sweep
+        "iteration" with the iteration's metrics, "alarm", "worker_failed", "tracking" with
+        the tracking spool's one-line messages); a sweep
         passes ``parent_run_id`` (the MLflow run is nested under it), ``run_tags`` and a
         keeping ``actor_pool`` (its trial process's: the next trial reuses the actors).
         Without one, the run's actors end with the run."""
@@ -107,7 +115,7 @@ class Trainer:
         self.parent_run_id, self.run_tags = parent_run_id, dict(run_tags or {})
         #: A checkpoint to continue from, and the MLflow run it belongs to (same run, same steps).
         self.resume_from, self.resume_run_id = resume_from, resume_run_id
-        self.emit = on_event or (lambda kind, data: None)
+        self.emit = on_event or _warn
         self.output_dir = Path(cfg.experiment.output_dir).expanduser().resolve()
         self.sampler = LevelSampler(cfg.experiment.seed, cfg.env.val_seed_offset)
         self.settings = UpdateSettings(
@@ -163,7 +171,9 @@ class Trainer:
                                run_name=cfg.experiment.run_name or
                                f"{cfg.env.id.split('/')[-1]}-{cfg.algo.preset}-s{cfg.experiment.seed}",
                                parent_run_id=self.parent_run_id, tags=self.run_tags,
-                               run_id=self.resume_run_id)
+                               run_id=self.resume_run_id, settings=cfg.tracking,
+                               spool_root=self.output_dir / SPOOL_DIRNAME,
+                               notify=lambda message: self.emit("tracking", {"message": message}))
         if self.resume_run_id is None:
             self.tracker.log_params(cfg.flat())
         self.tracker.set_tags({"tether.model_path": self.model_path, "tether.env": cfg.env.id})
@@ -568,7 +578,7 @@ class Trainer:
                                             entropy_coef=knobs.entropy_coef)
         self.learner.adjust(self.settings, knobs.lr)
 
-    def checkpoint(self, it: int) -> Path:
+    def checkpoint(self, it: int) -> Path | None:
         learner_state = self.learner.full_state()
         driver_state = {"iteration": it, "sampler_position": self.sampler.position,
                         "run_id": self.tracker.run_id, "numpy_rng": np.random.get_state(),
@@ -583,10 +593,24 @@ class Trainer:
             driver_state["control"] = {
                 "controller": self.controller.state_dict(), "knobs": dataclasses.asdict(self.knobs),
                 "grounded": [dataclasses.asdict(c) for c in self.grounded_checkpoints]}
-        path = save_checkpoint(directory, it, {"learner": learner_state, "driver": driver_state},
-                               protect=tuple(Path(c.path) for c in self.grounded_checkpoints))
+        try:
+            path = save_checkpoint(directory, it, {"learner": learner_state, "driver": driver_state},
+                                   protect=tuple(Path(c.path) for c in self.grounded_checkpoints))
+        except CheckpointError as exc:
+            return self.checkpoint_failed(exc)
         self.tracker.set_tags({"tether.last_checkpoint": str(path)})
         return path
+
+    def checkpoint_failed(self, exc: CheckpointError) -> None:
+        """A checkpoint not written (disk full, ...): the last good one stays; per
+        ``trainer.checkpoint_errors`` training goes on with a warning, or the run stops
+        (CheckpointError ends it FAILED, with one line naming both)."""
+        self.grounded_checkpoints = [c for c in self.grounded_checkpoints if Path(c.path).is_file()]
+        self.tracker.set_tags({"tether.checkpoint_error": str(exc)})
+        if self.cfg.trainer.checkpoint_errors == "stop":
+            raise exc
+        self.emit("checkpoint_failed", {"message": f"{exc}; training goes on "
+                                        f"(trainer.checkpoint_errors = warn)"})
 
     def grounded_now(self) -> bool:
         """MI at the latest diagnostic point passed the test a template-collapse reference

@@ -170,7 +170,9 @@ def run_trial(config: dict[str, Any], spec_json: str, parent_run_id: str) -> Non
             **{f"sweep.param.{k}": v for k, v in flat_values(values).items()}}
 
     def on_event(kind: str, data: dict) -> None:
-        if kind == "iteration":
+        if kind == "tracking":  # the spool's start and drain lines, into the trial's log
+            print(data["message"], flush=True)
+        elif kind == "iteration":
             tune.report({k: float(v) for k, v in data.items() if k != "total" and
                          isinstance(v, (int, float)) and math.isfinite(float(v))})
 
@@ -307,7 +309,7 @@ def run_sweep(spec: SweepSpec, resume: bool = False, address: str | None = None,
     from ray.tune.execution.placement_groups import PlacementGroupFactory
 
     from ..policy.load import resolve_policy
-    from .tracking import Tracker, default_tracking_uri
+    from .tracking import SPOOL_DIRNAME, Tracker, default_tracking_uri
 
     started = time.perf_counter()
     sweep, base = spec.sweep, spec.base
@@ -345,11 +347,15 @@ def run_sweep(spec: SweepSpec, resume: bool = False, address: str | None = None,
 
     uri = base.tracking.uri or default_tracking_uri(base.experiment.output_dir)
     artifacts = Path(base.experiment.output_dir) / "artifacts"
+    # The parent's writes the server does not take wait in the sweep's directory (the
+    # children spool into their own output directories, as any run does).
+    spooled = {"spool_root": exp_path / SPOOL_DIRNAME, "settings": base.tracking,
+               "notify": echo}
     if resume:
         parent = Tracker(state["tracking_uri"], base.experiment.name, artifacts,
-                         run_id=state["parent_run_id"])
+                         run_id=state["parent_run_id"], **spooled)
     else:
-        parent = Tracker(uri, base.experiment.name, artifacts, run_name=spec.name, tags={
+        parent = Tracker(uri, base.experiment.name, artifacts, run_name=spec.name, **spooled, tags={
             "sweep.name": spec.name, "sweep.search": sweep.search, "sweep.metric": sweep.metric,
             "sweep.fields": ",".join(sweep.space), "tether.kind": "sweep"})
         parent.log_params({f"sweep.{k}": v for k, v in sweep.model_dump(mode="json").items()
@@ -397,7 +403,7 @@ def run_sweep(spec: SweepSpec, resume: bool = False, address: str | None = None,
     rows = results_rows(*ids, sweep.metric, sweep.mode, sweep.collapse_penalty,
                         sweep.collapse_alarms())
     write_results_csv(rows, sweep.metric, exp_path / RESULTS_FILE)
-    parent.client.log_artifact(parent.run_id, str(exp_path / RESULTS_FILE))
+    parent.log_artifact(exp_path / RESULTS_FILE)
     status = "KILLED" if interrupted else ("FAILED" if errored == len(trials) else "FINISHED")
     parent.set_tags({"sweep.status": "interrupted" if interrupted else "completed",
                      "sweep.trials": len(trials), "sweep.trials_errored": errored})
