@@ -1,0 +1,160 @@
+"""Tracking never stops training: a real ``mlflow server`` killed (SIGKILL) for longer
+than the client's retry budget, then started again on the same port and store.
+
+The budget is shortened through MLflow's own environment variables (one retry, 2 s
+timeout, backoff factor 1: a few seconds), as a user would; the outages below last
+several times that. Read back from the server afterwards, every step, param and
+artifact is there exactly once and the run's final status is set.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import Counter
+
+import pytest
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+from tests.conftest import micro_config_dict
+from tests.mlflow_server import MlflowServer
+from tether.platform.config import TrackingConfig, build_config
+from tether.platform.tracking import SPOOL_DIRNAME, Tracker, sync_spool
+
+BUDGET_S = 6.0  # 2 attempts x 2 s timeout + backoff (1 s) + jitter (<= 1 s)
+
+
+@pytest.fixture
+def short_retries(monkeypatch):
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with MlflowServer(tmp_path_factory.mktemp("mlflow_server")) as running:
+        yield running
+
+
+def _steps(client, run_id, key):
+    return Counter(m.step for m in client.get_metric_history(run_id, key))
+
+
+def _artifacts(client, run_id, path=None):
+    out = []
+    for item in client.list_artifacts(run_id, path):
+        out += _artifacts(client, run_id, item.path) if item.is_dir else [item.path]
+    return out
+
+
+def test_outage_spools_then_sync_replays_exactly_once(server, short_retries, tmp_path):
+    messages = []
+    settings = TrackingConfig(uri=server.uri, probe_every_s=0.5, drain_timeout_s=0)
+    tracker = Tracker(server.uri, "spool-test", run_name="outage", spool_root=tmp_path / "spool",
+                      settings=settings, notify=messages.append)
+    tracker.log_params({"a": 1, "b": "x"})
+    tracker.log_metrics({"loss": 1.0}, step=0)
+    with pytest.raises(MlflowException):  # a write the server refuses is not spooled
+        tracker.log_params({"a": 2})
+    assert tracker.spool.pending == 0
+
+    server.kill()
+    down = time.monotonic()
+    tracker.log_metrics({"loss": 0.9}, step=1)  # pays the (shortened) retry budget once
+    first = time.monotonic() - down
+    assert len(messages) == 1 and "spooling" in messages[0]
+    started = time.monotonic()
+    for step in (2, 3):
+        tracker.log_metrics({"loss": 1.0 - step / 10}, step=step)
+    tracker.set_tags({"phase": "outage"})
+    tracker.log_params({"c": 3})
+    tracker.log_text("hello", "notes/hello.txt")
+    artifact = tmp_path / "table.csv"
+    artifact.write_text("x,y\n1,2\n")
+    tracker.log_artifact(artifact)
+    artifact.write_text("changed after logging\n")  # the spool kept its own copy
+    spooled = time.monotonic() - started
+    print(f"first failed write {first:.1f} s; 6 spooled writes {spooled * 1000:.0f} ms")
+    assert spooled < 3.0, "spooled writes must not pay the retry budget"
+    assert not tracker.finish("FINISHED")  # drain_timeout_s 0: left on disk, said so
+    assert "tether sync-tracking" in messages[-1]
+    spool_dir = tmp_path / "spool" / tracker.run_id
+    records = [json.loads(line) for line in (spool_dir / "spool.jsonl").read_text().splitlines()]
+    assert [r["op"] for r in records] == ["metrics", "metrics", "metrics", "tags", "params",
+                                          "text", "file", "terminate"]
+    assert time.monotonic() - down > BUDGET_S or time.sleep(BUDGET_S) is None
+
+    server.start()
+    run_id, count = sync_spool(spool_dir, notify=messages.append)
+    assert (run_id, count) == (tracker.run_id, len(records))
+    assert not spool_dir.exists() and "is back" in messages[-1]
+    client = MlflowClient(server.uri)
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.params == {"a": "1", "b": "x", "c": "3"}
+    assert run.data.tags["phase"] == "outage"
+    assert _steps(client, run_id, "loss") == {0: 1, 1: 1, 2: 1, 3: 1}
+    assert sorted(_artifacts(client, run_id)) == ["notes/hello.txt", "table.csv"]
+    # Replaying again (a drain cut short, a second sync) adds nothing.
+    tracker2 = Tracker(server.uri, "spool-test", run_id=run_id, reopen=False,
+                       spool_root=tmp_path / "spool2", settings=settings)
+    tracker2._apply({"op": "metrics", "metrics": records[0]["metrics"]})
+    assert _steps(client, run_id, "loss") == {0: 1, 1: 1, 2: 1, 3: 1}
+
+
+ITERATIONS = 5
+
+
+def test_training_run_survives_a_server_outage(server, short_retries, micro_policy, models_dir,
+                                               ray_local, tmp_path):
+    from tether.platform.driver import Trainer
+
+    cfg = build_config(micro_config_dict(
+        tmp_path, rollout={"num_workers": 1, "groups": 2, "group_size": 4},
+        algo={"preset": "grpo", "kl_coef": 0.0, "micro_batch_size": 8},
+        trainer={"iterations": ITERATIONS, "val_every": ITERATIONS, "val_episodes": 2,
+                 "checkpoint_every": 1, "samples_every": 1, "samples_per_log": 1},
+        diagnostics={"enabled": False},
+        tracking={"uri": server.uri, "log_model": False, "probe_every_s": 1.0,
+                  "drain_timeout_s": 300}))
+    cfg.model.cache_dir = models_dir
+    messages, outage = [], {}
+
+    def on_event(kind, data):
+        if kind == "tracking":
+            messages.append(data["message"])
+        elif kind == "iteration" and data["iteration"] == 1:
+            server.kill()  # iteration 2 runs with the server gone
+            outage["down"] = time.monotonic()
+        elif kind == "iteration" and data["iteration"] == 2:
+            # back while iteration 3 trains (starting it takes a while): iteration 4's
+            # first write finds it up and replays the spool mid-run
+            outage["thread"] = threading.Thread(target=server.start)
+            outage["thread"].start()
+        elif kind == "iteration" and data["iteration"] == 3:
+            outage["thread"].join()
+            outage["up"] = time.monotonic()
+
+    summary = Trainer(cfg, on_event).run()
+    assert summary.status == "FINISHED" and summary.iterations == ITERATIONS
+    print(f"outage {outage['up'] - outage['down']:.0f} s; messages: {messages}")
+    assert outage["up"] - outage["down"] > BUDGET_S
+    assert len(messages) == 2 and "spooling" in messages[0] and "is back" in messages[1]
+
+    client = MlflowClient(server.uri)
+    run = client.get_run(summary.run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["tether.status"] == "FINISHED"
+    assert run.data.tags["tether.iterations_done"] == str(ITERATIONS)
+    assert run.data.params == {k: str(v)[:6000] for k, v in cfg.flat().items()}
+    every_step = {step: 1 for step in range(1, ITERATIONS + 1)}
+    for key in ("rollout/success", "timing/log", "actor/pg_loss"):
+        assert _steps(client, summary.run_id, key) == every_step, key
+    assert _steps(client, summary.run_id, "val/success") == {0: 1, ITERATIONS: 1}
+    files = Counter(_artifacts(client, summary.run_id))
+    for it in range(1, ITERATIONS + 1):
+        assert files[f"samples/iter_{it:04d}.txt"] == 1 and files[f"prompts/iter_{it:04d}.json"] == 1
+    assert not (tmp_path / "runs" / SPOOL_DIRNAME / summary.run_id).exists()
