@@ -28,26 +28,48 @@ def save_checkpoint(directory: Path, iteration: int, state: dict, keep: int = 2,
     temporary file and raises CheckpointError naming the last good checkpoint."""
     path = checkpoint_path(directory, iteration)
     tmp = path.with_suffix(".pt.tmp")
+    out = None
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as out:
+        with open(tmp, "wb") as handle:
+            out = _ErrorKeepingWriter(handle)
             torch.save(state, out)
-            out.flush()
-            os.fsync(out.fileno())
+            handle.flush()
+            os.fsync(handle.fileno())
         os.replace(tmp, path)
-    except (OSError, RuntimeError) as exc:  # torch reports some write failures as RuntimeError
+    except (OSError, RuntimeError) as raised:
+        # torch's zip writer swallows the OSError of a failed write (ENOSPC) and raises
+        # "unexpected pos ..." instead: name the OS error the write really hit.
+        exc = out.error if out is not None and out.error is not None else raised
         tmp.unlink(missing_ok=True)
         last = latest_checkpoint(directory) if directory.is_dir() else None
         error = CheckpointError(f"checkpoint of iteration {iteration} not written to {path} "
                                 f"({type(exc).__name__}: {exc}); last good checkpoint: "
                                 f"{last or 'none yet'}")
         error.errno, error.last_good = getattr(exc, "errno", None), last
-        raise error from exc
+        raise error from raised
     kept = {Path(p).resolve() for p in protect}
     for old in sorted(directory.glob("iter_*.pt"))[:-keep]:
         if old.resolve() not in kept:
             old.unlink(missing_ok=True)
     return path
+
+
+class _ErrorKeepingWriter:
+    """A file's ``write`` for ``torch.save`` that keeps the first OSError it raised."""
+
+    def __init__(self, handle) -> None:
+        self.handle, self.error = handle, None
+
+    def write(self, data) -> int:
+        try:
+            return self.handle.write(data)
+        except OSError as exc:
+            self.error = self.error or exc
+            raise
+
+    def flush(self) -> None:
+        self.handle.flush()
 
 
 def latest_checkpoint(directory: Path) -> Path | None:
