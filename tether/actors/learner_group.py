@@ -22,6 +22,17 @@ from ..algos.update import UpdateSettings
 from .learner import Learner
 
 
+class LearnerDied(RuntimeError):
+    """A learner rank's process died (the group is broken: the driver rebuilds it)."""
+
+    def __init__(self, method: str, ranks: list[int], cause: BaseException) -> None:
+        first = str(cause).strip().splitlines()
+        super().__init__(f"learner rank{'s' if len(ranks) > 1 else ''} "
+                         f"{', '.join(map(str, ranks))} died during {method} "
+                         f"({type(cause).__name__}{': ' + first[0][:200] if first else ''})")
+        self.method, self.ranks = method, ranks
+
+
 class LearnerGroup:
     def __init__(self, ranks: list) -> None:
         self.ranks = ranks
@@ -80,7 +91,42 @@ class LearnerGroup:
         and return rank 0's result."""
         args = tuple(ray.put(a) if isinstance(a, (TrajectoryBatch, list, dict)) else a
                      for a in args) if self.world_size > 1 else args
-        return ray.get([getattr(rank, method).remote(*args) for rank in self.ranks])[0]
+        return self._gather(method, [getattr(rank, method).remote(*args) for rank in self.ranks])[0]
+
+    def _gather(self, method: str, refs: list) -> list:
+        """The ranks' results, in rank order; LearnerDied when a rank's process died.
+
+        Results are taken as they come: a rank that died fails at once, and a survivor
+        whose collective lost its peer fails soon after (it is then asked whether the
+        others are alive) or stays blocked (``dead_after_s``: the group counts as dead).
+        An error every rank survived (a bug, bad data) is raised as it is."""
+        pending = list(refs)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            try:
+                ray.get(ready[0])
+            except ray.exceptions.RayActorError as exc:
+                raise LearnerDied(method, [refs.index(ready[0])], exc) from exc
+            except ray.exceptions.RayTaskError as exc:
+                dead = self._dead_ranks(refs)
+                if dead:
+                    raise LearnerDied(method, dead, exc) from exc
+                raise
+        return ray.get(refs)
+
+    def _dead_ranks(self, refs: list, dead_after_s: float = 60.0) -> list[int]:
+        """The ranks whose call ended in the actor's death (or never ended)."""
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=dead_after_s)
+        dead = [k for k, ref in enumerate(refs) if ref not in ready]
+        for k, ref in enumerate(refs):
+            if ref in ready:
+                try:
+                    ray.get(ref)
+                except ray.exceptions.RayActorError:
+                    dead.append(k)
+                except ray.exceptions.RayTaskError:
+                    pass
+        return sorted(dead)
 
     def prepare(self, batch: TrajectoryBatch, recompute_old_logprobs: bool) -> TrajectoryBatch:
         return self._all("prepare", batch, recompute_old_logprobs)
@@ -99,7 +145,7 @@ class LearnerGroup:
     def state_dict(self) -> ray.ObjectRef:
         """The full policy weights as an object-store reference (rank 0 gathers them)."""
         refs = [rank.state_dict.remote() for rank in self.ranks]
-        ray.get(refs[1:])  # the other ranks' part of the gather (and their errors)
+        self._gather("state_dict", refs[1:])  # the other ranks' part of the gather (and errors)
         return refs[0]
 
     def full_state(self) -> dict:

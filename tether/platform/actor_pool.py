@@ -84,6 +84,11 @@ class ActorPool:
             out.append(entry.actors)
         return out
 
+    def replace(self, kind: str, actors: Any) -> None:
+        """The current run rebuilt its ``kind`` actors (a learner group whose rank died):
+        check-in hands on, or ends, the new ones (the old ones are the caller's to end)."""
+        self.lent[kind].actors = actors
+
     def checkin(self, healthy: bool) -> None:
         """The run is over: keep its actors for the next run if it finished and this pool
         keeps actors, else end them."""

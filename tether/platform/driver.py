@@ -21,7 +21,7 @@ import numpy as np
 import ray
 import torch
 
-from ..actors.learner_group import LearnerGroup
+from ..actors.learner_group import LearnerDied, LearnerGroup
 from ..actors.rollout_worker import RolloutWorker
 from ..agent.chat import ChatFormatter
 from ..agent.episode import EpisodeSpec
@@ -38,7 +38,8 @@ from ..envs.sandbox import resolve_isolation
 from ..policy.load import load_tokenizer, resolve_policy
 from ..rollout.base import SamplingParams
 from .actor_pool import ActorPool, ActorRequest
-from .checkpoint import CheckpointError, checkpoint_path, load_checkpoint, save_checkpoint
+from .checkpoint import (CheckpointError, checkpoint_path, latest_checkpoint, load_checkpoint,
+                         save_checkpoint)
 from .config import TetherConfig
 from .session import check_reachable, check_resources, start_ray, stop_ray
 from .tracking import SPOOL_DIRNAME, Tracker, default_tracking_uri
@@ -132,6 +133,7 @@ class Trainer:
         self.tracker: Tracker | None = None
         self.iteration_done = 0
         self.worker_failures = 0
+        self.learner_restarts = 0  # learner groups rebuilt after a rank died (this process)
         self.weights_ref, self.weights_version = None, 0
         self.mi_ema_state: dict = {}
         self.alarms = AlarmMonitor(cfg.alarms)
@@ -399,6 +401,7 @@ class Trainer:
         if self.controller is not None:
             metrics.update(self.knobs.metrics(), **{"control/actions": float(len(self.controller.actions))})
         metrics["rollout/worker_failures"] = float(self.worker_failures)
+        metrics["tether.learner_restarts"] = float(self.learner_restarts)
         metrics.update(timers)
         metrics["timing/iteration"] = sum(timers.values())
         self.last_collected = collected
@@ -431,10 +434,15 @@ class Trainer:
             if first == 1:
                 self.log_validation(0, {})
                 self.emit("validation", {"iteration": 0, "val/success": self.val_history[0]})
-            for it in range(first, self.cfg.trainer.iterations + 1):
-                metrics = self.iteration(it)
-                if self.after_iteration(it, metrics):
-                    break
+            it = first
+            while it <= self.cfg.trainer.iterations:
+                try:
+                    metrics = self.iteration(it)
+                    if self.after_iteration(it, metrics):
+                        break
+                    it += 1
+                except LearnerDied as died:  # rebuilt from the last checkpoint: re-run from there
+                    it = self.recover_learner(died) + 1
             if self.cfg.tracking.log_model:
                 final_dir = self.output_dir / "models" / self.tracker.run_id
                 self.learner.save(str(final_dir))
@@ -459,6 +467,38 @@ class Trainer:
             val_history=self.val_history, last_metrics=self.last_metrics,
             val_intervals=self.val_intervals, last_diagnostics=self.last_diagnostics,
             stop_reason=self.stop_reason, alarms=[e.to_dict() for e in self.alarms.events])
+
+    def recover_learner(self, died: LearnerDied) -> int:
+        """A learner rank died: end the group, start a new one (after a backoff) and load
+        the last checkpoint into it and the driver (same seeds, same MLflow run); return
+        the checkpoint's iteration. Up to ``trainer.max_learner_restarts`` times a run."""
+        t = self.cfg.trainer
+        directory = self.output_dir / "checkpoints" / self.tracker.run_id
+        while True:
+            self.learner_restarts += 1
+            path = latest_checkpoint(directory) if directory.is_dir() else None
+            if path is None:
+                raise RuntimeError(f"{died}; not rebuilt: no checkpoint yet "
+                                   f"(trainer.checkpoint_every = {t.checkpoint_every})") from died
+            if self.learner_restarts > t.max_learner_restarts:
+                raise RuntimeError(f"{died}; not rebuilt: trainer.max_learner_restarts = "
+                                   f"{t.max_learner_restarts} used up") from died
+            self.emit("learner_failed", {"error": str(died), "restart": self.learner_restarts,
+                                         "checkpoint": str(path)})
+            self.tracker.set_tags({"tether.learner_restarts": self.learner_restarts,
+                                   f"tether.learner_restart_{self.learner_restarts}":
+                                   f"after iteration {self.iteration_done}: {died}; rebuilt "
+                                   f"from {path}"})
+            LearnerGroup.shutdown(self.learner)  # the survivors of a broken process group
+            time.sleep(t.learner_restart_backoff_s * 2 ** (self.learner_restarts - 1))
+            try:
+                self.learner = next(r for r in self.actor_requests() if r.kind == "learner").create()
+                self.actor_pool.replace("learner", self.learner)
+                self.learner.start_run(self.settings, lr=self.cfg.algo.lr,
+                                       critic_lr=self.cfg.algo.critic_lr, seed=self.cfg.experiment.seed)
+                return self.restore(path, resumed=False)
+            except LearnerDied as again:
+                died = again
 
     def release_actors(self, keep: bool) -> None:
         """Hand this run's actors back to the pool: a keeping pool holds them for the next
@@ -510,8 +550,9 @@ class Trainer:
             self.checkpoint(it)
         return False
 
-    def restore(self, path: Path) -> int:
-        """Load a checkpoint into the learner, workers and driver; return its iteration."""
+    def restore(self, path: Path, resumed: bool = True) -> int:
+        """Load a checkpoint into the learner, workers and driver; return its iteration.
+        ``resumed``: a new driver process (``--resume``), counted in the resume tags."""
         state = load_checkpoint(path)
         driver = state["driver"]
         self.learner.load_full_state(state["learner"])
@@ -528,6 +569,9 @@ class Trainer:
         np.random.set_state(driver["numpy_rng"])
         torch.set_rng_state(driver["torch_rng"])
         self.sync_weights(driver["iteration"])
+        self.iteration_done = driver["iteration"]
+        if not resumed:
+            return driver["iteration"]
         resumes = int(self.tracker.client.get_run(self.tracker.run_id).data.tags.get(
             "tether.resume_count", "0")) + 1
         self.tracker.set_tags({"tether.resumed_from": driver["iteration"],
