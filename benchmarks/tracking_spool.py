@@ -24,7 +24,7 @@ import sqlite3
 import statistics
 import tempfile
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from pathlib import Path
 
 

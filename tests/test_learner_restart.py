@@ -88,7 +88,7 @@ def test_learner_rank_killed_mid_update_is_rebuilt_in_place(
     assert killer.killed is not None
     assert summary.status == "FINISHED" and summary.iterations == ITERATIONS
     failures = [d for kind, d in events if kind == "learner_failed"]
-    assert len(failures) == 1 and f"died during update" in failures[0]["error"], failures
+    assert len(failures) == 1 and "died during update" in failures[0]["error"], failures
     assert failures[0]["checkpoint"].endswith(f"iter_{KILL_AT - 1:06d}.pt")
     assert events[0] == ("started", summary.run_id)  # one MLflow run throughout
 

@@ -10,6 +10,7 @@ artifact is there exactly once and the run's final status is set.
 from __future__ import annotations
 
 import json
+import shutil
 import threading
 import time
 from collections import Counter
@@ -17,11 +18,13 @@ from collections import Counter
 import pytest
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
+from typer.testing import CliRunner
 
 from tests.conftest import micro_config_dict
 from tests.mlflow_server import MlflowServer
 from tether.platform.config import TrackingConfig, build_config
-from tether.platform.tracking import SPOOL_DIRNAME, Tracker, sync_spool
+from tether.platform.cli import app
+from tether.platform.tracking import SPOOL_DIRNAME, Tracker
 
 BUDGET_S = 6.0  # 2 attempts x 2 s timeout + backoff (1 s) + jitter (<= 1 s)
 
@@ -85,24 +88,38 @@ def test_outage_spools_then_sync_replays_exactly_once(server, short_retries, tmp
     records = [json.loads(line) for line in (spool_dir / "spool.jsonl").read_text().splitlines()]
     assert [r["op"] for r in records] == ["metrics", "metrics", "metrics", "tags", "params",
                                           "text", "file", "terminate"]
-    assert time.monotonic() - down > BUDGET_S or time.sleep(BUDGET_S) is None
+    time.sleep(max(0.0, BUDGET_S - (time.monotonic() - down)))  # outlast the retry budget
+
+    left_by_a_killed_driver = tmp_path / "copy" / tracker.run_id  # the same spool, twice
+    shutil.copytree(spool_dir, left_by_a_killed_driver)
 
     server.start()
-    run_id, count = sync_spool(spool_dir, notify=messages.append)
-    assert (run_id, count) == (tracker.run_id, len(records))
-    assert not spool_dir.exists() and "is back" in messages[-1]
-    client = MlflowClient(server.uri)
-    run = client.get_run(run_id)
-    assert run.info.status == "FINISHED"
-    assert run.data.params == {"a": "1", "b": "x", "c": "3"}
-    assert run.data.tags["phase"] == "outage"
-    assert _steps(client, run_id, "loss") == {0: 1, 1: 1, 2: 1, 3: 1}
-    assert sorted(_artifacts(client, run_id)) == ["notes/hello.txt", "table.csv"]
-    # Replaying again (a drain cut short, a second sync) adds nothing.
-    tracker2 = Tracker(server.uri, "spool-test", run_id=run_id, reopen=False,
-                       spool_root=tmp_path / "spool2", settings=settings)
-    tracker2._apply({"op": "metrics", "metrics": records[0]["metrics"]})
-    assert _steps(client, run_id, "loss") == {0: 1, 1: 1, 2: 1, 3: 1}
+    synced = CliRunner().invoke(app, ["sync-tracking", str(spool_dir)])
+    assert synced.exit_code == 0, synced.output
+    assert f"replayed {len(records)} writes into run" in synced.output
+    assert not spool_dir.exists()
+    client, run_id = MlflowClient(server.uri), tracker.run_id
+
+    def check(status):
+        run = client.get_run(run_id)
+        assert run.info.status == status
+        assert run.data.params == {"a": "1", "b": "x", "c": "3"}
+        assert run.data.tags["phase"] == "outage"
+        assert _steps(client, run_id, "loss") == {0: 1, 1: 1, 2: 1, 3: 1}
+        assert sorted(_artifacts(client, run_id)) == ["notes/hello.txt", "table.csv"]
+        assert client.download_artifacts(run_id, "table.csv", str(tmp_path / "dl")) and \
+            (tmp_path / "dl" / "table.csv").read_text() == "x,y\n1,2\n"
+
+    check("FINISHED")
+    # `tether run --resume` finds the spool first thing (here: the copy, all of it again):
+    # replayed before the run is marked RUNNING again, and nothing lands twice.
+    resumed = Tracker(server.uri, "spool-test", run_id=run_id, settings=settings,
+                      spool_root=left_by_a_killed_driver.parent, notify=messages.append)
+    assert "replaying 8 spooled writes" in messages[-2] and "is back" in messages[-1]
+    assert not left_by_a_killed_driver.exists()
+    check("RUNNING")
+    assert resumed.finish("FINISHED")
+    check("FINISHED")
 
 
 ITERATIONS = 5
