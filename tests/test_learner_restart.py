@@ -1,5 +1,5 @@
 """Learner death recovered in place: a learner rank SIGKILLed mid-update (world size 1
-and 2). The driver rebuilds the group from the last checkpoint, re-runs the lost
+and 2), or as it gathers the weights for the rollout workers. The driver rebuilds the group from the last checkpoint, re-runs the lost
 iteration with the same seeds and finishes in the same MLflow run; from the restart on
 its metrics equal those of a run resumed from a copy of the same checkpoint."""
 
@@ -35,21 +35,24 @@ def _config(tmp_path, models_dir, world_size):
     return cfg
 
 
-class KillMidUpdate:
-    """Wraps ``LearnerGroup.update`` in this (driver) process: the KILL_AT-th update's
-    rank ``rank`` is SIGKILLed while its update runs."""
+class Killer:
+    """Wraps ``LearnerGroup.<method>`` in this (driver) process: at its KILL_AT-th call,
+    rank ``rank`` is SIGKILLed 50 ms into ``update`` (while it runs), or just before
+    ``state_dict`` (the weights the rollout workers then fail to fetch)."""
 
-    def __init__(self, rank: int):
-        self.rank, self.calls, self.killed = rank, 0, None
-        self.original = LearnerGroup.update
+    def __init__(self, method: str, rank: int):
+        self.method, self.rank, self.calls, self.killed = method, rank, 0, None
+        self.original = getattr(LearnerGroup, method)
 
-    def __call__(self, group, batch):
+    def __call__(self, group, *args):
         self.calls += 1
         if self.calls == KILL_AT:
             pid = ray.get(group.ranks[self.rank].__ray_call__.remote(lambda actor: os.getpid()))
-            timer = threading.Timer(0.05, self.kill, (pid,))
-            timer.start()
-        return self.original(group, batch)
+            if self.method == "update":
+                threading.Timer(0.05, self.kill, (pid,)).start()
+            else:
+                self.kill(pid)
+        return self.original(group, *args)
 
     def kill(self, pid):
         os.kill(pid, signal.SIGKILL)
@@ -67,13 +70,13 @@ def _metrics(client, run_id, steps):
     return out
 
 
-@pytest.mark.parametrize("world_size", [1, 2])
-def test_learner_rank_killed_mid_update_is_rebuilt_in_place(
-        micro_policy, models_dir, ray_local, tmp_path, monkeypatch, world_size):
+@pytest.mark.parametrize("world_size, method", [(1, "update"), (2, "update"), (1, "state_dict")])
+def test_learner_rank_killed_is_rebuilt_in_place(micro_policy, models_dir, ray_local, tmp_path,
+                                                 monkeypatch, world_size, method):
     from tether.platform.driver import Trainer
 
-    killer = KillMidUpdate(rank=world_size - 1)
-    monkeypatch.setattr(LearnerGroup, "update", lambda group, batch: killer(group, batch))
+    killer = Killer(method, rank=world_size - 1)
+    monkeypatch.setattr(LearnerGroup, method, lambda group, *args: killer(group, *args))
     events, saved = [], tmp_path / "restart_point.pt"
 
     def on_event(kind, data):
@@ -84,11 +87,11 @@ def test_learner_rank_killed_mid_update_is_rebuilt_in_place(
             shutil.copy(data["checkpoint"], saved)
 
     summary = Trainer(_config(tmp_path / "killed", models_dir, world_size), on_event).run()
-    monkeypatch.setattr(LearnerGroup, "update", killer.original)
+    monkeypatch.setattr(LearnerGroup, method, killer.original)
     assert killer.killed is not None
     assert summary.status == "FINISHED" and summary.iterations == ITERATIONS
     failures = [d for kind, d in events if kind == "learner_failed"]
-    assert len(failures) == 1 and "died during update" in failures[0]["error"], failures
+    assert len(failures) == 1 and f"died during {method}" in failures[0]["error"], failures
     assert failures[0]["checkpoint"].endswith(f"iter_{KILL_AT - 1:06d}.pt")
     assert events[0] == ("started", summary.run_id)  # one MLflow run throughout
 

@@ -114,6 +114,11 @@ class LearnerGroup:
                 raise
         return ray.get(refs)
 
+    def check_alive(self, method: str) -> None:
+        """LearnerDied if a rank's process is gone (e.g. while ``method``'s result, which
+        others fetch, was being made)."""
+        self._gather(method, [rank.__ray_ready__.remote() for rank in self.ranks])
+
     def _dead_ranks(self, refs: list, dead_after_s: float = 60.0) -> list[int]:
         """The ranks whose call ended in the actor's death (or never ended)."""
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=dead_after_s)

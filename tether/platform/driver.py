@@ -367,6 +367,7 @@ class Trainer:
             try:
                 ray.get(load)
             except ray.exceptions.RayActorError:
+                self.learner.check_alive("state_dict")  # the weights' source, not the worker?
                 self.worker_failures += 1
                 self.restore_worker(k)
 
