@@ -88,6 +88,7 @@ def start_ray(address: str | None, num_cpus: int | None, required_cpus: float) -
         if address:
             ray.init(address=address, runtime_env=runtime_env, log_to_driver=False)
         else:
+            explicit_local_auth_mode()
             cpus = num_cpus or max(os.cpu_count() or 1, int(-(-required_cpus // 1)))
             ray.init(address="local", num_cpus=cpus, include_dashboard=False,
                      _node_ip_address="127.0.0.1", runtime_env=runtime_env,
@@ -97,6 +98,22 @@ def start_ray(address: str | None, num_cpus: int | None, required_cpus: float) -
         raise ClusterError(f"could not start or join {where}: {exc}".splitlines()[0]) from None
     interrupt_on_sigterm()
     return True
+
+
+def explicit_local_auth_mode() -> None:
+    """Ray >= 2.59 turns token authentication on for a new local cluster, and warns that
+    it did so, whenever RAY_AUTH_MODE is unset.  Say it explicitly (the same security, no
+    warning): set the variable and refresh Ray's cached config, as Ray itself does when it
+    turns the mode on (``authentication_token_setup._enable_token_auth``).  A user's own
+    RAY_AUTH_MODE wins; a Ray without token auth is left alone."""
+    if "RAY_AUTH_MODE" in os.environ:
+        return
+    try:
+        from ray._raylet import Config
+    except ImportError:
+        return
+    os.environ["RAY_AUTH_MODE"] = "token"
+    Config.initialize("")
 
 
 def interrupt_on_sigterm() -> None:
