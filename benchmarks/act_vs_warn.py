@@ -3,7 +3,7 @@
 Protocol (fixed before the runs; `benchmarks/RESULTS.md` records the outcome whatever it
 shows):
 
-Setting.  The quickstart (grounded FrozenLake warm start: its first-turn reasoning picks
+Setting.  The quickstart with 8 groups of 4 (half its batch, for time; grounded FrozenLake warm start: its first-turn reasoning picks
 out its own map among 8 well above chance, so MI has somewhere to fall from).  From
 iteration ``--inject-from`` (4) on, the training reward is made independent of the
 input: each turn scores the similarity (difflib ratio) of its reasoning to one fixed
@@ -79,7 +79,7 @@ def run(spec: str, overrides: list[str], seed: int, mode: str, args) -> dict:
                              f"experiment.name=act-vs-warn", f"experiment.run_name={mode}-s{seed}",
                              f"trainer.iterations={args.iterations}",
                              f"trainer.val_every={args.iterations}", "trainer.checkpoint_every=2",
-                             "trainer.val_episodes=64",
+                             "trainer.val_episodes=64", "rollout.group_size=4",
                              "diagnostics.every=2", "diagnostics.chain_every=100",
                              "diagnostics.grad_snr_every=0", f"tracking.uri={args.tracking}",
                              f"alarms.template_collapse.mode={mode}",

@@ -39,6 +39,7 @@ from ..policy.load import load_tokenizer, resolve_policy
 from ..rollout.base import SamplingParams
 from .actor_pool import ActorPool, ActorRequest
 from .checkpoint import checkpoint_path, load_checkpoint, save_checkpoint
+from .environment import environment_tags
 from .config import TetherConfig
 from .session import check_reachable, check_resources, start_ray, stop_ray
 from .tracking import Tracker, default_tracking_uri
@@ -166,7 +167,8 @@ class Trainer:
                                run_id=self.resume_run_id)
         if self.resume_run_id is None:
             self.tracker.log_params(cfg.flat())
-        self.tracker.set_tags({"tether.model_path": self.model_path, "tether.env": cfg.env.id})
+        self.tracker.set_tags({"tether.model_path": self.model_path, "tether.env": cfg.env.id,
+                               **environment_tags()})
         self.workers, self.learner = self.actor_pool.checkout(*self.actor_requests())
         self.tracker.set_tags({"tether.actors_reused": ",".join(
             kind for kind, reused in self.actor_pool.reused.items() if reused) or "none"})

@@ -307,6 +307,7 @@ def run_sweep(spec: SweepSpec, resume: bool = False, address: str | None = None,
     from ray.tune.execution.placement_groups import PlacementGroupFactory
 
     from ..policy.load import resolve_policy
+    from .environment import environment_tags
     from .tracking import Tracker, default_tracking_uri
 
     started = time.perf_counter()
@@ -351,7 +352,7 @@ def run_sweep(spec: SweepSpec, resume: bool = False, address: str | None = None,
     else:
         parent = Tracker(uri, base.experiment.name, artifacts, run_name=spec.name, tags={
             "sweep.name": spec.name, "sweep.search": sweep.search, "sweep.metric": sweep.metric,
-            "sweep.fields": ",".join(sweep.space), "tether.kind": "sweep"})
+            "sweep.fields": ",".join(sweep.space), "tether.kind": "sweep", **environment_tags()})
         parent.log_params({f"sweep.{k}": v for k, v in sweep.model_dump(mode="json").items()
                            if k != "space"} |
                           {f"sweep.space.{p}": json.dumps(d.model_dump(exclude_none=True))
