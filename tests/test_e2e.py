@@ -67,6 +67,13 @@ def test_run_records_what_it_ran_on(finished_run):
     import torch
 
     assert tags["env.torch"] == torch.__version__
+    # The MLflow UI opens the experiment on its runs (a training experiment), and the run
+    # name is not a param (sweep trials would each offer a different one to compare on).
+    client = MlflowClient(summary.tracking_uri)
+    run = client.get_run(summary.run_id)
+    experiment = client.get_experiment(run.info.experiment_id)
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+    assert "experiment.run_name" not in run.data.params and "experiment.seed" in run.data.params
 
 
 def test_collapse_diagnostics_are_logged(finished_run):

@@ -166,7 +166,10 @@ class Trainer:
                                parent_run_id=self.parent_run_id, tags=self.run_tags,
                                run_id=self.resume_run_id)
         if self.resume_run_id is None:
-            self.tracker.log_params(cfg.flat())
+            # The run name is the run's name (and a tag), not a parameter: every sweep trial
+            # has its own, which the UI's comparison views would offer as a varied param.
+            self.tracker.log_params({k: v for k, v in cfg.flat().items()
+                                     if k != "experiment.run_name"})
         self.tracker.set_tags({"tether.model_path": self.model_path, "tether.env": cfg.env.id,
                                **environment_tags()})
         self.workers, self.learner = self.actor_pool.checkout(*self.actor_requests())
