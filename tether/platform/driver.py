@@ -41,7 +41,7 @@ from .actor_pool import ActorPool, ActorRequest
 from .checkpoint import checkpoint_path, load_checkpoint, save_checkpoint
 from .environment import environment_tags
 from .config import TetherConfig
-from .session import check_reachable, check_resources, start_ray, stop_ray
+from .session import check_reachable, check_resources, start_ray, stop_ray, wait_for_autoscaler
 from .tracking import Tracker, default_tracking_uri
 
 
@@ -151,7 +151,9 @@ class Trainer:
         demands = cfg.resource_demands()  # before the warm start: a run that can't fit fails now
         self.started_ray = start_ray(cfg.ray.address, cfg.ray.num_cpus,
                                      sum(d.count * d.cpus for d in demands))
-        check_resources(demands)
+        # Joining an autoscaling cluster: its node types may not be published yet.
+        wait_for_autoscaler(lambda: check_resources(demands),
+                            0.0 if self.started_ray else cfg.ray.autoscaler_wait_s)
         self.model_path = str(resolve_policy(
             cfg.model, cfg.env, cfg.experiment.seed, cfg.rollout.max_reply_tokens,
             isolation=cfg.sandbox.isolation,

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import os
 import socket
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 #: Keeps library progress bars and chatter out of the console and the job logs.
@@ -154,6 +157,34 @@ class ResourceDemand:
     cpus: float
     gpus_field: str
     gpus: float
+
+
+def autoscaler_published() -> bool:
+    """Whether the cluster's autoscaler has published its node types (Ray private API)."""
+    try:
+        from ray._private.state import state
+
+        return state.get_cluster_config() is not None
+    except Exception:
+        return False
+
+
+def wait_for_autoscaler(check: Callable[[], Any], wait_s: float, refusals: tuple = ()) -> Any:
+    """``check()`` (a capacity check that raises ClusterError or one of ``refusals`` when
+    the cluster cannot fit the run); on a refusal while no autoscaler has published its node
+    types, wait up to ``wait_s`` for them and check again.  An autoscaler publishes them some
+    time after the cluster starts: a run submitted before would see the head node alone."""
+    try:
+        return check()
+    except (ClusterError, *refusals):
+        if wait_s <= 0 or autoscaler_published():
+            raise
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and not autoscaler_published():
+            time.sleep(1.0)
+        if not autoscaler_published():
+            raise
+    return check()
 
 
 def cluster_capacity() -> tuple[dict[str, float], dict[str, float]]:

@@ -279,25 +279,17 @@ def _graceful_sigterm():
         signal.signal(signal.SIGTERM, previous)
 
 
-def _connect(spec: SweepSpec, address: str | None) -> None:
+def _connect(spec: SweepSpec, address: str | None) -> bool:
+    """Join the cluster (or start a local Ray); True when this started a local one."""
     import ray
 
     from .session import start_ray
 
     if ray.is_initialized():
-        return
+        return False
     # Under `ray job submit` the entry point gets RAY_ADDRESS: join that cluster.
     address = address or spec.base.ray.address or os.environ.get("RAY_ADDRESS")
-    start_ray(address, spec.base.ray.num_cpus, 0)
-
-
-def _cluster_shape() -> tuple[dict[str, float], dict[str, float]]:
-    import ray
-
-    totals = ray.cluster_resources()
-    nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
-    largest = {k: max((n.get(k, 0.0) for n in nodes), default=0.0) for k in ("CPU", "GPU")}
-    return totals, largest
+    return start_ray(address, spec.base.ray.num_cpus, 0) and not address
 
 
 def run_sweep(spec: SweepSpec, resume: bool = False, address: str | None = None,
@@ -308,6 +300,7 @@ def run_sweep(spec: SweepSpec, resume: bool = False, address: str | None = None,
 
     from ..policy.load import resolve_policy
     from .environment import environment_tags
+    from .session import cluster_capacity, wait_for_autoscaler
     from .tracking import Tracker, default_tracking_uri
 
     started = time.perf_counter()
@@ -329,8 +322,9 @@ def run_sweep(spec: SweepSpec, resume: bool = False, address: str | None = None,
         raise SweepError(f"sweep {spec.name!r} already has state at {exp_path}; continue it "
                          f"with --resume, or start a new one with sweep.name=<another name>")
 
-    _connect(spec, address)
-    check_resources(spec, *_cluster_shape())
+    started_local = _connect(spec, address)
+    wait_for_autoscaler(lambda: check_resources(spec, *cluster_capacity()),
+                        0.0 if started_local else base.ray.autoscaler_wait_s, (SweepError,))
     echo(f"Ray cluster: {ray.cluster_resources().get('CPU', 0):g} CPUs, "
          f"{ray.cluster_resources().get('GPU', 0):g} GPUs; one trial: "
          f"{trial_bundles(base, sweep.resources)}")
