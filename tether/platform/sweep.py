@@ -55,12 +55,13 @@ class SweepOutcome:
     rows: list[dict] = field(default_factory=list)
     trials: int = 0
     seconds: float = 0.0
+    experiment_id: str = ""
 
     @property
     def ui_command(self) -> str:
-        if self.tracking_uri.startswith("sqlite:"):
-            return f"mlflow ui --backend-store-uri {self.tracking_uri} --host 127.0.0.1"
-        return f"open {self.tracking_uri}"
+        from .tracking import ui_command
+
+        return ui_command(self.tracking_uri, self.experiment_id)
 
 
 # -- search space and resources ---------------------------------------------------------
@@ -398,7 +399,7 @@ def run_sweep(spec: SweepSpec, resume: bool = False, address: str | None = None,
                      "sweep.trials": len(trials), "sweep.trials_errored": errored})
     parent.finish(status)
     return SweepOutcome(spec.name, status, parent.run_id, parent.uri, exp_path, rows,
-                        len(trials), time.perf_counter() - started)
+                        len(trials), time.perf_counter() - started, parent.experiment_id)
 
 
 def _expected_trials(spec: SweepSpec) -> int:
