@@ -54,7 +54,9 @@ def test_not_a_terminal_prints_one_line_per_event(callback):
         for step in range(1, 21):
             display.warm_start(step, 20, 1.0 / step)
         events(callback)
-    lines = out.getvalue().splitlines()
+        display.line("trial b FAILED (error log: /" + "x" * 300 + ")")
+    lines = out.getvalue().splitlines()[:-1]
+    assert out.getvalue().splitlines()[-1].endswith("x)")  # one line, not wrapped at 80
     assert lines[:3] == ["warm start 2/20 loss 0.500", "warm start 4/20 loss 0.250",
                          "warm start 6/20 loss 0.167"]
     assert "warm start 20/20 loss 0.050" in lines

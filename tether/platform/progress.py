@@ -63,8 +63,8 @@ class SweepDisplay:
 
     # -- events ------------------------------------------------------------------------
     def line(self, text: str) -> None:
-        """A line above the bars (or in the log)."""
-        self.console.print(text, highlight=False, markup=False)
+        """A line above the bars (or in the log: never wrapped, one event a line)."""
+        self.console.print(text, highlight=False, markup=False, soft_wrap=True)
 
     def warm_start(self, step: int, total: int, loss: float) -> None:
         if self.plain:
