@@ -77,9 +77,13 @@ def test_terminal_shows_bars_and_the_callback_stays_picklable(callback):
     with display, sweep.showing(display):
         display.warm_start(10, 20, 0.5)
         trials = events(callback)
-        trials.append(trial("c", "RUNNING", iteration=6, success=0.5))
+        # c: before --resume it got to iteration 6; here it starts again and reports 2
+        trials.append(trial("c", "RUNNING", iteration=6, success=0.0))
         display._last_refresh = 0.0  # on_step_end redraws at most once a second
         callback.on_step_end(3, trials)
+        assert display.progress.tasks[-1].completed == 0
+        callback.on_trial_result(4, trials, trials[-1], {"training_iteration": 2,
+                                                         "rollout/success": 0.5})
         restored = pickle.loads(pickle.dumps(callback))  # what Tune saves for --resume
         rows = {t.description: t for t in display.progress.tasks}
     assert restored.__dict__ == {k: callback.__dict__[k] for k in
@@ -87,8 +91,8 @@ def test_terminal_shows_bars_and_the_callback_stays_picklable(callback):
     with pytest.raises(TypeError):
         pickle.dumps(display)
     overall = rows["trials 1/4 done, 1 running, 2 left"]
-    assert (overall.completed, overall.total) == (24 + 6, 4 * 24)  # iterations, all trials
-    assert rows["  trial c"].completed == 6 and rows["  trial c"].fields["info"] == \
+    assert (overall.completed, overall.total) == (24 + 2, 4 * 24)  # iterations, all trials
+    assert rows["  trial c"].completed == 2 and rows["  trial c"].fields["info"] == \
         "rollout/success 0.500"
     assert "  trial a" not in rows  # finished: its bar is gone
     assert rows["warm start"].completed == 10

@@ -45,7 +45,8 @@ class SweepDisplay:
         self._warm: int | None = None
         self._overall: int | None = None
         self._trial_tasks: dict[str, int] = {}
-        self._iterations: dict[str, int] = {}
+        self._iterations: dict[str, int] = {}  # trial id -> its trainer.iterations
+        self._results: dict[str, dict] = {}  # trial id -> its last result in this process
         self._last_refresh = 0.0
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -81,24 +82,32 @@ class SweepDisplay:
         """Redraw the sweep's bars from Tune's trial list: the overall bar counts iterations
         over all trials (a finished or stopped trial counts in full; trials not created
         yet count ``default_iterations``), so its ETA covers the whole sweep.  ``latest``:
-        results Tune has not stored in their trials yet (trial id -> result)."""
-        latest = latest or {}
+        results Tune has not stored in their trials yet (trial id -> result).  A running
+        trial counts the iterations it reported to this process: after ``--resume`` an
+        unfinished trial starts again from its first iteration."""
         if self.plain:
             return
+        seen = self._results
+        seen.update(latest or {})
         iterations = self._iterations
         for t in trials:  # each trial's own trainer.iterations (a swept field, maybe)
             if t.trial_id not in iterations:
                 iterations[t.trial_id] = iterations_of(t)
+            if t.status not in DONE and t.status != "RUNNING":
+                seen.pop(t.trial_id, None)  # pending (again): it starts from scratch
         total_trials = max(expected, len(trials))
         done = sum(t.status in DONE for t in trials)
         running = sum(t.status == "RUNNING" for t in trials)
         left = total_trials - done - running
-        work_total = sum(iterations.get(t.trial_id, default_iterations) for t in trials) + \
+
+        def progress(t) -> int:
+            n = iterations[t.trial_id]
+            return n if t.status in DONE else \
+                min(n, int(seen.get(t.trial_id, {}).get("training_iteration", 0) or 0))
+
+        work_total = sum(iterations[t.trial_id] for t in trials) + \
             (total_trials - len(trials)) * default_iterations
-        work_done = 0
-        for t in trials:
-            n = iterations.get(t.trial_id, default_iterations)
-            work_done += n if t.status in DONE else min(n, _iteration(t, latest))
+        work_done = sum(progress(t) for t in trials)
         description = f"trials {done}/{total_trials} done, {running} running, {left} left"
         info = "(iterations of all trials)"
         if self._overall is None:  # from what is done already (a resumed sweep): the
@@ -109,13 +118,12 @@ class SweepDisplay:
         for t in trials:
             task = self._trial_tasks.get(t.trial_id)
             if t.status == "RUNNING":
-                result = latest.get(t.trial_id) or getattr(t, "last_result", None) or {}
+                result = seen.get(t.trial_id, {})
                 info = "" if metric not in result else f"{metric} {result[metric]:.3f}"
-                n = iterations.get(t.trial_id, default_iterations)
                 if task is None:
                     task = self._trial_tasks[t.trial_id] = self.progress.add_task(
-                        f"  trial {t.trial_id}", total=n, info="")
-                self.progress.update(task, completed=min(n, _iteration(t, latest)), info=info)
+                        f"  trial {t.trial_id}", total=iterations[t.trial_id], info="")
+                self.progress.update(task, completed=progress(t), info=info)
             elif task is not None:
                 self.progress.remove_task(self._trial_tasks.pop(t.trial_id))
 
@@ -126,8 +134,3 @@ class SweepDisplay:
             return False
         self._last_refresh = now
         return True
-
-
-def _iteration(trial: Any, latest: dict[str, dict]) -> int:
-    result = latest.get(trial.trial_id) or getattr(trial, "last_result", None) or {}
-    return int(result.get("training_iteration", 0) or 0)
