@@ -41,8 +41,8 @@ def events(cb):
     cb.on_step_end(0, [a, b])
     cb.on_trial_result(1, [a, b], a, {"training_iteration": 1, "iteration": 1,
                                       "rollout/success": 0.25})
+    cb.on_trial_complete(2, [a, b], a)  # Tune sets the status after its callbacks
     a.status, a.last_result = "TERMINATED", {"training_iteration": 24}
-    cb.on_trial_complete(2, [a, b], a)
     return [a, b]
 
 
@@ -77,6 +77,7 @@ def test_terminal_shows_bars_and_the_callback_stays_picklable(callback):
     with display, sweep.showing(display):
         display.warm_start(10, 20, 0.5)
         trials = events(callback)
+        assert display.progress.tasks[1].description == "trials 1/4 done, 0 running, 3 left"
         # c: before --resume it got to iteration 6; here it starts again and reports 2
         trials.append(trial("c", "RUNNING", iteration=6, success=0.0))
         display._last_refresh = 0.0  # on_step_end redraws at most once a second

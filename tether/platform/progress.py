@@ -78,11 +78,12 @@ class SweepDisplay:
 
     def trials(self, trials: list, expected: int, iterations_of: Callable[[Any], int],
                default_iterations: int, metric: str | None = None,
-               latest: dict[str, dict] | None = None) -> None:
+               latest: dict[str, dict] | None = None, ended: str | None = None) -> None:
         """Redraw the sweep's bars from Tune's trial list: the overall bar counts iterations
         over all trials (a finished or stopped trial counts in full; trials not created
         yet count ``default_iterations``), so its ETA covers the whole sweep.  ``latest``:
-        results Tune has not stored in their trials yet (trial id -> result).  A running
+        results Tune has not stored in their trials yet (trial id -> result); ``ended``: a
+        trial Tune is ending (its status changes after the callbacks).  A running
         trial counts the iterations it reported to this process: after ``--resume`` an
         unfinished trial starts again from its first iteration."""
         if self.plain:
@@ -90,19 +91,21 @@ class SweepDisplay:
         seen = self._results
         seen.update(latest or {})
         iterations = self._iterations
+        status = {t.trial_id: "TERMINATED" if t.trial_id == ended else t.status
+                  for t in trials}
         for t in trials:  # each trial's own trainer.iterations (a swept field, maybe)
             if t.trial_id not in iterations:
                 iterations[t.trial_id] = iterations_of(t)
-            if t.status not in DONE and t.status != "RUNNING":
+            if status[t.trial_id] not in DONE and status[t.trial_id] != "RUNNING":
                 seen.pop(t.trial_id, None)  # pending (again): it starts from scratch
         total_trials = max(expected, len(trials))
-        done = sum(t.status in DONE for t in trials)
-        running = sum(t.status == "RUNNING" for t in trials)
+        done = sum(s in DONE for s in status.values())
+        running = sum(s == "RUNNING" for s in status.values())
         left = total_trials - done - running
 
         def progress(t) -> int:
             n = iterations[t.trial_id]
-            return n if t.status in DONE else \
+            return n if status[t.trial_id] in DONE else \
                 min(n, int(seen.get(t.trial_id, {}).get("training_iteration", 0) or 0))
 
         work_total = sum(iterations[t.trial_id] for t in trials) + \
@@ -117,7 +120,7 @@ class SweepDisplay:
                              completed=work_done, info=info)
         for t in trials:
             task = self._trial_tasks.get(t.trial_id)
-            if t.status == "RUNNING":
+            if status[t.trial_id] == "RUNNING":
                 result = seen.get(t.trial_id, {})
                 info = "" if metric not in result else f"{metric} {result[metric]:.3f}"
                 if task is None:

@@ -240,12 +240,12 @@ class SweepProgress(Callback):
             spec = self.__dict__["_spec_cache"] = SweepSpec.from_json(self.spec_json)
         return spec
 
-    def _draw(self, trials, latest: dict | None = None) -> None:
+    def _draw(self, trials, latest: dict | None = None, ended: str | None = None) -> None:
         if _display is not None and not _display.plain:
             spec = self._spec()
             _display.trials(trials, _expected_trials(spec),
                             lambda t: spec.build(decode(spec, t.config)).trainer.iterations,
-                            spec.base.trainer.iterations, spec.sweep.metric, latest)
+                            spec.base.trainer.iterations, spec.sweep.metric, latest, ended)
 
     def on_step_end(self, iteration, trials, **info):
         if _display is not None and not _display.plain and _display.throttled():
@@ -270,13 +270,13 @@ class SweepProgress(Callback):
         finalize_child(self.tracking_uri, self.experiment_id, self.parent_run_id,
                         trial.trial_id, "FINISHED")
         _say(f"trial {trial.trial_id} finished")
-        self._draw(trials)
+        self._draw(trials, ended=trial.trial_id)
 
     def on_trial_error(self, iteration, trials, trial, **info):
         finalize_child(self.tracking_uri, self.experiment_id, self.parent_run_id,
                         trial.trial_id, "FAILED")
         _say(f"trial {trial.trial_id} FAILED (error log: {trial.local_path})")
-        self._draw(trials)
+        self._draw(trials, ended=trial.trial_id)
 
 
 _display = None  # the driver's SweepDisplay while Tune runs (never pickled)
