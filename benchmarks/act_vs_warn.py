@@ -3,13 +3,13 @@
 Protocol (fixed before the runs; `benchmarks/RESULTS.md` records the outcome whatever it
 shows):
 
-Setting.  The quickstart (grounded FrozenLake warm start: its first-turn reasoning picks
+Setting.  The quickstart with 8 groups of 4 (half its batch, for time; grounded FrozenLake warm start: its first-turn reasoning picks
 out its own map among 8 well above chance, so MI has somewhere to fall from).  From
-iteration ``--inject-from`` (5) on, the training reward is made independent of the
+iteration ``--inject-from`` (4) on, the training reward is made independent of the
 input: each turn scores the similarity (difflib ratio) of its reasoning to one fixed
 reasoning string, whatever the map; rewards spread within groups, so the update follows
 them, toward one template.  Validation (``val/success``) keeps the true task reward.
-Diagnostics every 2 iterations, checkpoints every 2 (rollback targets), 16 iterations.
+Diagnostics every 2 iterations, checkpoints every 2 (rollback targets), 12 iterations.
 Every run starts from the same warm-started policy (the quickstart's seed-0 warm start,
 passed as ``model.path``); the seed varies the levels, the samples and the updates.
 
@@ -22,7 +22,7 @@ first action.
 
 Measured.  Per run: first-turn ``mi_estimate`` averaged over the last 3 diagnostic points
 (with each point's bootstrap interval), ``retrieval_acc`` likewise, ``val/success`` at the
-end (Wilson interval, 128 levels), the alarms and actions.  Verdict: acting helps MI if
+end (Wilson interval, 64 held-out levels), the alarms and actions.  Verdict: acting helps MI if
 the paired difference act - warn over the seeds has a 95 % t-interval above 0 (3 seeds:
 t with 2 degrees of freedom); it hurts if below 0; otherwise no difference shown.  The
 same for ``val/success``.
@@ -79,6 +79,7 @@ def run(spec: str, overrides: list[str], seed: int, mode: str, args) -> dict:
                              f"experiment.name=act-vs-warn", f"experiment.run_name={mode}-s{seed}",
                              f"trainer.iterations={args.iterations}",
                              f"trainer.val_every={args.iterations}", "trainer.checkpoint_every=2",
+                             "trainer.val_episodes=64", "rollout.group_size=4",
                              "diagnostics.every=2", "diagnostics.chain_every=100",
                              "diagnostics.grad_snr_every=0", f"tracking.uri={args.tracking}",
                              f"alarms.template_collapse.mode={mode}",
@@ -122,8 +123,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--spec", default="experiments/quickstart.yaml")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--iterations", type=int, default=16)
-    parser.add_argument("--inject-from", type=int, default=5)
+    parser.add_argument("--iterations", type=int, default=12)
+    parser.add_argument("--inject-from", type=int, default=4)
     parser.add_argument("--out", default="/tmp/act_vs_warn")
     parser.add_argument("overrides", nargs="*", help="config overrides, e.g. model.cache_dir=...")
     args = parser.parse_args()

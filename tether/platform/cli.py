@@ -9,7 +9,6 @@ from typing import Optional
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -96,9 +95,9 @@ def run(config: Optional[Path] = typer.Argument(None, help="Experiment YAML (def
     from .driver import Trainer
     from .tracking import TrackingError
 
-    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn(
-        "{task.completed}/{task.total}"), TimeElapsedColumn(), TimeRemainingColumn(),
-        TextColumn("{task.fields[info]}"), console=console, transient=False)
+    from .progress import bars
+
+    progress = bars(console)
     tasks: dict[str, int] = {}
 
     plain = not console.is_terminal  # logs (ray job logs, CI): one line per event instead of bars
@@ -245,9 +244,13 @@ def sweep(spec: Path = typer.Argument(..., help="Sweep spec YAML: a run config p
     from .tracking import TrackingError
     from ..envs.sandbox import SandboxUnavailable
 
-    try:
-        outcome = run_sweep(sweep_spec, resume=resume, address=address,
-                            echo=lambda line: console.print(line, highlight=False))
+    from .progress import SweepDisplay
+
+    try:  # bars in a terminal (warm start, trials with an ETA), else one line per event
+        with SweepDisplay(console) as display:
+            outcome = run_sweep(sweep_spec, resume=resume, address=address,
+                                echo=lambda line: console.print(line, highlight=False),
+                                display=display)
     except (SweepError, ClusterError, TrackingError, SandboxUnavailable) as exc:
         fail(str(exc))
     except KeyboardInterrupt:

@@ -325,6 +325,11 @@ class RayConfig(Section):
                                 "Ray on 127.0.0.1).")
     num_cpus: int | None = Field(None, ge=1, description="CPUs of a local Ray (default: enough "
                                  "for the actors asked for).")
+    autoscaler_wait_s: float = Field(120.0, ge=0, description="Joining a cluster that cannot "
+                                     "fit the run yet and whose autoscaler has not published its "
+                                     "node types (it does so some time after the cluster starts): "
+                                     "wait up to this long for them before refusing (0 = refuse "
+                                     "at once).")
 
 
 class TetherConfig(Section):

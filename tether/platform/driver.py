@@ -40,8 +40,9 @@ from ..rollout.base import SamplingParams
 from .actor_pool import ActorPool, ActorRequest
 from .checkpoint import (CheckpointError, checkpoint_path, latest_checkpoint, load_checkpoint,
                          save_checkpoint)
+from .environment import environment_tags
 from .config import TetherConfig
-from .session import check_reachable, check_resources, start_ray, stop_ray
+from .session import check_reachable, check_resources, start_ray, stop_ray, wait_for_autoscaler
 from .tracking import SPOOL_DIRNAME, Tracker, default_tracking_uri
 
 
@@ -160,7 +161,9 @@ class Trainer:
         demands = cfg.resource_demands()  # before the warm start: a run that can't fit fails now
         self.started_ray = start_ray(cfg.ray.address, cfg.ray.num_cpus,
                                      sum(d.count * d.cpus for d in demands))
-        check_resources(demands)
+        # Joining an autoscaling cluster: its node types may not be published yet.
+        wait_for_autoscaler(lambda: check_resources(demands),
+                            cfg.ray.autoscaler_wait_s if cfg.ray.address else 0.0)
         self.model_path = str(resolve_policy(
             cfg.model, cfg.env, cfg.experiment.seed, cfg.rollout.max_reply_tokens,
             isolation=cfg.sandbox.isolation,
@@ -177,8 +180,12 @@ class Trainer:
                                spool_root=self.output_dir / SPOOL_DIRNAME,
                                notify=lambda message: self.emit("tracking", {"message": message}))
         if self.resume_run_id is None:
-            self.tracker.log_params(cfg.flat())
-        self.tracker.set_tags({"tether.model_path": self.model_path, "tether.env": cfg.env.id})
+            # The run name is the run's name (and a tag), not a parameter: every sweep trial
+            # has its own, which the UI's comparison views would offer as a varied param.
+            self.tracker.log_params({k: v for k, v in cfg.flat().items()
+                                     if k != "experiment.run_name"})
+        self.tracker.set_tags({"tether.model_path": self.model_path, "tether.env": cfg.env.id,
+                               **environment_tags()})
         self.workers, self.learner = self.actor_pool.checkout(*self.actor_requests())
         self.tracker.set_tags({"tether.actors_reused": ",".join(
             kind for kind, reused in self.actor_pool.reused.items() if reused) or "none"})

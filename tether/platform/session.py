@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import socket
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 #: Keeps library progress bars and chatter out of the console and the job logs.
+log = logging.getLogger(__name__)
+
 QUIET_ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error",
              "PYTHONWARNINGS": "ignore::UserWarning"}
 
@@ -88,6 +95,7 @@ def start_ray(address: str | None, num_cpus: int | None, required_cpus: float) -
         if address:
             ray.init(address=address, runtime_env=runtime_env, log_to_driver=False)
         else:
+            explicit_local_auth_mode()
             cpus = num_cpus or max(os.cpu_count() or 1, int(-(-required_cpus // 1)))
             ray.init(address="local", num_cpus=cpus, include_dashboard=False,
                      _node_ip_address="127.0.0.1", runtime_env=runtime_env,
@@ -97,6 +105,22 @@ def start_ray(address: str | None, num_cpus: int | None, required_cpus: float) -
         raise ClusterError(f"could not start or join {where}: {exc}".splitlines()[0]) from None
     interrupt_on_sigterm()
     return True
+
+
+def explicit_local_auth_mode() -> None:
+    """Ray >= 2.59 turns token authentication on for a new local cluster, and warns that
+    it did so, whenever RAY_AUTH_MODE is unset.  Say it explicitly (the same security, no
+    warning): set the variable and refresh Ray's cached config, as Ray itself does when it
+    turns the mode on (``authentication_token_setup._enable_token_auth``).  A user's own
+    RAY_AUTH_MODE wins; a Ray without token auth is left alone."""
+    if "RAY_AUTH_MODE" in os.environ:
+        return
+    try:
+        from ray._raylet import Config
+    except ImportError:
+        return
+    os.environ["RAY_AUTH_MODE"] = "token"
+    Config.initialize("")
 
 
 def interrupt_on_sigterm() -> None:
@@ -137,6 +161,59 @@ class ResourceDemand:
     cpus: float
     gpus_field: str
     gpus: float
+
+
+def autoscaler_published() -> bool:
+    """Whether the cluster's autoscaler has published its node types (Ray private API)."""
+    try:
+        from ray._private.state import state
+
+        return state.get_cluster_config() is not None
+    except Exception:
+        return False
+
+
+def autoscaling_cluster() -> bool:
+    """Whether an autoscaler with node types of its own (``ray up``'s, KubeRay's) runs the
+    cluster.  Its status report (GCS key ``__autoscaling_status``, what ``ray status``
+    shows) names the configured types; a fixed cluster's read-only monitor names one
+    type per node, ``node_<id>``."""
+    if autoscaler_published():
+        return True
+    try:
+        from ray.experimental.internal_kv import _internal_kv_get
+
+        status = json.loads(_internal_kv_get("__autoscaling_status") or b"{}")
+    except Exception:
+        return False
+    report = status.get("autoscaler_report") or {}
+    types = set(report.get("active_nodes") or {}) | set((report.get("node_type_mapping") or {}).values())
+    return any(not str(t).startswith("node_") for t in types)
+
+
+def wait_for_autoscaler(check: Callable[[], Any], wait_s: float, refusals: tuple = ()) -> Any:
+    """``check()`` (a capacity check that raises ClusterError or one of ``refusals`` when
+    the cluster cannot fit the run).  On a refusal from a cluster that may autoscale
+    (``wait_s`` > 0: one this process joined), wait up to ``wait_s`` for its autoscaler:
+    once it has published its node types, check again against what they can grow to; if
+    it runs but publishes none (Ray's v1 autoscaler does not), the capacity is unknown and
+    the run goes ahead (Ray scales for it, or leaves its actors pending), with a warning."""
+    try:
+        return check()
+    except (ClusterError, *refusals) as refusal:
+        if wait_s <= 0 or autoscaler_published():
+            raise
+        deadline = time.monotonic() + wait_s
+        while not autoscaler_published():
+            if autoscaling_cluster():
+                log.warning("%s; but the cluster autoscales and its autoscaler does not say how "
+                            "far: going ahead, Ray will add nodes for the run (or leave its "
+                            "actors pending if none of its node types fits)", refusal)
+                return None
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(1.0)
+    return check()
 
 
 def cluster_capacity() -> tuple[dict[str, float], dict[str, float]]:

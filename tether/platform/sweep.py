@@ -55,12 +55,13 @@ class SweepOutcome:
     rows: list[dict] = field(default_factory=list)
     trials: int = 0
     seconds: float = 0.0
+    experiment_id: str = ""
 
     @property
     def ui_command(self) -> str:
-        if self.tracking_uri.startswith("sqlite:"):
-            return f"mlflow ui --backend-store-uri {self.tracking_uri} --host 127.0.0.1"
-        return f"open {self.tracking_uri}"
+        from .tracking import ui_command
+
+        return ui_command(self.tracking_uri, self.experiment_id)
 
 
 # -- search space and resources ---------------------------------------------------------
@@ -221,40 +222,85 @@ def flat_values(values: dict[str, Any]) -> dict[str, Any]:
 
 # -- the driver ---------------------------------------------------------------------------
 class SweepProgress(Callback):
-    """Tune callback: one plain line per trial event (readable in `ray job logs`), and the
-    MLflow runs of trials that Tune ended (early stop, error) closed. Tune pickles its
-    callbacks with the experiment for ``--resume``, so this holds plain data only."""
+    """Tune callback: one plain line per trial event (readable in `ray job logs`) or, in a
+    terminal, rich bars (trials done / running / left with an ETA, one bar per running
+    trial); and the MLflow runs of trials that Tune ended (early stop, error) closed.
+    Tune pickles its callbacks with the experiment for ``--resume``, so this holds plain
+    data only: the bars belong to the driver process (``showing``)."""
 
     def __init__(self, tracking_uri: str, experiment_id: str, parent_run_id: str,
                  spec_json: str) -> None:
         self.tracking_uri, self.experiment_id = tracking_uri, experiment_id
         self.parent_run_id, self.spec_json = parent_run_id, spec_json
 
+    def __getstate__(self):  # plain data only, whatever a later version caches here
+        return {k: self.__dict__[k] for k in ("tracking_uri", "experiment_id",
+                                                "parent_run_id", "spec_json")}
+
+    def _spec(self) -> SweepSpec:
+        spec = self.__dict__.get("_spec_cache")
+        if spec is None:
+            spec = self.__dict__["_spec_cache"] = SweepSpec.from_json(self.spec_json)
+        return spec
+
+    def _draw(self, trials, latest: dict | None = None, ended: str | None = None) -> None:
+        if _display is not None and not _display.plain:
+            spec = self._spec()
+            _display.trials(trials, _expected_trials(spec),
+                            lambda t: spec.build(decode(spec, t.config)).trainer.iterations,
+                            spec.base.trainer.iterations, spec.sweep.metric, latest, ended)
+
+    def on_step_end(self, iteration, trials, **info):
+        if _display is not None and not _display.plain and _display.throttled():
+            self._draw(trials)
+
     def on_trial_start(self, iteration, trials, trial, **info):
-        spec = SweepSpec.from_json(self.spec_json)
         values = ", ".join(f"{k}={v}" for k, v in
-                           flat_values(decode(spec, trial.config)).items())
+                           flat_values(decode(self._spec(), trial.config)).items())
         _say(f"trial {trial.trial_id} started: {values}")
+        self._draw(trials)
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
+        if _display is not None and not _display.plain:  # the bars show it
+            self._draw(trials, {trial.trial_id: result})
+            return
         done = sum(t.status in ("TERMINATED", "ERROR") for t in trials)
         _say(f"trial {trial.trial_id} iteration {int(result.get('iteration', 0))}  "
              f"success {result.get(SUCCESS, float('nan')):.3f}  "
-             f"[{done}/{len(trials)} trials done]")
+             f"[{done}/{max(len(trials), _expected_trials(self._spec()))} trials done]")
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         finalize_child(self.tracking_uri, self.experiment_id, self.parent_run_id,
                         trial.trial_id, "FINISHED")
         _say(f"trial {trial.trial_id} finished")
+        self._draw(trials, ended=trial.trial_id)
 
     def on_trial_error(self, iteration, trials, trial, **info):
         finalize_child(self.tracking_uri, self.experiment_id, self.parent_run_id,
                         trial.trial_id, "FAILED")
         _say(f"trial {trial.trial_id} FAILED (error log: {trial.local_path})")
+        self._draw(trials, ended=trial.trial_id)
+
+
+_display = None  # the driver's SweepDisplay while Tune runs (never pickled)
+
+
+@contextmanager
+def showing(display):
+    """Let the Tune callbacks of this process draw on ``display`` (None: plain prints)."""
+    global _display
+    previous, _display = _display, display
+    try:
+        yield
+    finally:
+        _display = previous
 
 
 def _say(line: str) -> None:
-    print(line, flush=True)
+    if _display is not None:
+        _display.line(line)
+    else:
+        print(line, flush=True)
 
 
 @contextmanager
@@ -281,34 +327,30 @@ def _graceful_sigterm():
         signal.signal(signal.SIGTERM, previous)
 
 
-def _connect(spec: SweepSpec, address: str | None) -> None:
+def _connect(spec: SweepSpec, address: str | None) -> bool:
+    """Join the cluster (or start a local Ray); True when this started a local one."""
     import ray
 
     from .session import start_ray
 
     if ray.is_initialized():
-        return
+        return False
     # Under `ray job submit` the entry point gets RAY_ADDRESS: join that cluster.
     address = address or spec.base.ray.address or os.environ.get("RAY_ADDRESS")
-    start_ray(address, spec.base.ray.num_cpus, 0)
-
-
-def _cluster_shape() -> tuple[dict[str, float], dict[str, float]]:
-    import ray
-
-    totals = ray.cluster_resources()
-    nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
-    largest = {k: max((n.get(k, 0.0) for n in nodes), default=0.0) for k in ("CPU", "GPU")}
-    return totals, largest
+    return start_ray(address, spec.base.ray.num_cpus, 0) and not address
 
 
 def run_sweep(spec: SweepSpec, resume: bool = False, address: str | None = None,
-              echo: Callable[[str], None] = print) -> SweepOutcome:
+              echo: Callable[[str], None] = print, display=None) -> SweepOutcome:
+    """Run (or resume) a sweep.  ``display`` (a ``progress.SweepDisplay``, started by the
+    caller) shows the warm start and the trials as bars in a terminal or as lines."""
     import ray
     from ray import tune
     from ray.tune.execution.placement_groups import PlacementGroupFactory
 
     from ..policy.load import resolve_policy
+    from .environment import environment_tags
+    from .session import cluster_capacity, wait_for_autoscaler
     from .tracking import SPOOL_DIRNAME, Tracker, default_tracking_uri
 
     started = time.perf_counter()
@@ -330,8 +372,9 @@ def run_sweep(spec: SweepSpec, resume: bool = False, address: str | None = None,
         raise SweepError(f"sweep {spec.name!r} already has state at {exp_path}; continue it "
                          f"with --resume, or start a new one with sweep.name=<another name>")
 
-    _connect(spec, address)
-    check_resources(spec, *_cluster_shape())
+    started_local = _connect(spec, address)
+    wait_for_autoscaler(lambda: check_resources(spec, *cluster_capacity()),
+                        0.0 if started_local else base.ray.autoscaler_wait_s, (SweepError,))
     echo(f"Ray cluster: {ray.cluster_resources().get('CPU', 0):g} CPUs, "
          f"{ray.cluster_resources().get('GPU', 0):g} GPUs; one trial: "
          f"{trial_bundles(base, sweep.resources)}")
@@ -343,6 +386,7 @@ def run_sweep(spec: SweepSpec, resume: bool = False, address: str | None = None,
     if base.model.path is None:  # warm-start once here, not in every trial at once
         echo("warm start (cached after the first time) ...")
         resolve_policy(base.model, base.env, base.experiment.seed, base.rollout.max_reply_tokens,
+                       progress=display.warm_start if display is not None else None,
                        isolation=base.sandbox.isolation)
 
     uri = base.tracking.uri or default_tracking_uri(base.experiment.output_dir)
@@ -357,7 +401,7 @@ def run_sweep(spec: SweepSpec, resume: bool = False, address: str | None = None,
     else:
         parent = Tracker(uri, base.experiment.name, artifacts, run_name=spec.name, **spooled, tags={
             "sweep.name": spec.name, "sweep.search": sweep.search, "sweep.metric": sweep.metric,
-            "sweep.fields": ",".join(sweep.space), "tether.kind": "sweep"})
+            "sweep.fields": ",".join(sweep.space), "tether.kind": "sweep", **environment_tags()})
         parent.log_params({f"sweep.{k}": v for k, v in sweep.model_dump(mode="json").items()
                            if k != "space"} |
                           {f"sweep.space.{p}": json.dumps(d.model_dump(exclude_none=True))
@@ -390,7 +434,7 @@ def run_sweep(spec: SweepSpec, resume: bool = False, address: str | None = None,
                                     failure_config=tune.FailureConfig(max_failures=0))
         tuner = tune.Tuner(trainable, param_space=param_space(spec),
                            tune_config=_tune_config(spec), run_config=run_config)
-    with _graceful_sigterm():
+    with _graceful_sigterm(), showing(display):
         tuner.fit()
 
     # The saved experiment state is the truth: an interrupted run leaves trials unfinished
@@ -409,7 +453,7 @@ def run_sweep(spec: SweepSpec, resume: bool = False, address: str | None = None,
                      "sweep.trials": len(trials), "sweep.trials_errored": errored})
     parent.finish(status)
     return SweepOutcome(spec.name, status, parent.run_id, parent.uri, exp_path, rows,
-                        len(trials), time.perf_counter() - started)
+                        len(trials), time.perf_counter() - started, parent.experiment_id)
 
 
 def _expected_trials(spec: SweepSpec) -> int:

@@ -107,16 +107,27 @@ def transient(exc: BaseException) -> bool:
     return isinstance(exc, (requests.exceptions.RequestException, ConnectionError, TimeoutError))
 
 
+#: MLflow 3's UI opens an experiment by its kind; untagged ones may open on the GenAI
+#: "Overview" (traces, token usage).  Tether's are model training: open on the runs.
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
+
+
 def ensure_experiment(client: MlflowClient, name: str, artifact_root: Path | None) -> str:
     experiment = client.get_experiment_by_name(name)
-    if experiment is not None:
-        return experiment.experiment_id
-    location = artifact_root.resolve().as_uri() if artifact_root is not None else None
-    try:
-        return client.create_experiment(name, artifact_location=location)
-    except mlflow.exceptions.MlflowException:
-        # Created concurrently by another process (sweep trials).
-        return client.get_experiment_by_name(name).experiment_id
+    if experiment is None:
+        location = artifact_root.resolve().as_uri() if artifact_root is not None else None
+        try:
+            experiment_id = client.create_experiment(name, artifact_location=location,
+                                                     tags=EXPERIMENT_KIND)
+        except mlflow.exceptions.MlflowException:
+            # Created concurrently by another process (sweep trials).
+            experiment_id = client.get_experiment_by_name(name).experiment_id
+    else:
+        experiment_id = experiment.experiment_id
+        if not any(experiment.tags.get(k) for k in EXPERIMENT_KIND):   # an older Tether's
+            for key, value in EXPERIMENT_KIND.items():
+                client.set_experiment_tag(experiment_id, key, value)
+    return experiment_id
 
 
 class Spool:
@@ -276,9 +287,7 @@ class Tracker:
         return not self.spool.pending
 
     def ui_command(self) -> str:
-        if self.uri.startswith("sqlite:"):
-            return f"mlflow ui --backend-store-uri {self.uri} --host 127.0.0.1"
-        return f"open {self.uri}"
+        return ui_command(self.uri, self.experiment_id, self.run_id)
 
     # -- direct or spooled ------------------------------------------------------------
     def _write(self, record: dict) -> None:
@@ -370,3 +379,14 @@ def sync_spool(directory: Path, settings: TrackingConfig | None = None,
         raise TrackingError(f"{tracker.spool.pending} writes of {directory} could not be "
                             f"replayed yet; try again when {meta['tracking_uri']} answers")
     return meta["run_id"], pending
+
+
+def ui_command(uri: str, experiment_id: str, run_id: str | None = None) -> str:
+    """How to look at a run (or an experiment) in the MLflow UI.  MLflow 3's UI opens in
+    its GenAI mode unless the page says ``workflowType=machine_learning``; the link does."""
+    page = f"#/experiments/{experiment_id}" + (f"/runs/{run_id}" if run_id else "")
+    page += "?workflowType=machine_learning"
+    if uri.startswith("sqlite:"):
+        return (f"mlflow ui --backend-store-uri {uri} --host 127.0.0.1, then open "
+                f"http://127.0.0.1:5000/{page}")
+    return f"open {uri.rstrip('/')}/{page}"
