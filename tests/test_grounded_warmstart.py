@@ -120,3 +120,31 @@ def test_a_cached_warm_start_is_loaded_with_the_tokenizer_it_was_trained_with(tm
         text, add_special_tokens=False).ids
     assert len(loaded.encode(" (2,3)", add_special_tokens=False)) == 1
     assert loaded.decode(loaded.encode(text, add_special_tokens=False)) == text
+
+
+@pytest.mark.parametrize("name, pattern", [
+    ("quickstart", r" \(\d,\d\)"),        # FrozenLake: positions
+    ("sokoban", r" \(\d,\d\)"),           # positions of the player, boxes and targets
+    ("countdown", r"(?<=Target) \d+| \d+(?=[,:])"),   # the target and the given numbers
+])
+def test_grounded_specs_make_what_the_reasoning_restates_one_token(name, pattern):
+    """Each env's grounded recipe (experiments/<name>.yaml): the short-sequence stage is
+    on, the replies fit the reply cap, and what the reasoning restates from the state
+    (positions; the target and the numbers) is one token each in nearly every case, so
+    restating it is copying."""
+    from tether.agent.chat import ChatFormatter
+    from tether.platform.config import load_config
+
+    cfg = load_config(Path(__file__).parent.parent / "experiments" / f"{name}.yaml")
+    ws = cfg.model.warm_start
+    assert ws.state_turn_epochs > 0 and ws.numerals != "digits"
+    demos = demonstration_episodes(cfg.env.id, cfg.env.kwargs, 300, ws.noise, seed=10_000_000,
+                                   max_reply_tokens=cfg.rollout.max_reply_tokens,
+                                   restate=ws.restate)
+    formatter = ChatFormatter(build_tokenizer(demos, ws.vocab_size, ws.numerals))
+    replies = [r for d in demos for r in d.replies]
+    assert max(len(formatter.encode(r)) for r in replies) <= cfg.rollout.max_reply_tokens
+    restated = [m for r in replies for m in re.findall(pattern, r.split("</think>")[0])]
+    assert len(restated) >= len(replies)
+    assert np.mean([len(formatter.encode(m)) == 1 for m in restated]) >= 0.95
+    assert 0.6 <= np.mean([d.success for d in demos]) < 0.95
