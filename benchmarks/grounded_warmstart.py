@@ -4,7 +4,8 @@ Builds (or reuses, from ``model.cache_dir``) the warm-started tiny model of a ru
 collects one training batch the way iteration 1 does (the same level seeds, the HF
 engine, multi-turn episodes at the rollout temperature), runs the learner's collapse
 diagnostics on it (``collapse_diagnostics``, ``first_turn`` sampling, the spec's
-``diagnostics.max_pairs``/``max_cells``) and validates on the held-out levels, then
+``diagnostics.max_pairs``/``max_cells`` and its bootstrap intervals and permutation
+test) and validates on the held-out levels, then
 prints retrieval accuracy vs chance, I(X;Z) (per token and per sequence), the pairs
 and prompts scored, the starting success and the warm start's time with the load.
 
@@ -91,7 +92,8 @@ def main() -> None:
     result = collapse_diagnostics(model, batch, SpanExtractor(formatter), ["first_turn"],
                                   d.max_pairs, temperature, None, seed=cfg.experiment.seed + 1,
                                   information_chain_links=False, method=d.method,
-                                  keep_matrices=True, max_cells=d.max_cells)
+                                  keep_matrices=True, max_cells=d.max_cells,
+                                  uncertainty=d.uncertainty())
     diagnose_seconds = time.perf_counter() - t0
     m = result.metrics
     scores, column = result.matrices.get("first_turn", (None, None))
@@ -113,6 +115,12 @@ def main() -> None:
         "retrieval_chance": m.get("collapse/first_turn/retrieval_chance"),
         "mi_estimate": m.get("collapse/first_turn/mi_estimate"),
         "mi_seq_estimate": m.get("collapse/first_turn/mi_seq_estimate"),
+        **{f"{k}_ci": [m.get(f"collapse/first_turn/{k}_ci_low"),
+                       m.get(f"collapse/first_turn/{k}_ci_high")]
+           for k in ("retrieval_acc", "mi_estimate", "mi_seq_estimate")},
+        "p_grounded": m.get("collapse/first_turn/p_grounded"),
+        "mi_seq_estimate_p_grounded": m.get("collapse/first_turn/mi_seq_estimate_p_grounded"),
+        "retrieval_acc_p_grounded": m.get("collapse/first_turn/retrieval_acc_p_grounded"),
         "valid_reasoning_rate": m.get("collapse/first_turn/valid_reasoning_rate"),
         "pairs": None if scores is None else int(scores.shape[0]),
         "prompts": None if scores is None else int(scores.shape[1]),

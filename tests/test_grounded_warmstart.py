@@ -1,6 +1,7 @@
 """Grounded warm starts: demonstrations that restate the state, tokens that make copying it cheap."""
 
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -78,8 +79,6 @@ def test_state_turns_hold_each_observed_state_and_its_reply_in_a_short_sequence(
 def test_quickstart_grounded_demonstrations_fit_the_reply_cap():
     """experiments/quickstart.yaml restates the map: its replies still fit the reply cap,
     every position in them is one token, and the noise keeps success moderate."""
-    from pathlib import Path
-
     from tether.agent.chat import ChatFormatter
     from tether.platform.config import load_config
 
@@ -94,4 +93,58 @@ def test_quickstart_grounded_demonstrations_fit_the_reply_cap():
         <= cfg.rollout.max_reply_tokens
     positions = {p for d in demos for r in d.replies for p in re.findall(r" \(\d,\d\)", r)}
     assert len(positions) == 16 and all(len(formatter.encode(p)) == 1 for p in positions)
+    assert 0.6 <= np.mean([d.success for d in demos]) < 0.95
+
+
+def test_a_cached_warm_start_is_loaded_with_the_tokenizer_it_was_trained_with(tmp_path):
+    """The rollout workers, learner and driver load the cached model's tokenizer with
+    `load_tokenizer`; it must cut text exactly as the saved tokenizer (and so the warm
+    start's demonstrations) did.  ``AutoTokenizer`` picked ``Qwen2Tokenizer`` for the tiny
+    Qwen2 model and rebuilt Qwen2's pre-tokenizer: every coordinate of a prompt came out
+    as five tokens where the model had learned one."""
+    from tokenizers import Tokenizer
+
+    from tether.platform.config import load_config
+    from tether.policy.load import load_tokenizer, resolve_policy
+
+    cfg = load_config(Path(__file__).parent.parent / "experiments" / "micro.yaml",
+                      [f"model.cache_dir={tmp_path}", "model.warm_start.numerals=coordinates",
+                       "model.warm_start.restate=true", "model.warm_start.state_turn_epochs=1"])
+    path = resolve_policy(cfg.model, cfg.env, 0, cfg.rollout.max_reply_tokens)
+    saved = Tokenizer.from_file(str(path / "tokenizer.json"))
+    loaded = load_tokenizer(path)
+    text = ("<|im_start|>user\nTurn 1:\nState:\n_P__\nH___\n__HG\n____\nPlayer (0,1). "
+            "Goal (2,3).<|im_end|>\n<|im_start|>assistant\n<think>At (0,1), goal (2,3)."
+            "</think><answer>Down</answer><|im_end|>")
+    assert loaded.encode(text, add_special_tokens=False) == saved.encode(
+        text, add_special_tokens=False).ids
+    assert len(loaded.encode(" (2,3)", add_special_tokens=False)) == 1
+    assert loaded.decode(loaded.encode(text, add_special_tokens=False)) == text
+
+
+@pytest.mark.parametrize("name, pattern", [
+    ("quickstart", r" \(\d,\d\)"),        # FrozenLake: positions
+    ("sokoban", r" \(\d,\d\)"),           # positions of the player, boxes and targets
+    ("countdown", r"(?<=Target) \d+| \d+(?=[,:])"),   # the target and the given numbers
+])
+def test_grounded_specs_make_what_the_reasoning_restates_one_token(name, pattern):
+    """Each env's grounded recipe (experiments/<name>.yaml): the short-sequence stage is
+    on, the replies fit the reply cap, and what the reasoning restates from the state
+    (positions; the target and the numbers) is one token each in nearly every case, so
+    restating it is copying."""
+    from tether.agent.chat import ChatFormatter
+    from tether.platform.config import load_config
+
+    cfg = load_config(Path(__file__).parent.parent / "experiments" / f"{name}.yaml")
+    ws = cfg.model.warm_start
+    assert ws.state_turn_epochs > 0 and ws.numerals != "digits"
+    demos = demonstration_episodes(cfg.env.id, cfg.env.kwargs, 300, ws.noise, seed=10_000_000,
+                                   max_reply_tokens=cfg.rollout.max_reply_tokens,
+                                   restate=ws.restate)
+    formatter = ChatFormatter(build_tokenizer(demos, ws.vocab_size, ws.numerals))
+    replies = [r for d in demos for r in d.replies]
+    assert max(len(formatter.encode(r)) for r in replies) <= cfg.rollout.max_reply_tokens
+    restated = [m for r in replies for m in re.findall(pattern, r.split("</think>")[0])]
+    assert len(restated) >= len(replies)
+    assert np.mean([len(formatter.encode(m)) == 1 for m in restated]) >= 0.95
     assert 0.6 <= np.mean([d.success for d in demos]) < 0.95

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 from filelock import FileLock
-from transformers import AutoTokenizer
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from .warmstart import (build_tokenizer, demonstration_episodes, encode_episode,
                         state_turn_sequences, supervised_finetune)
@@ -133,9 +133,25 @@ def load_model_and_tokenizer(path, dtype: str = "float32"):
     return load_model(path, dtype), load_tokenizer(path)
 
 
+#: ``tokenizer_class`` of a tokenizer saved as a plain ``tokenizers`` object (Tether's own).
+PLAIN_TOKENIZER_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
+
+
 def load_tokenizer(path):
-    """The tokenizer of a model directory or hub id, with a pad token (EOS if it has none)."""
-    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    """The tokenizer of a model directory or hub id, with a pad token (EOS if it has none).
+
+    A directory whose tokenizer was saved as a plain ``tokenizers`` object (Tether's own,
+    `tether.policy.tokenizer`) is loaded as exactly that.  ``AutoTokenizer`` would pick
+    the tokenizer class of the model's type instead (``Qwen2Tokenizer`` for the tiny
+    Qwen2 model), which rebuilds the pre-tokenizer as Qwen2's: prompts would then be cut
+    differently from the warm start's demonstrations (a coordinate ``(2,3)`` into five
+    tokens where the model learned one)."""
+    local = Path(str(path)).expanduser() / "tokenizer_config.json"
+    declared = json.loads(local.read_text()).get("tokenizer_class") if local.is_file() else None
+    if declared in PLAIN_TOKENIZER_CLASSES:
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(str(path))
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
