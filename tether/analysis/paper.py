@@ -53,7 +53,9 @@ def collapse_rows(runs: list[RunData], sampling: str = "first_turn", mi_name: st
             continue
         a, b = steps[0], steps[-1]
         row = {"run": run.name, "run_id": run.run_id, "seed": run.param("experiment.seed"),
-               "filter": run.param("filter.strategy") or "none", "first": a, "last": b}
+               "filter": run.param("filter.strategy") or "none", "first": a, "last": b,
+               "final_success": run.final_success(),
+               "alarms": [f"{name}@{step}" for step, name in run.alarm_steps()]}
         for tag, step in (("first", a), ("last", b)):
             for name, key in (("mi", mi_key), ("h", h_key)):
                 row[f"{name}_{tag}"] = _at(run, key, step)
@@ -169,6 +171,17 @@ def quartile_trend(runs: list[RunData], mi_key: str, rv_key: str = REWARD_STD,
     return out
 
 
+def _finite(value):
+    """NaN and infinities as null: the output is strict JSON."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     from .source import load_target
 
@@ -179,8 +192,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sampling", default="first_turn")
     parser.add_argument("--mi", default="mi_estimate")
     args = parser.parse_args(argv)
-    _, runs = load_target(args.tracking_uri, args.target, with_prompts=False)
-    out: dict = {"runs": len(runs)}
+    _, loaded = load_target(args.tracking_uri, args.target, with_prompts=False)
+    runs = [r for r in loaded if r.status == "FINISHED"]  # a stopped trial is not a result
+    out: dict = {"runs": len(runs), "not_finished": [f"{r.name} ({r.status}, iteration "
+                                                      f"{r.latest_iteration})"
+                                                      for r in loaded if r.status != "FINISHED"]}
     if args.finding == "a":
         rows = collapse_rows(runs, args.sampling, args.mi)
         out.update(rows=rows, **collapse_verdict(rows),
@@ -203,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         out["top_p_minus_top_k"] = paired_gain(runs, "top_p", "top_k")
         out["top_k_minus_none"] = paired_gain(runs, "top_k", "none")
         out["rv_quartiles"] = quartile_trend(runs, collapse_key(args.sampling, args.mi))
-    json.dump(out, sys.stdout, indent=1, default=lambda v: None if v != v else str(v))
+    json.dump(_finite(out), sys.stdout, indent=1, default=str)
     print()
     return 0
 
