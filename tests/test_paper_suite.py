@@ -171,3 +171,19 @@ def test_paired_gain_and_quartile_trend():
     trend = paper.quartile_trend(runs, MI)
     assert trend["mi"]["monotone_increasing"] and not trend["success"]["monotone_increasing"]
     assert trend["mi"]["n"] == [10, 10, 10, 10] and trend["mi"]["q4_minus_q1"]["ci_low"] > 0
+
+
+def test_warm_start_seed_replaces_the_run_seed_in_the_cache_key():
+    """``model.warm_start.seed`` set to S gives the cache entry a run of experiment.seed S
+    builds (caches built before the field existed stay valid); unset, the run seed counts."""
+    from tether.platform.config import load_config
+    from tether.policy.load import recipe, recipe_key
+
+    def key(*overrides):
+        cfg = load_config(PAPER.parent / "quickstart.yaml", list(overrides))
+        return recipe_key(recipe(cfg.model, cfg.env, cfg.experiment.seed,
+                                 cfg.rollout.max_reply_tokens))
+
+    assert key("experiment.seed=0") == key("model.warm_start.seed=0", "experiment.seed=5")
+    assert key("experiment.seed=0") != key("experiment.seed=5")
+    assert key("model.warm_start.seed=3") == key("experiment.seed=3")
