@@ -56,6 +56,9 @@ def analyse(runs: list[RunData], settings: ReportSettings, sweep_base: dict | No
     sections = {
         "spearman": stats.spearman_table(runs, s, DIAGNOSTICS, settings.success_key,
                                          settings.confidence),
+        "spearman_by_run": stats.spearman_by_run_bootstrap(
+            runs, s, DIAGNOSTICS, success_key=settings.success_key,
+            confidence=settings.confidence),
         "rv_quartiles": stats.rv_quartiles(runs, mi_key, success_key=settings.success_key),
         "regimes": stats.regimes(runs, s, mi_name=settings.mi_name, alpha=settings.alpha,
                                  entropy_threshold=settings.entropy_threshold),
@@ -128,6 +131,8 @@ def table_html(rows: list[dict], columns: list[str] | None = None) -> str:
 
 SECTION_TITLES = {
     "spearman": "Spearman correlation of each diagnostic with task success",
+    "spearman_by_run": "Spearman correlation with success, intervals by resampling whole runs; "
+                       "difference from H(Z|X)'s",
     "rv_quartiles": "Success and MI by reward-variance quartile",
     "regimes": "Regime of each run (last diagnosed iteration)",
     "stochasticity": "Success vs stochasticity, filter vs none",

@@ -79,6 +79,77 @@ def spearman_table(runs: list[RunData], sampling: str, diagnostics, success_key:
     return result
 
 
+def _spearman_rho(x: np.ndarray, y: np.ndarray) -> float:
+    if len(x) < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
+        return math.nan
+    return float(stats.spearmanr(x, y).statistic)
+
+
+def spearman_by_run_bootstrap(runs: list[RunData], sampling: str, diagnostics,
+                              reference: str = "conditional_entropy_est",
+                              success_key: str = SUCCESS, confidence: float = 0.95,
+                              resamples: int = 2000, seed: int = 0) -> Result:
+    """Spearman's rho of each diagnostic with success, and its difference from the
+    ``reference`` diagnostic's rho, with percentile intervals from a bootstrap that draws
+    whole runs with replacement (a run's checkpoints are not independent of each other,
+    which the Fisher-z interval of ``spearman_table`` assumes).  Every resample draws the
+    same runs for all diagnostics.  A diagnostic and the reference are paired with success
+    at the same (run, step) points (where all three were logged), so each difference
+    compares two correlations on identical points."""
+    result = Result()
+    ref_key = collapse_key(sampling, reference)
+    rng = np.random.default_rng(seed)
+    draws = [rng.integers(0, len(runs), len(runs)) for _ in range(resamples)] if runs else []
+    tail = 100 * (1 - confidence) / 2
+
+    def interval(values: list[float]) -> tuple[float, float]:
+        values = np.asarray(values, float)
+        values = values[~np.isnan(values)]
+        if len(values) < 0.9 * resamples:  # undefined in too many resamples: no interval
+            return math.nan, math.nan
+        lo, hi = np.percentile(values, [tail, 100 - tail])
+        return float(lo), float(hi)
+
+    for name in diagnostics:
+        key = collapse_key(sampling, name)
+        per_run = []  # (diagnostic, reference, success) at the run's common steps, or None
+        for run in runs:
+            x, ref, y = (run.metrics.get(k, {}) for k in (key, ref_key, success_key))
+            steps = sorted(set(x) & set(ref) & set(y))
+            per_run.append(np.array([[x[t] for t in steps], [ref[t] for t in steps],
+                                     [y[t] for t in steps]], dtype=float) if steps else None)
+        used = [a for a in per_run if a is not None]
+        n = sum(a.shape[1] for a in used)
+        if len(used) < 2 or n < 4:
+            result.notes.append(f"{key}: by-run bootstrap needs >= 2 runs and >= 4 checkpoints "
+                                f"with {ref_key} and {success_key}; found {len(used)} run(s), "
+                                f"{n} checkpoint(s)")
+            continue
+
+        def both(indices) -> tuple[float, float]:
+            parts = [per_run[i] for i in indices if per_run[i] is not None]
+            if not parts:
+                return math.nan, math.nan
+            a = np.concatenate(parts, axis=1)
+            return _spearman_rho(a[0], a[2]), _spearman_rho(a[1], a[2])
+
+        rho, rho_ref = both(range(len(runs)))
+        boot = [both(d) for d in draws]
+        lo, hi = interval([b[0] for b in boot])
+        row = {"diagnostic": name, "runs": len(used), "n": n, "rho": rho,
+               "ci_low": lo, "ci_high": hi}
+        if key != ref_key:
+            dlo, dhi = interval([b[0] - b[1] for b in boot])
+            row.update({"ref_rho": rho_ref, "diff": rho - rho_ref,
+                        "diff_ci_low": dlo, "diff_ci_high": dhi})
+        result.rows.append(row)
+    if result.rows:
+        result.notes.append(f"{confidence:.0%} percentile intervals over {resamples} resamples "
+                            f"of whole runs (seed {seed}); diff = rho - rho({reference}) "
+                            "on the same points")
+    return result
+
+
 def quartile_of(values: np.ndarray) -> np.ndarray:
     """Quartile 1..4 of each value by the sample's quartile edges, right-closed bins
     (a value equal to an edge goes to the lower quartile, as ``pandas.qcut``)."""

@@ -66,6 +66,9 @@ class WarmStartConfig(Section):
     state_turn_batch_size: int = Field(32, ge=1, description="Turns per step of that stage.")
     restate: bool = Field(False, description="Demonstration reasoning opens with the whole "
                           "observed state (FrozenLake: the map's rows), where the env supports it.")
+    seed: int | None = Field(None, description="Seed of the warm start (demonstrations, "
+                             "tokenizer, init); None = experiment.seed. Fix it to share one "
+                             "cached warm start across the seeds of a sweep.")
 
 class ModelConfig(Section):
     path: str | None = Field(None, description="A Hugging Face causal LM directory or hub id "

@@ -28,10 +28,13 @@ RECIPE_VERSION = 1
 
 def recipe(model_cfg, env_cfg, seed: int, max_reply_tokens: int) -> dict:
     ws = model_cfg.warm_start
+    # ``warm_start.seed`` replaces the run's seed and is left out of the dump, so a cache
+    # built with it equals the one built by a run of that experiment.seed.
     return {"version": RECIPE_VERSION, "env": env_cfg.id, "env_kwargs": env_cfg.kwargs,
             "size": model_cfg.size, "max_context": model_cfg.max_context,
-            "max_reply_tokens": max_reply_tokens, "seed": seed,
-            "warm_start": ws.model_dump(mode="json")}
+            "max_reply_tokens": max_reply_tokens,
+            "seed": seed if ws.seed is None else ws.seed,
+            "warm_start": ws.model_dump(mode="json", exclude={"seed"})}
 
 
 def recipe_key(spec: dict) -> str:
