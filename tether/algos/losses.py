@@ -21,7 +21,7 @@ Sign conventions: losses are minimised; ``reg_loss = kl_coef·KL − entropy_coe
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -114,17 +114,6 @@ def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask
     return loss, metrics
 
 
-POLICY_LOSSES: dict[str, Callable[..., tuple[Tensor, dict[str, float]]]] = {
-    "ppo_clip": policy_loss,
-}
-
-
-def get_policy_loss(name: str) -> Callable[..., tuple[Tensor, dict[str, float]]]:
-    if name not in POLICY_LOSSES:
-        raise ValueError(f"unknown policy loss {name!r}; valid: {sorted(POLICY_LOSSES)}")
-    return POLICY_LOSSES[name]
-
-
 # --------------------------------------------------------------------------- KL and entropy
 
 
@@ -150,18 +139,17 @@ def _kl_low_var(log_ratio: Tensor) -> Tensor:
     return _kl_k3(log_ratio.clamp(-20.0, 20.0)).clamp(-10.0, 10.0)
 
 
+#: Names as in ``settings.KL_ESTIMATOR_NAMES`` (``algo.kl_estimator``).
 KL_ESTIMATORS: dict[str, Callable[[Tensor], Tensor]] = {
     "k1": _kl_k1,
-    "kl": _kl_k1,
-    "abs": _kl_abs,
     "k2": _kl_k2,
-    "mse": _kl_k2,
     "k3": _kl_k3,
+    "abs": _kl_abs,
     "low_var_kl": _kl_low_var,
 }
 
 
-def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, estimator: str = "low_var_kl") -> Tensor:
+def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, estimator: str = "k3") -> Tensor:
     """Per-token estimate of KL(π‖π_ref) from sampled-token log-probs.  [B,T] -> [B,T].
 
     k1 = logπ − logπ_ref; k2 = ½(logπ − logπ_ref)²; k3 = π_ref/π − 1 − log(π_ref/π)
@@ -255,7 +243,7 @@ def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor
 
 def regularizer_loss(mask: Tensor, logprobs: Tensor | None = None, ref_logprobs: Tensor | None = None,
                      entropy: Tensor | None = None, kl_coef: float = 0.0, entropy_coef: float = 0.0,
-                     kl_estimator: str = "low_var_kl", agg: str = "token-mean",
+                     kl_estimator: str = "k3", agg: str = "token-mean",
                      denominator: float | None = None) -> tuple[Tensor, dict[str, float]]:
     """kl_coef·agg(KL(π‖π_ref)) − entropy_coef·agg(H), input-agnostic regularisers.
 
@@ -287,7 +275,7 @@ def regularizer_loss(mask: Tensor, logprobs: Tensor | None = None, ref_logprobs:
 def ppo_objective(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, *,
                   ref_logprobs: Tensor | None = None, entropy: Tensor | None = None,
                   clip_low: float = 0.2, clip_high: float = 0.28, dual_clip: float | None = None,
-                  kl_coef: float = 0.0, kl_estimator: str = "low_var_kl", entropy_coef: float = 0.0,
+                  kl_coef: float = 0.0, kl_estimator: str = "k3", entropy_coef: float = 0.0,
                   agg: str = "token-mean", denominator: float | None = None
                   ) -> tuple[Tensor, Tensor, dict[str, float]]:
     """-> (task_loss, reg_loss, metrics); minimise task_loss + reg_loss.

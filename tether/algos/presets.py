@@ -15,8 +15,6 @@ Dr.GRPO and DAPO drop it, as in their papers.
 
 from __future__ import annotations
 
-import copy
-
 PRESETS: dict[str, dict] = {
     "ppo": {
         "advantage": "gae",
@@ -55,10 +53,3 @@ PRESETS: dict[str, dict] = {
         "use_critic": False,
     },
 }
-
-
-def get_preset(name: str) -> dict:
-    """A fresh copy of preset ``name`` (safe to mutate)."""
-    if name not in PRESETS:
-        raise ValueError(f"unknown algorithm preset {name!r}; valid: {sorted(PRESETS)}")
-    return copy.deepcopy(PRESETS[name])

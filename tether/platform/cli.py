@@ -36,11 +36,11 @@ def fail(message: str, code: int = 2) -> None:
 
 def _check_cluster(address: Optional[str]) -> None:
     """One line and exit when nothing answers at the Ray address (light imports only)."""
-    from .session import ClusterError, check_reachable
+    from .session import ClusterError, check_ray_reachable
 
     if address:
         try:
-            check_reachable(address)
+            check_ray_reachable(address)
         except ClusterError as exc:
             fail(str(exc))
 
@@ -181,17 +181,22 @@ def run(config: Optional[Path] = typer.Argument(None, help="Experiment YAML (def
 def show_config(config: Optional[Path] = typer.Argument(None, help="Experiment YAML."),
                 overrides: Optional[list[str]] = typer.Argument(None, help="Dotted overrides."),
                 fields: bool = typer.Option(False, "--fields", help="List every field with its "
-                                            "default and description instead.")):
+                                            "default (or, given a YAML, its value) and "
+                                            "description instead.")):
     """Validate a config and print the resolved tree (nothing starts)."""
     import yaml
 
     if fields:
         from .config import describe_fields
 
-        table = Table(title="Tether config fields (override as section.key=value)")
-        for column in ("field", "default", "description"):
+        # Without a YAML: the defaults a run uses (the default preset applied); with
+        # one (and overrides): that config's values.
+        cfg = _load(config, overrides or [], None) if config or overrides else None
+        title = "defaults, preset applied" if cfg is None else "values of this config"
+        table = Table(title=f"Tether config fields ({title}; override as section.key=value)")
+        for column in ("field", "default" if cfg is None else "value", "description"):
             table.add_column(column)
-        for path, default, description in describe_fields():
+        for path, default, description in describe_fields(cfg):
             table.add_row(path, str(default), description)
         console.print(table)
         return

@@ -44,8 +44,7 @@ def close_stale_children(uri: str, experiment_id: str, parent_run_id: str) -> in
 def results_rows(uri: str, experiment_id: str, parent_run_id: str, metric: str,
                  mode: str) -> list[dict]:
     """One row per trial (its FINISHED child run if any, else its latest), ranked."""
-    from ..analysis.source import metric_history
-    from .tracking import metric_key
+    from .tracking import metric_history, metric_key
 
     client = MlflowClient(uri)
     by_trial: dict[str, Any] = {}

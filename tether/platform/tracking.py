@@ -37,7 +37,14 @@ def default_tracking_uri(output_dir: Path) -> str:
     return f"sqlite:///{(Path(output_dir).expanduser().resolve() / 'mlflow.db').as_posix()}"
 
 
-def check_reachable(uri: str, timeout: float = 5.0) -> None:
+def metric_history(client: MlflowClient, run_id: str, key: str) -> dict[int, float]:
+    """{step: value}, the last value logged at each step (a resumed run may log a step
+    twice; the later write wins, by timestamp)."""
+    history = sorted(client.get_metric_history(run_id, key), key=lambda m: m.timestamp)
+    return {int(m.step): float(m.value) for m in history}
+
+
+def check_tracking_reachable(uri: str, timeout: float = 5.0) -> None:
     """Fail fast with one clear line when an HTTP tracking server does not answer."""
     if not uri.startswith(("http://", "https://")):
         return
@@ -66,7 +73,7 @@ class Tracker:
     def __init__(self, uri: str, experiment: str, artifact_root: Path | None = None,
                  run_name: str | None = None, run_id: str | None = None,
                  parent_run_id: str | None = None, tags: dict[str, str] | None = None) -> None:
-        check_reachable(uri)
+        check_tracking_reachable(uri)
         self.uri = uri
         self.client = MlflowClient(tracking_uri=uri)
         self.experiment_id = ensure_experiment(self.client, experiment, artifact_root)

@@ -15,6 +15,7 @@ import torch
 from filelock import FileLock
 from transformers import AutoTokenizer
 
+from .. import seeds
 from .warmstart import (build_tokenizer, demonstration_episodes, encode_episode,
                         state_turn_sequences, supervised_finetune)
 
@@ -72,7 +73,7 @@ def build_warm_model(spec: dict, out_dir: Path, progress=None, isolation: str = 
     if runs_untrusted_code(spec["env"]):
         env_kwargs["isolation"] = isolation
     episodes = demonstration_episodes(spec["env"], env_kwargs, n_demo, ws["noise"],
-                                      seed=spec["seed"] + 10_000_000,
+                                      seed=seeds.demonstrations(spec["seed"]),
                                       max_reply_tokens=spec["max_reply_tokens"],
                                       restate=ws.get("restate", False))
     tokenizer = build_tokenizer(episodes, ws["vocab_size"], ws.get("numerals", "digits"))
