@@ -1,4 +1,4 @@
-"""Gradient SNR by reward-variance bucket (SPEC §8) on a toy model with known gradients."""
+"""Gradient SNR by reward-variance bucket (docs/methods.md, section 10) on a toy model with known gradients."""
 
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""MI proxies on hand-built cross-score matrices (SPEC §2)."""
+"""MI proxies on hand-built cross-score matrices (docs/methods.md, section 2)."""
 
 import math
 

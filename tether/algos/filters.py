@@ -1,4 +1,4 @@
-"""SNR-aware group filter (SPEC §4): keep whole prompt groups whose rewards vary.
+"""SNR-aware group filter (docs/methods.md, section 5): keep whole prompt groups whose rewards vary.
 
 A group's task gradient scales with the spread of its rewards, while the KL and
 entropy regularisers do not; groups with near-zero reward variance (RV) feed the

@@ -1,4 +1,4 @@
-"""Policy, value and regulariser losses (SPEC §7, §8).
+"""Policy, value and regulariser losses (docs/methods.md, sections 8 and 10).
 
 All functions are pure tensor maths; every loss returns ``(loss, metrics)`` where
 ``metrics`` is a dict of python floats under ``actor/`` or ``critic/`` keys.
@@ -13,7 +13,7 @@ micro-batches summed together equal the full-batch loss.
 
 The task loss (clipped policy gradient) and the regulariser loss (KL to the
 reference, entropy bonus) are returned separately by ``ppo_objective`` so the
-learner can backpropagate each alone for the gradient-SNR analysis (SPEC §8):
+learner can backpropagate each alone for the gradient-SNR analysis (docs/methods.md, 10):
 total loss = task_loss + reg_loss.
 
 Sign conventions: losses are minimised; ``reg_loss = kl_coef·KL − entropy_coef·H``.
@@ -282,7 +282,7 @@ def ppo_objective(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, ma
 
     The two are separate graphs' worth of terms on the same forward pass, so
     ``task_loss.backward(retain_graph=True)`` and ``reg_loss.backward()`` give the
-    task and regulariser gradients separately (SPEC §8 gradient SNR).
+    task and regulariser gradients separately (the gradient-SNR analysis).
     """
     task_loss, metrics = policy_loss(logprobs, old_logprobs, advantages, mask, clip_low=clip_low,
                                      clip_high=clip_high, agg=agg, dual_clip=dual_clip,

@@ -1,4 +1,4 @@
-"""Algorithm presets (SPEC §7) as plain dicts of algorithm-config field values.
+"""Algorithm presets (docs/methods.md, section 9) as plain dicts of algorithm-config field values.
 
     PPO     = gae advantages (critic) + token-mean aggregation
     GRPO    = grpo advantages (group mean / std) + seq-mean-token-mean

@@ -1,11 +1,12 @@
-"""SPEC §9's numbers across runs, as pure functions of ``RunData``.
+"""The paper's cross-run numbers (docs/methods.md, section 13), as pure functions of
+``RunData``.
 
 - ``spearman_table``: each diagnostic against task success over every (run, checkpoint)
   where both were logged, with a Fisher-z confidence interval (Bonett & Wright's
   variance for Spearman's rho);
 - ``rv_quartiles``: (run, checkpoint) points by reward-variance quartile, with mean
   success and MI per quartile;
-- ``regimes``: each run's path in the (H(Z|X), I(X;Z)) plane and the SPEC §1 regime of
+- ``regimes``: each run's path in the (H(Z|X), I(X;Z)) plane and the regime (docs/methods.md, section 1) of
   its last point;
 - ``stochasticity_curves`` and ``sensitivity_trajectories``: the sweeps' views.
 Each returns its rows plus ``notes`` naming what could not be computed and why.

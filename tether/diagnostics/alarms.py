@@ -1,4 +1,4 @@
-"""Collapse alarms (SPEC §3): named, timestamped events with the evidence that raised them.
+"""Collapse alarms (docs/methods.md, section 4): named, timestamped events with the evidence that raised them.
 
 `AlarmMonitor` is pure and stateful: feed it the iteration's metrics dict once per
 iteration and it returns the events that fired. A missing (or non-finite) metric
@@ -111,7 +111,7 @@ class EmptyAfterFilterConfig(_AlarmConfig):
 
 
 class AlarmsConfig(_AlarmConfig):
-    """Thresholds and modes of the collapse alarms (SPEC §3)."""
+    """Thresholds and modes of the collapse alarms (docs/methods.md, section 4)."""
     template_collapse: TemplateCollapseConfig = Field(default_factory=TemplateCollapseConfig,
                                                       description="MI falls while H(Z|X) stays flat or rises")
     low_entropy_collapse: LowEntropyCollapseConfig = Field(default_factory=LowEntropyCollapseConfig,

@@ -1,4 +1,5 @@
-"""In-batch cross-scoring with a causal LM: the matrices behind the MI proxies (SPEC §2).
+"""In-batch cross-scoring with a causal LM: the matrices behind the MI proxies (docs/methods.md,
+section 2).
 
 For contexts c_j (distinct prompts, each ending with the opening ``<think>``) and
 continuations y_i (reasonings, tags excluded) the policy scores every y_i under

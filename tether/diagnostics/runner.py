@@ -61,7 +61,7 @@ def collapse_diagnostics(model, trajectories, extractor: SpanExtractor, sampling
 
 
 def gradient_snr(model, batch, settings, n_buckets: int, micro_batched: bool = True) -> dict[str, float]:
-    """SPEC §8: per reward-variance bucket of groups, the task-loss and regulariser-loss
+    """Gradient SNR (docs/methods.md, section 10): per reward-variance bucket of groups, the task-loss and regulariser-loss
     gradient norms measured separately (two backward passes of one shared forward),
     their ratio and mean RV.
 

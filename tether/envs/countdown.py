@@ -8,7 +8,7 @@ Only non-negative integer literals, the four binary operators and parentheses
 are accepted, and the text is bounded in length, so no input can make the
 parser or the arithmetic blow up.
 
-Reward (SPEC §5): 1 when the expression uses exactly the given numbers (each
+Reward (docs/methods.md, section 11): 1 when the expression uses exactly the given numbers (each
 once) and equals the target; 0.1 when it uses the right numbers but misses;
 0 for any other well-formed expression.  Text that is not such an expression
 is invalid (format penalty).

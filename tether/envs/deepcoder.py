@@ -20,7 +20,7 @@ project's own set of 64 small problems (56 functions, 8 stdin/stdout programs,
 4-6 tests each, a reference solution and a one-line hint), shipped in
 ``tether/envs/data/deepcoder_problems.jsonl``.
 
-Stochasticity (single-turn, SPEC §5): with probability p the reward is replaced
+Stochasticity (single-turn, docs/methods.md section 11): with probability p the reward is replaced
 by a uniform draw from the problem's reward support, the achievable fractions
 ``k/n`` for ``n`` tests (``info["success"]`` stays truthful).
 """

@@ -37,7 +37,7 @@ catalogue (``categories`` x ``products_per_category`` items; each has two
 attributes from its category's pool, a subset of the category's options and a
 price; seeded by ``catalogue_seed``), and each reset seed draws a goal from it.
 
-Stochasticity (multi-turn, SPEC §5): with probability p the executed action is
+Stochasticity (multi-turn, docs/methods.md section 11): with probability p the executed action is
 replaced by a uniformly random valid action of the current page; on the search
 page, whose action is free text, that is a search for one of ``search_pool``
 (offline: the product types and attribute + type pairs; loaded: the products'

@@ -246,7 +246,7 @@ def sweep(spec: Path = typer.Argument(..., help="Sweep spec YAML: a run config p
     except (SweepError, ClusterError, TrackingError, SandboxUnavailable) as exc:
         fail(str(exc))
     except KeyboardInterrupt:
-        fail("interrupted; continue with `tether sweep SPEC --resume`", code=130)
+        fail("interrupted; continue with `tether sweep <sweep.yaml> --resume`", code=130)
     except Exception as exc:  # a bug or a dead cluster: one line here, details in the log
         if os.environ.get("TETHER_DEBUG"):
             raise
@@ -300,7 +300,8 @@ def report(target: str = typer.Argument(..., help="A run id, a sweep's parent ru
                                        "regime and sensitivity views (e.g. mi_zscore_ema)."),
            log: bool = typer.Option(True, "--log/--no-log", help="Log the report as artifacts "
                                     "(report/) of the run or sweep parent.")):
-    """The paper's analyses (SPEC §9) over MLflow runs: figures (PNG + HTML) and report.html."""
+    """The paper's analyses (docs/methods.md, section 13) over MLflow runs: figures (PNG +
+    HTML) and report.html."""
     from ..analysis.report import ReportSettings, build_report, log_report
     from ..analysis.runs import DIAGNOSTICS, SAMPLINGS
     from ..analysis.source import ReportError, load_target

@@ -40,7 +40,7 @@ class ExperimentConfig(Section):
 class EnvConfig(Section):
     id: str = Field("tether/FrozenLake-v0", description="Environment id, e.g. tether/Sokoban-v0, "
                     "tether/FrozenLake-v0, tether/Countdown-v0 (short names work too).")
-    stochasticity: float = Field(0.0, ge=0.0, le=1.0, description="SPEC §5 noise p in [0, 1]: "
+    stochasticity: float = Field(0.0, ge=0.0, le=1.0, description="Noise p in [0, 1]: "
                                  "random action replacement (multi-turn) or reward replacement "
                                  "(single-turn).")
     format_penalty: float = Field(-0.1, le=0.0, description="Reward for an unparseable or "
@@ -133,7 +133,7 @@ class RolloutConfig(Section):
 
 class DiagnosticsConfig(Section):
     every: int = Field(5, ge=1, description="Cross-score MI diagnostics every N iterations "
-                       "(and at iteration 1), SPEC §2.")
+                       "(and at iteration 1); docs/methods.md, section 2.")
     samplings: list[Literal["first_turn", "trajectory"]] = Field(
         default_factory=lambda: ["first_turn", "trajectory"],
         description="Pair samplings: first_turn (turn 1, prompts repeat within a group) and "
@@ -157,7 +157,7 @@ class DiagnosticsConfig(Section):
     heatmap_every: int = Field(10, ge=1, description="Log the cross-score matrix as a heatmap "
                                "every N iterations.")
     grad_snr_every: int = Field(10, ge=0, description="Gradient SNR by reward-variance bucket "
-                                "every N iterations (0 = off), SPEC §8: one forward and two "
+                                "every N iterations (0 = off; docs/methods.md, section 10): one forward and two "
                                 "gradient passes over every collected trajectory (before "
                                 "filtering), about 1-2 updates' worth of compute; every 10 gives "
                                 "a 400-iteration run 40 analyses.")
