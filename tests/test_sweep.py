@@ -16,9 +16,19 @@ from mlflow.tracking import MlflowClient
 
 from tests.processes import assert_actor_processes_ended
 from tether.platform.config import ConfigError
-from tether.platform.sweep import (SweepError, _expected_trials, _tune_config,
-                                   check_trials_fit, decode, param_space, results_rows,
-                                   run_sweep, swept_fields, trial_bundles, write_results_csv)
+from tether.platform.sweep import (
+    SweepError,
+    _expected_trials,
+    _tune_config,
+    check_trials_fit,
+    decode,
+    param_space,
+    results_rows,
+    run_sweep,
+    swept_fields,
+    trial_bundles,
+    write_results_csv,
+)
 from tether.platform.sweep_spec import apply_values, load_sweep_spec
 
 REPO = Path(__file__).resolve().parents[1]

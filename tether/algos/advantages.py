@@ -38,8 +38,8 @@ agent token of the row and return ``returns = advantages`` (veRL convention).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 

@@ -63,6 +63,7 @@ import numpy as np
 
 from .settings import FilterConfig
 
+
 @dataclass
 class FilterResult:
     kept_groups: list[int]  # original group indices, ascending

@@ -156,7 +156,7 @@ def regimes(runs: list[RunData], sampling: str, h_name: str = "conditional_entro
         steps, h, mi = paths[run.run_id]
         step = int(steps[-1])
 
-        def at(key):
+        def at(key, run=run, step=step):
             return run.metrics.get(key, {}).get(step)
 
         p = at(p_key)

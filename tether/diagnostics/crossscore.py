@@ -70,7 +70,7 @@ class ScoringPair:
     action_ids: tuple[int, ...] = ()
 
     @classmethod
-    def from_turn(cls, turn: Any) -> "ScoringPair":
+    def from_turn(cls, turn: Any) -> ScoringPair:
         """Any object with ``prompt_ids``/``reasoning_ids``/``action_ids`` attributes."""
         return cls(tuple(int(t) for t in turn.prompt_ids), tuple(int(t) for t in turn.reasoning_ids),
                    tuple(int(t) for t in getattr(turn, "action_ids", ()) or ()))

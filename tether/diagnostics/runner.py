@@ -80,9 +80,18 @@ def gradient_snr(model, batch, settings, n_buckets: int, micro_batched: bool = T
     import torch
 
     from ..algos.batch import token_logprobs
-    from ..algos.update import (aggregation_denominator, micro_batch_logprobs, objective,
-                                trimmed_rows)
-    from .grad_snr import bucket_grad_norms, bucket_grad_norms_accumulated, grad_snr_metrics, rv_buckets
+    from ..algos.update import (
+        aggregation_denominator,
+        micro_batch_logprobs,
+        objective,
+        trimmed_rows,
+    )
+    from .grad_snr import (
+        bucket_grad_norms,
+        bucket_grad_norms_accumulated,
+        grad_snr_metrics,
+        rv_buckets,
+    )
     from .multiprefix import length_chunks
 
     device = next(model.parameters()).device

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.console import Console
@@ -34,7 +33,7 @@ def fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
-def _check_cluster(address: Optional[str]) -> None:
+def _check_cluster(address: str | None) -> None:
     """One line and exit when nothing answers at the Ray address (light imports only)."""
     from .session import ClusterError, check_ray_reachable
 
@@ -45,7 +44,7 @@ def _check_cluster(address: Optional[str]) -> None:
             fail(str(exc))
 
 
-def _load(config: Optional[Path], overrides: list[str], address: Optional[str]):
+def _load(config: Path | None, overrides: list[str], address: str | None):
     from .config import ConfigError, load_config
 
     extra = list(overrides or [])
@@ -58,13 +57,13 @@ def _load(config: Optional[Path], overrides: list[str], address: Optional[str]):
 
 
 @app.command()
-def run(config: Optional[Path] = typer.Argument(None, help="Experiment YAML (default: the "
+def run(config: Path | None = typer.Argument(None, help="Experiment YAML (default: the "
                                                 "embedded defaults)."),
-        overrides: Optional[list[str]] = typer.Argument(None, help="Dotted overrides, e.g. "
+        overrides: list[str] | None = typer.Argument(None, help="Dotted overrides, e.g. "
                                                         "algo.kl_coef=0.01 rollout.groups=4."),
-        address: Optional[str] = typer.Option(None, "--address", help="Join this Ray cluster "
+        address: str | None = typer.Option(None, "--address", help="Join this Ray cluster "
                                               "(default: start a local Ray on 127.0.0.1)."),
-        resume: Optional[str] = typer.Option(None, "--resume", help="Continue a run from its "
+        resume: str | None = typer.Option(None, "--resume", help="Continue a run from its "
                                              "last checkpoint: a checkpoint file or directory, "
                                              "or an MLflow run id (same MLflow run).")):
     """Train an agent: warm start (cached), Ray actors, MLflow tracking."""
@@ -160,7 +159,7 @@ def run(config: Optional[Path] = typer.Argument(None, help="Experiment YAML (def
     for step, value in sorted(summary.val_history.items()):
         low, high = summary.val_intervals.get(step, (value, value))
         table.add_row(f"val/success @ {step}", f"{value:.3f} [{low:.3f}, {high:.3f}]")
-    for key, label in KEY_METRICS[:-1]:
+    for key, _label in KEY_METRICS[:-1]:
         if key in summary.last_metrics:
             table.add_row(f"{key} (last)", _with_interval(summary.last_metrics, key))
     d = summary.last_diagnostics
@@ -178,8 +177,8 @@ def run(config: Optional[Path] = typer.Argument(None, help="Experiment YAML (def
 
 
 @app.command("config")
-def show_config(config: Optional[Path] = typer.Argument(None, help="Experiment YAML."),
-                overrides: Optional[list[str]] = typer.Argument(None, help="Dotted overrides."),
+def show_config(config: Path | None = typer.Argument(None, help="Experiment YAML."),
+                overrides: list[str] | None = typer.Argument(None, help="Dotted overrides."),
                 fields: bool = typer.Option(False, "--fields", help="List every field with its "
                                             "default (or, given a YAML, its value) and "
                                             "description instead.")):
@@ -216,18 +215,17 @@ def envs():
 @app.command()
 def sweep(spec: Path = typer.Argument(..., help="Sweep spec YAML: a run config plus a "
                                       "sweep: section (experiments/*_smoke.yaml)."),
-          overrides: Optional[list[str]] = typer.Argument(None, help="Dotted overrides of the "
+          overrides: list[str] | None = typer.Argument(None, help="Dotted overrides of the "
                                                           "run config or the sweep, e.g. "
                                                           "sweep.num_samples=8 algo.lr=1e-4."),
           resume: bool = typer.Option(False, "--resume", help="Continue an interrupted sweep: "
                                       "only unfinished trials run, in the same MLflow parent."),
-          address: Optional[str] = typer.Option(None, "--address", help="Join this Ray cluster "
+          address: str | None = typer.Option(None, "--address", help="Join this Ray cluster "
                                                 "(default: RAY_ADDRESS, else a local Ray).")):
     """Ray Tune sweep: one training run per trial, nested under one MLflow parent run."""
     _check_cluster(address)
     from .config import ConfigError
     from .session import prepare_process
-
     from .sweep_spec import load_sweep_spec
 
     try:
@@ -235,10 +233,10 @@ def sweep(spec: Path = typer.Argument(..., help="Sweep spec YAML: a run config p
     except ConfigError as exc:
         fail(f"sweep spec: {exc}")
     prepare_process(address or os.environ.get("RAY_ADDRESS") or sweep_spec.base.ray.address)
+    from ..envs.sandbox import SandboxUnavailable
     from .session import ClusterError
     from .sweep import SweepError, results_table, run_sweep
     from .tracking import TrackingError
-    from ..envs.sandbox import SandboxUnavailable
 
     try:
         outcome = run_sweep(sweep_spec, resume=resume, address=address,
@@ -266,7 +264,7 @@ def sweep(spec: Path = typer.Argument(..., help="Sweep spec YAML: a run config p
         raise typer.Exit(1)
 
 
-def _tracking_uri(uri: Optional[str], output_dir: Optional[Path]) -> str:
+def _tracking_uri(uri: str | None, output_dir: Path | None) -> str:
     """The given URI, else output_dir's SQLite store (the embedded default of `tether run`);
     a SQLite file that does not exist is an error here, not a new empty store."""
     from .config import TetherConfig
@@ -290,9 +288,9 @@ OUTPUT_DIR = typer.Option(None, "--output-dir", help="experiment.output_dir of t
 @app.command()
 def report(target: str = typer.Argument(..., help="A run id, a sweep's parent run id, or an "
                                         "experiment name."),
-           tracking_uri: Optional[str] = TRACKING_URI,
-           output_dir: Optional[Path] = OUTPUT_DIR,
-           out: Optional[Path] = typer.Option(None, "--out", help="Where to write the report "
+           tracking_uri: str | None = TRACKING_URI,
+           output_dir: Path | None = OUTPUT_DIR,
+           out: Path | None = typer.Option(None, "--out", help="Where to write the report "
                                               "(default: ./tether_report/<target>)."),
            sampling: str = typer.Option("first_turn", "--sampling", help="Cross-scoring "
                                         "sampling the analyses use: first_turn | trajectory."),
@@ -349,23 +347,23 @@ def report(target: str = typer.Argument(..., help="A run id, a sweep's parent ru
 
 
 @app.command()
-def serve(tracking_uri: Optional[str] = TRACKING_URI,
-          output_dir: Optional[Path] = OUTPUT_DIR,
+def serve(tracking_uri: str | None = TRACKING_URI,
+          output_dir: Path | None = OUTPUT_DIR,
           host: str = typer.Option("127.0.0.1", "--host", help="Interface to bind. Beyond "
                                    "localhost (e.g. 0.0.0.0) a --token is required."),
           port: int = typer.Option(8600, "--port", help="HTTP port of the page."),
-          token: Optional[str] = typer.Option(None, "--token", envvar="TETHER_SERVE_TOKEN",
+          token: str | None = typer.Option(None, "--token", envvar="TETHER_SERVE_TOKEN",
                                               help="Require this token: open the page once as "
                                               "http://HOST:PORT/?token=TOKEN (it becomes an "
                                               "HttpOnly cookie; API: header 'Authorization: "
                                               "Bearer TOKEN'). Default: no login (localhost "
                                               "only)."),
-          experiment: Optional[list[str]] = typer.Option(None, "--experiment", help="Only these "
+          experiment: list[str] | None = typer.Option(None, "--experiment", help="Only these "
                                                          "experiments (repeatable; default all)."),
           refresh: float = typer.Option(5.0, "--refresh", min=0.5, help="Page refresh, seconds."),
           sampling: str = typer.Option("first_turn", "--sampling", help="Cross-scoring "
                                        "sampling shown: first_turn | trajectory."),
-          address: Optional[str] = typer.Option(None, "--address", help="Run Serve on this Ray "
+          address: str | None = typer.Option(None, "--address", help="Run Serve on this Ray "
                                                 "cluster (default: a local Ray).")):
     """Live collapse monitor: a Ray Serve page of the MLflow runs, refreshing while they train."""
     from ..analysis.runs import SAMPLINGS

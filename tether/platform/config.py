@@ -14,8 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
-from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator,
-                      model_validator)
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ..algos.settings import AlgoConfig, FilterConfig
 from ..diagnostics.alarms import AlarmsConfig
@@ -177,7 +176,7 @@ class DiagnosticsConfig(Section):
     alpha: float = Field(0.05, gt=0.0, lt=0.5, description="Significance level of the input-"
                          "dependence test: 'grounded' = 1 when p_grounded < alpha.")
 
-    def uncertainty(self) -> "Uncertainty":
+    def uncertainty(self) -> Uncertainty:
         from ..diagnostics.uncertainty import Uncertainty
 
         return Uncertainty(bootstrap=self.bootstrap, permutations=self.permutations,

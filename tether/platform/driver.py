@@ -20,13 +20,13 @@ import numpy as np
 import ray
 import torch
 
+from .. import seeds
 from ..actors.learner_group import LearnerGroup
 from ..actors.rollout_worker import RolloutWorker
 from ..agent.chat import ChatFormatter
 from ..agent.episode import EpisodeSpec
 from ..agent.metrics import group_rewards, group_trajectories, rollout_metrics, transcript
 from ..agent.pairs import SpanExtractor
-from .. import seeds
 from ..algos.advantages import AdvantageInputs, compute_advantages
 from ..algos.batch import collate
 from ..algos.filters import snr_filter

@@ -7,7 +7,6 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-
 #: Keeps library progress bars and chatter out of the console and the job logs.
 QUIET_ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error",
              "PYTHONWARNINGS": "ignore::UserWarning"}

@@ -29,8 +29,14 @@ from typing import Any
 
 from ray.tune import Callback
 
-from .sweep_results import (SUCCESS, close_stale_children, finalize_child,
-                            results_rows, results_table, write_results_csv)
+from .sweep_results import (
+    SUCCESS,
+    close_stale_children,
+    finalize_child,
+    results_rows,
+    results_table,
+    write_results_csv,
+)
 from .sweep_spec import SweepSpec, flat_values, swept_fields
 
 __all__ = ["SweepError", "SweepOutcome", "check_trials_fit", "decode", "param_space",

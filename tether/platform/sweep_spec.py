@@ -240,7 +240,7 @@ class SweepSpec:
                            "sweep": self.sweep.model_dump(mode="json")}, indent=1, default=str)
 
     @classmethod
-    def from_json(cls, text: str) -> "SweepSpec":
+    def from_json(cls, text: str) -> SweepSpec:
         data = json.loads(text)
         return cls(data["base_tree"], SweepConfig.model_validate(data["sweep"]), data["source"])
 

@@ -16,8 +16,13 @@ from filelock import FileLock
 from transformers import AutoTokenizer
 
 from .. import seeds
-from .warmstart import (build_tokenizer, demonstration_episodes, encode_episode,
-                        state_turn_sequences, supervised_finetune)
+from .warmstart import (
+    build_tokenizer,
+    demonstration_episodes,
+    encode_episode,
+    state_turn_sequences,
+    supervised_finetune,
+)
 
 # The modelling code (transformers' model classes pull in torch._dynamo and DTensor:
 # ~2 s of imports) is imported where a model is built or loaded, so a process that only
