@@ -44,7 +44,7 @@ class AlgoConfig(_Section):
     preset: Literal[PRESET_NAMES] | None = Field(
         "grpo", description="Algorithm preset; explicitly set fields override it.")
     advantage: Literal[ADVANTAGE_NAMES] = Field(
-        "grpo", description="Advantage estimator (docs/methods.md, 'Advantages').")
+        "grpo", description="Advantage estimator (docs/methods.md, section 7).")
     gamma: float = Field(1.0, ge=0.0, le=1.0, description="Discount (gae, reinforce_pp).")
     lam: float = Field(1.0, ge=0.0, le=1.0, description="GAE lambda.")
     loss_agg: Literal[AGGREGATION_NAMES] = Field(
@@ -110,7 +110,7 @@ class AlgoConfig(_Section):
 
 
 class FilterConfig(_Section):
-    """The SNR-aware filter: which prompt groups train (docs/methods.md, 'Filter')."""
+    """The SNR-aware filter: which prompt groups train (docs/methods.md, section 5)."""
 
     strategy: Literal[FILTER_STRATEGY_NAMES] = Field(
         "top_p", description="SNR-aware filter: which prompt groups train.")

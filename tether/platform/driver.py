@@ -257,12 +257,12 @@ class Trainer:
                 time.sleep(0.25)
 
     def training_specs(self, n_groups: int, first_group_id: int) -> list[EpisodeSpec]:
-        seeds = self.sampler.take(n_groups)
-        return [EpisodeSpec(first_group_id + g, seed, k) for g, seed in enumerate(seeds)
+        levels = self.sampler.take(n_groups)
+        return [EpisodeSpec(first_group_id + g, seed, k) for g, seed in enumerate(levels)
                 for k in range(self.cfg.rollout.group_size)]
 
     def filter_groups(self, trajectories):
-        """SNR-aware filter over whole groups (docs/methods.md, 'Filter'): the filter's
+        """SNR-aware filter over whole groups (docs/methods.md, section 5): the filter's
         result and the ids of the groups it keeps."""
         groups = group_trajectories(trajectories)
         result = snr_filter([np.array([t.reward for t in ts]) for ts in groups.values()],
@@ -272,7 +272,7 @@ class Trainer:
         return result, {ids[g] for g in result.kept_groups}
 
     def dynamic_sampling(self, iteration: int, collected, kept: set[int]):
-        """DAPO's dynamic sampling: drop the kept groups without reward spread and collect
+        """DAPO's dynamic sampling (docs/methods.md, section 6): drop the kept groups without reward spread and collect
         fresh groups (each round filtered the same way) until the batch has
         ``rollout.groups`` groups with spread or ``algo.max_resample_rounds`` rounds ran.
 
@@ -302,8 +302,8 @@ class Trainer:
         return float(np.ptp([t.reward for t in trajectories if t.group_id == group_id]))
 
     def diagnose(self, it: int, collected) -> dict[str, float]:
-        """Cross-score MI proxies with the pre-update policy (docs/methods.md, 'Mutual
-        information proxies'), at the cadence."""
+        """Cross-score MI proxies with the pre-update policy (docs/methods.md, section 2),
+        at the cadence."""
         d = self.cfg.diagnostics
         if not d.enabled or not (it == 1 or it % d.every == 0):
             return {}
