@@ -1,4 +1,5 @@
-"""SNR filter (docs/methods.md, section 5): known kept sets, loss scaling, drop breakdown, properties.
+"""SNR filter (docs/methods.md, section 5): known kept sets, loss scaling, drop breakdown,
+properties.
 
 Most cases use groups [−a, a] with ddof=0 so the group score (std) is exactly a.
 """

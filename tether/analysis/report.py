@@ -1,4 +1,5 @@
-"""``tether report``: every cross-run analysis (docs/methods.md, section 13) over a set of runs, as figures and one HTML page.
+"""``tether report``: every cross-run analysis (docs/methods.md, section 13) over a set of
+runs, as figures and one HTML page.
 
 ``build_report(runs, out_dir)`` is pure of MLflow: it writes ``<figure>.png`` and
 ``<figure>.html`` per figure, ``report.json`` (every number) and ``report.html`` (the

@@ -6,8 +6,8 @@
   variance for Spearman's rho);
 - ``rv_quartiles``: (run, checkpoint) points by reward-variance quartile, with mean
   success and MI per quartile;
-- ``regimes``: each run's path in the (H(Z|X), I(X;Z)) plane and the regime (docs/methods.md, section 1) of
-  its last point;
+- ``regimes``: each run's path in the (H(Z|X), I(X;Z)) plane and the regime
+  (docs/methods.md, section 1) of its last point;
 - ``stochasticity_curves`` and ``sensitivity_trajectories``: the sweeps' views.
 Each returns its rows plus ``notes`` naming what could not be computed and why.
 """

@@ -85,7 +85,8 @@ def _topk_hit_rate(scores: np.ndarray, column: np.ndarray, k: int) -> np.ndarray
 def mi_proxies(L: np.ndarray, S: np.ndarray, column: np.ndarray,
                ema_state: dict | None = None, uncertainty: Uncertainty | None = None,
                rng: np.random.Generator | None = None) -> tuple[dict[str, float], dict | None]:
-    """The MI proxies (docs/methods.md, section 2) from per-token (`L`) and sequence (`S`) cross-scores.
+    """The MI proxies (docs/methods.md, section 2) from per-token (`L`) and sequence (`S`)
+    cross-scores.
 
     Args:
         L: [M, N] per-token log-prob of reasoning i under prompt j.

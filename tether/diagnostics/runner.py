@@ -61,8 +61,8 @@ def collapse_diagnostics(model, trajectories, extractor: SpanExtractor, sampling
 
 
 def gradient_snr(model, batch, settings, n_buckets: int, micro_batched: bool = True) -> dict[str, float]:
-    """Gradient SNR (docs/methods.md, section 10): per reward-variance bucket of groups, the task-loss and regulariser-loss
-    gradient norms measured separately (two backward passes of one shared forward),
+    """Gradient SNR (docs/methods.md, section 10): per reward-variance bucket of groups, the
+    task-loss and regulariser-loss gradient norms measured separately (two backward passes of one shared forward),
     their ratio and mean RV.
 
     ``batch`` holds every collected group (before filtering) with advantages set;
