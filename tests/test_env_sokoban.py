@@ -1,6 +1,5 @@
 """Sokoban: generation, solver optimality, the rewards of docs/methods.md, stochasticity,
-invalid input,
-demonstrations."""
+invalid input, demonstrations."""
 
 from __future__ import annotations
 
