@@ -13,7 +13,7 @@ shuffles minibatches by its update count, and the rollout engine seeds each
 generation call with the seed it is given (``sampling_turn``).
 
     training_levels(run_seed, position, n, limit)    env level seeds of training groups
-    collection(run_seed, iteration, round)           one collection of an iteration
+    collection(run_seed, iteration, resample_round)  one collection of an iteration
     worker_share(collection_seed, worker)            one worker's share of a collection
     sampling_turn(episode_seed, turn)                one generation call of an episode loop
     validation(run_seed)                             held-out validation episodes
@@ -49,10 +49,10 @@ def training_levels(run_seed: int, position: int, n: int, limit: int) -> list[in
     return [(run_seed * LEVEL_STRIDE + position + k) % limit for k in range(n)]
 
 
-def collection(run_seed: int, iteration: int, round: int = 0) -> int:
-    """Seed of iteration ``iteration``'s collection (``round`` > 0: a dynamic-sampling
-    re-collection)."""
-    return run_seed * COLLECTION_STRIDE + iteration + ROUND_STEP * round
+def collection(run_seed: int, iteration: int, resample_round: int = 0) -> int:
+    """Seed of iteration ``iteration``'s collection (``resample_round`` r > 0: the r-th
+    dynamic-sampling re-collection)."""
+    return run_seed * COLLECTION_STRIDE + iteration + ROUND_STEP * resample_round
 
 
 def worker_share(collection_seed: int, worker: int) -> int:
