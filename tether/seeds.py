@@ -1,11 +1,13 @@
 """Every random stream of a run, derived from the run seed (``experiment.seed``) here.
 
 A stream is a named function of the run seed and the coordinates that must give it
-fresh values (iteration, collection round, worker, turn).  The multipliers are
-primes larger than any coordinate they are added to, so two coordinates never map
-to the same seed within a run, and nearby run seeds do not share streams in
-practice.  Changing a formula changes every run's numbers: the equality tests and
-a fixed-seed quickstart pin them.
+fresh values (iteration, collection round, worker, turn).  The multipliers are primes
+larger than the coordinate added to them in practice (fewer than 131 workers, 7919
+turns, 100 003 iterations), so nearby run seeds do not share streams.  One overlap is
+known and kept: a dynamic-sampling round r of iteration i draws with the seed of
+iteration i + 7r's own collection (their levels differ, so their episodes do too).
+Changing a formula changes every run's numbers: the equality tests and a fixed-seed
+quickstart pin them.
 
 Streams owned elsewhere: each environment draws its level from the seed it is reset
 with (``envs.base``), the learner seeds torch once per run (``actors.learner``) and
