@@ -16,7 +16,7 @@ prompt's replies from q's pool (32 pairs, 8 columns: the quickstart's first-turn
 ``max_pairs`` 32 over 8 groups) and runs `mi_proxies` with the default uncertainty
 (1000 bootstrap resamples, 1000 permutations) and the EMA state carried along the
 history, exactly as a run logs ``collapse/first_turn/…``.  The alarms (`AlarmMonitor`,
-default config: ``mi_zscore_ema``, window 10, alpha 0.05, patience 2) read the stream.
+default config: ``mi_estimate``, window 10, alpha 0.05, patience 2 of ``within``) read the stream.
 
 Histories (``--points`` diagnostic points each, 30 by default = 150 iterations at the
 default cadence):
@@ -33,8 +33,23 @@ Detection: share of collapse histories whose ``template_collapse`` fired after t
 first post-onset point whose MI interval lies wholly below that of an earlier point the
 alarm counts as significant, p < alpha / window; target <= 2 points).  ``low_entropy_collapse`` events are counted too.
 
+Truth check (added in session 7, before run 3).  Which MI alarm a collapse history should
+raise depends on the real policies, not on the labels: each pool's within-input entropy
+H(Z|X) (per token, over all its replies under their own prompts) is printed, and a
+collapse history counts as detected by ``template_collapse`` when the collapsed share's
+pool has H(Z|X) at least that of the grounded pool, by ``low_entropy_collapse`` otherwise.
+False alarms are counted for both MI alarms on clean points.
+
+Run 3 (session 7; protocol fixed before the run).  Exploratory, seed 11, 100 histories
+per kind: variants of the rule compared on the same histories (`--variant`).  The rule
+chosen from it becomes the default; the confirmatory run is a fresh seed (12) at the
+default counts, the new default against the old rule (``old:within=2,min_references=1``),
+judged by the targets above; it is reported whatever it shows.
+
     python benchmarks/alarm_quality.py                  # default: 200 null + 100 collapse histories per kind
     python benchmarks/alarm_quality.py --histories 20   # quick look
+    python benchmarks/alarm_quality.py --variant shipped: --variant consecutive:within=2
+                                                        # settings compared on the same histories
 """
 
 from __future__ import annotations
@@ -45,6 +60,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from scipy import stats
 
 from tether.diagnostics.alarms import AlarmMonitor, AlarmsConfig
 from tether.diagnostics.crossscore import cross_score_pairs
@@ -94,6 +110,11 @@ def build_pool(share: float, cfg: HarnessConfig, n_prompts: int, n_replies: int,
     return Pool(scores.L, scores.S, owner[keep])
 
 
+def conditional_entropy(pool: Pool) -> float:
+    """H(Z|X) per token over the pool: every reply scored under its own prompt."""
+    return float(-pool.L[np.arange(len(pool.owner)), pool.owner].mean())
+
+
 def draw_point(pool: Pool, rng: np.random.Generator, prompts: int = 8, per_prompt: int = 4):
     """A first-turn-shaped batch from the pool: sub-matrices and each row's column."""
     columns = rng.choice(pool.L.shape[1], size=prompts, replace=False)
@@ -116,16 +137,34 @@ def schedule(kind: str, points: int, onset: int) -> list[float]:
 
 
 def run_history(pools: dict[float, Pool], shares: list[float], rng: np.random.Generator,
-                uncertainty: Uncertainty, config: AlarmsConfig):
-    monitor = AlarmMonitor(config, clock=lambda: 0.0)
+                uncertainty: Uncertainty) -> list[dict]:
+    """The diagnostics' stream of one history (what a run logs as ``collapse/first_turn/…``)."""
     ema, stream = None, []
-    for t, share in enumerate(shares, start=1):
+    for share in shares:
         L, S, column = draw_point(pools[share], rng)
         metrics, ema = mi_proxies(L, S, column, ema, uncertainty, rng)
-        flat = prefixed(metrics, PREFIX)
-        stream.append(flat)
+        stream.append(prefixed(metrics, PREFIX))
+    return stream
+
+
+def alarm_events(stream: list[dict], config: AlarmsConfig):
+    monitor = AlarmMonitor(config, clock=lambda: 0.0)
+    for t, flat in enumerate(stream, start=1):
         monitor.update(t, flat)
-    return monitor.events, stream
+    return monitor.events
+
+
+def rate_interval(events: int, points: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Exact Poisson interval of a rate per 1,000 points."""
+    a = 1 - confidence
+    low = 0.0 if events == 0 else stats.chi2.ppf(a / 2, 2 * events) / 2
+    high = stats.chi2.ppf(1 - a / 2, 2 * events + 2) / 2
+    return 1000 * low / points, 1000 * high / points
+
+
+def share_interval(k: int, n: int) -> str:
+    ci = stats.binomtest(k, n).proportion_ci(method="wilson")
+    return f"{k / n:.0%} [{ci.low:.0%}, {ci.high:.0%}]"
 
 
 def first_separation(stream: list[dict], onset: int, alpha: float, key: str) -> int | None:
@@ -139,6 +178,17 @@ def first_separation(stream: list[dict], onset: int, alpha: float, key: str) -> 
     return None
 
 
+def parse_variant(text: str) -> tuple[str, dict]:
+    """``name:field=value,field=value`` (settings of both MI alarms)."""
+    name, _, settings = text.partition(":")
+    overrides = {}
+    for item in filter(None, settings.split(",")):
+        field, value = item.split("=", 1)
+        overrides[field] = (f"{PREFIX}/{value}" if field == "mi_metric"
+                            else float(value) if "." in value else int(value))
+    return name, overrides
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--histories", type=int, default=None,
@@ -148,61 +198,73 @@ def main() -> None:
     parser.add_argument("--pool-prompts", type=int, default=96)
     parser.add_argument("--pool-replies", type=int, default=12)
     parser.add_argument("--seed", type=int, default=2026)
-    parser.add_argument("--mi-metric", default=None,
-                        help="the alarms' MI proxy (default: the alarms' config default)")
-    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                        help="another setting of both MI alarms, e.g. patience=3")
+    parser.add_argument("--variant", action="append", default=[], metavar="NAME:FIELD=VALUE,...",
+                        help="alarm settings to evaluate on the same histories, e.g. "
+                             "'consecutive:within=2' (default: one variant, the shipped config)")
     args = parser.parse_args()
     started = time.perf_counter()
-    overrides = {} if args.mi_metric is None else {"mi_metric": f"{PREFIX}/{args.mi_metric}"}
-    for item in args.set:
-        name, value = item.split("=", 1)
-        overrides[name] = float(value) if "." in value else int(value)
-    config = AlarmsConfig.model_validate({"template_collapse": overrides, "low_entropy_collapse": overrides})
+    variants = [parse_variant(v) for v in args.variant] or [("shipped", {})]
     cfg, uncertainty = HarnessConfig(seed=args.seed), Uncertainty()
-    key = f"{config.template_collapse.mi_metric}"
     with torch_threads(1):
         pools = {q: build_pool(q, cfg, args.pool_prompts, args.pool_replies, args.seed) for q in SHARES}
     print(f"pools built in {time.perf_counter() - started:.0f} s")
+    entropy = {q: conditional_entropy(pool) for q, pool in pools.items()}
+    print("pool H(Z|X) per token: " + ", ".join(f"q={q:g}: {h:.3f}" for q, h in entropy.items()))
+    final_share = {"abrupt": 1.0, "gradual": 1.0, "partial": 0.5}
+    truth = {kind: "template_collapse" if entropy[q] >= entropy[0.0] else "low_entropy_collapse"
+             for kind, q in final_share.items()}
+    print("the alarm each collapse history should raise: "
+          + ", ".join(f"{kind}: {name}" for kind, name in truth.items()))
+
     rng = np.random.default_rng(args.seed)
-    rows = []
-    for kind in ("grounded", "mixed", "template", "abrupt", "gradual", "partial"):
-        collapse = kind in ("abrupt", "gradual", "partial")
-        n = args.histories or (100 if collapse else 200)
-        false_alarms = low_entropy = null_points = detected = 0
-        delays, mi_first, mi_last = [], [], []
-        for _ in range(n):
-            events, stream = run_history(pools, schedule(kind, args.points, args.onset), rng,
-                                         uncertainty, config)
-            template = [e.iteration for e in events if e.name == "template_collapse"]
-            low_entropy += sum(e.name == "low_entropy_collapse" for e in events)
-            clean_until = args.onset if collapse else args.points
-            null_points += clean_until
-            false_alarms += sum(t <= clean_until for t in template)
-            mi_first.append(stream[0][key]), mi_last.append(stream[-1][key])
-            if collapse:
-                fired = [t for t in template if t > args.onset]
-                detected += bool(fired)
-                separated = first_separation(stream, args.onset, config.template_collapse.alpha
-                                             / config.template_collapse.window, key)
-                if fired and separated is not None:
-                    delays.append(fired[0] - separated)
-        rows.append((kind, n, null_points, false_alarms, 1000 * false_alarms / max(null_points, 1),
-                     detected / n if collapse else float("nan"), delays, low_entropy,
-                     float(np.mean(mi_first)), float(np.mean(mi_last))))
-    print(f"\n{'history':9} {'n':>4} {'clean pts':>9} {'false':>5} {'per 1k':>7} {'detected':>8} "
-          f"{'delay (points after separation)':>32} {'low-H':>5} {'MI z first':>10} {'MI z last':>9}")
-    for kind, n, pts, fa, rate, det, delays, low, first, last in rows:
-        delay = (f"median {np.median(delays):.0f}, max {max(delays)}, <=2: {np.mean(np.array(delays) <= 2):.0%}"
-                 if delays else "-")
-        print(f"{kind:9} {n:>4} {pts:>9} {fa:>5} {rate:>7.2f} {det:>8.0%} {delay:>32} {low:>5} "
-              f"{first:>10.3f} {last:>9.3f}")
-    null_rows = [r for r in rows if r[0] in ("grounded", "mixed", "template")]
-    total_fa, total_pts = sum(r[3] for r in rows), sum(r[2] for r in rows)
-    print(f"\nall clean points: {total_fa} false template_collapse in {total_pts} points = "
-          f"{1000 * total_fa / total_pts:.2f} per 1,000 (null histories alone: "
-          f"{1000 * sum(r[3] for r in null_rows) / sum(r[2] for r in null_rows):.2f})")
-    print(f"total {time.perf_counter() - started:.0f} s")
+    kinds = ("grounded", "mixed", "template", "abrupt", "gradual", "partial")
+    streams = {kind: [run_history(pools, schedule(kind, args.points, args.onset), rng, uncertainty)
+                      for _ in range(args.histories or (100 if kind in final_share else 200))]
+               for kind in kinds}
+    print(f"histories drawn in {time.perf_counter() - started:.0f} s")
+
+    for name, overrides in variants:
+        config = AlarmsConfig.model_validate({"template_collapse": overrides,
+                                              "low_entropy_collapse": overrides})
+        c = config.template_collapse
+        key = c.mi_metric
+        print(f"\nvariant {name}: {c.model_dump(exclude={'mode', 'actions'})}")
+        print(f"{'history':9} {'n':>4} {'clean pts':>9} {'false':>5} {'per 1k':>7} {'detected':>16} "
+              f"{'delay (points after separation)':>32} {'<=2 points':>16} {'low-H':>5} "
+              f"{'MI first':>8} {'MI last':>8}")
+        false_total = points_total = false_low = 0
+        for kind in kinds:
+            collapse = kind in final_share
+            false_alarms = low_entropy = null_points = detected = 0
+            delays = []
+            for stream in streams[kind]:
+                events = alarm_events(stream, config)
+                clean_until = args.onset if collapse else args.points
+                null_points += clean_until
+                false_alarms += sum(e.iteration <= clean_until for e in events if e.name == "template_collapse")
+                false_low += sum(e.iteration <= clean_until for e in events if e.name == "low_entropy_collapse")
+                low_entropy += sum(e.name == "low_entropy_collapse" for e in events)
+                if collapse:
+                    fired = [e.iteration for e in events if e.name == truth[kind] and e.iteration > args.onset]
+                    detected += bool(fired)
+                    separated = first_separation(stream, args.onset, c.alpha / c.window, key)
+                    if fired and separated is not None:
+                        delays.append(fired[0] - separated)
+            false_total, points_total = false_total + false_alarms, points_total + null_points
+            n = len(streams[kind])
+            delay = (f"median {np.median(delays):.0f}, max {max(delays)}" if delays else "-")
+            within2 = share_interval(int(np.sum(np.array(delays) <= 2)), len(delays)) if delays else "-"
+            mi_first = np.mean([s[0][key] for s in streams[kind]])
+            mi_last = np.mean([s[-1][key] for s in streams[kind]])
+            print(f"{kind:9} {n:>4} {null_points:>9} {false_alarms:>5} "
+                  f"{1000 * false_alarms / null_points:>7.2f} "
+                  f"{share_interval(detected, n) if collapse else '':>16} {delay:>32} {within2:>16} "
+                  f"{low_entropy:>5} {mi_first:>8.3f} {mi_last:>8.3f}")
+        low, high = rate_interval(false_total, points_total)
+        print(f"all clean points: {false_total} false template_collapse in {points_total} points = "
+              f"{1000 * false_total / points_total:.2f} per 1,000 [{low:.2f}, {high:.2f}]; "
+              f"false low_entropy_collapse: {false_low}")
+    print(f"\ntotal {time.perf_counter() - started:.0f} s")
 
 
 if __name__ == "__main__":

@@ -95,10 +95,27 @@ def test_a_large_relative_fall_inside_the_intervals_does_not_fire():
     assert run(AlarmMonitor(AlarmsConfig(template_collapse={"patience": 1})), stream) == []
 
 
-def test_recovery_resets_the_streak():
-    mi = [1.0, 0.6, 1.0, 0.6, 1.0, 0.6, 0.6]        # apart, back, apart, back, apart twice
-    events = run(AlarmMonitor(AlarmsConfig()), [mi_point(v, 2.0) for v in mi])
-    assert [(e.name, e.iteration) for e in events] == [("template_collapse", 7)]
+def test_patience_counts_separated_points_among_the_last_within():
+    mi = [1.0, 1.0, 0.6, 1.0, 0.6, 0.6]             # apart, back, apart twice
+    stream = [mi_point(v, 2.0) for v in mi]
+    # Default: 2 of the last 3 points apart -> fires at 5; consecutive (within = 2) at 6.
+    assert [e.iteration for e in run(AlarmMonitor(AlarmsConfig()), stream)] == [5]
+    consecutive = AlarmsConfig(template_collapse={"within": 2})
+    assert [e.iteration for e in run(AlarmMonitor(consecutive), stream)] == [6]
+    # Apart once in every three points never reaches 2 of 3.
+    sparse = [mi_point(v, 2.0) for v in [1.0, 1.0] + [0.6, 1.0, 1.0] * 4]
+    assert run(AlarmMonitor(AlarmsConfig()), sparse) == []
+
+
+def test_one_significant_point_is_not_a_reference():
+    # An input-blind policy is 'significant' at a rate of alpha / window by chance; one such
+    # point followed by a fall must not fire (min_references 2), two must.
+    once = [mi_point(0.3, 2.0, p=0.001)] + [mi_point(0.0, 2.0, p=0.5)] * 4
+    assert run(AlarmMonitor(AlarmsConfig()), once) == []
+    assert [e.iteration for e in run(AlarmMonitor(AlarmsConfig(template_collapse={
+        "min_references": 1})), once)] == [3]
+    twice = [mi_point(0.3, 2.0, p=0.001)] * 2 + [mi_point(0.0, 2.0, p=0.5)] * 3
+    assert [e.iteration for e in run(AlarmMonitor(AlarmsConfig()), twice)] == [4]
 
 
 def test_low_entropy_collapse_fires_when_both_fall():

@@ -5,6 +5,8 @@ import socket
 import subprocess
 import sys
 import time
+
+import pytest
 from pathlib import Path
 
 
@@ -54,3 +56,27 @@ def test_local_ray_services_stay_on_loopback(tmp_path):
                  if line.startswith(("NODE ", "GCS ")))
     assert found["NODE"] == "127.0.0.1", done.stdout
     assert found["GCS"].startswith("127.0.0.1:"), done.stdout
+
+
+def test_a_refused_run_waits_for_an_autoscaler_only_when_asked(ray_local):
+    """A cluster that cannot fit the run and has published no autoscaler node types (a
+    local Ray has none): with a wait, the refusal comes after it; without, at once."""
+    from tether.platform.session import (ClusterError, ResourceDemand, autoscaler_published,
+                                         check_resources, wait_for_autoscaler)
+
+    assert not autoscaler_published()
+    demand = [ResourceDemand("rollout worker", "rollout.num_workers", 1,
+                             "rollout.num_cpus_per_worker", 1.0, "rollout.num_gpus_per_worker", 1.0)]
+    started = time.monotonic()
+    with pytest.raises(ClusterError, match="asks for 1 GPU but no node of the cluster has more than 0"):
+        wait_for_autoscaler(lambda: check_resources(demand), 0.0)
+    assert time.monotonic() - started < 2.0
+    started = time.monotonic()
+    with pytest.raises(ClusterError):
+        wait_for_autoscaler(lambda: check_resources(demand), 3.0)
+    assert time.monotonic() - started >= 3.0
+    fits = [ResourceDemand("learner", "algo.learner_world_size", 1, "algo.num_cpus", 0.5,
+                           "algo.num_gpus", 0.0)]
+    started = time.monotonic()
+    wait_for_autoscaler(lambda: check_resources(fits), 30.0)      # fits: no wait
+    assert time.monotonic() - started < 2.0

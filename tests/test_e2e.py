@@ -58,6 +58,24 @@ def test_run_finishes_and_logs_to_mlflow(finished_run):
         assert sum(flat) / len(flat) == pytest.approx(success[it])
 
 
+def test_run_records_what_it_ran_on(finished_run):
+    cfg, summary = finished_run
+    tags = MlflowClient(summary.tracking_uri).get_run(summary.run_id).data.tags
+    for key in ("env.python", "env.torch", "env.transformers", "env.ray", "env.mlflow", "env.cpu",
+                "env.torch_threads", "env.torch_deterministic_algorithms", "env.tether_commit"):
+        assert tags.get(key) not in (None, ""), key
+    import torch
+
+    assert tags["env.torch"] == torch.__version__
+    # The MLflow UI opens the experiment on its runs (a training experiment), and the run
+    # name is not a param (sweep trials would each offer a different one to compare on).
+    client = MlflowClient(summary.tracking_uri)
+    run = client.get_run(summary.run_id)
+    experiment = client.get_experiment(run.info.experiment_id)
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+    assert "experiment.run_name" not in run.data.params and "experiment.seed" in run.data.params
+
+
 def test_collapse_diagnostics_are_logged(finished_run):
     cfg, summary = finished_run
     client = MlflowClient(summary.tracking_uri)

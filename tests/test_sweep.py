@@ -235,9 +235,62 @@ def test_results_rows_rank_trials_and_keep_the_finished_attempt(tmp_path):
         table = list(csv.DictReader(f))
     assert list(table[0])[:4] == ["rank", "trial", "algo.kl_coef", "rollout/success"]
     assert [row["trial"] for row in table] == ["t1", "t2", "t0"]
+    # t2's MI collapsed (an MI alarm fired): flagged, and last once penalised by 0.2.
+    assert [r["collapsed"] for r in rows] == [False, True, False]
+    penalised = results_rows(uri, parent.experiment_id, parent.run_id, "rollout/success", "max",
+                             collapse_penalty=0.2)
+    assert [(r["trial"], round(r["objective"], 6)) for r in penalised] == [
+        ("t1", 0.9), ("t0", 0.3), ("t2", 0.2)]
 
 
 # -- a real sweep ---------------------------------------------------------------------------
+def test_a_collapsing_trial_is_stopped_early_and_flagged(micro_policy, models_dir, ray_local,
+                                                        tmp_path):
+    """A grid of 2 trials with sweep.stop_collapsed: the trial whose alarm holds ends after
+    `points` iterations (cleanly: FINISHED, checkpoint, stop reason), the other runs on;
+    the results table flags the stopped one and ranks it last under the penalty.
+
+    The trigger is synthetic but real: format_collapse reads rollout/worker_failures (0 in a
+    healthy run) as its valid-reasoning rate, so min_rate 0.5 breaches at every iteration and
+    min_rate 0 never does; the swept min_rate picks which trial collapses."""
+    from tether.platform.sweep_results import results_table
+
+    path = write_spec(tmp_path, {"name": "stop-collapsed", "search": "grid",
+                                 "space": {"alarms.format_collapse.min_rate": {"grid": [0.0, 0.5]}},
+                                 "resources": {"cpu": 0.2}, "max_concurrent": 1,
+                                 "stop_collapsed": {"alarms": ["format_collapse"], "points": 2},
+                                 "collapse_penalty": 10.0},
+                      experiment={"output_dir": str(tmp_path / "out"), "name": "stop-test"},
+                      model={"size": "micro", "cache_dir": str(models_dir), "warm_start": {
+                          "episodes": 192, "epochs": 3, "batch_size": 8, "lr": 1e-2}},
+                      rollout={"num_workers": 1, "groups": 2, "group_size": 4,
+                               "max_reply_tokens": 48, "num_cpus_per_worker": 0.5},
+                      trainer={"iterations": 4, "val_every": 4, "val_episodes": 4,
+                               "samples_every": 4},
+                      diagnostics={"enabled": False},
+                      alarms={"format_collapse": {"reasoning_metric": "rollout/worker_failures"}})
+    outcome = run_sweep(load_sweep_spec(path), echo=lambda line: None)
+    assert outcome.status == "FINISHED" and outcome.trials == 2
+    by_rate = {r["alarms.format_collapse.min_rate"]: r for r in outcome.rows}
+    stopped, healthy_trial = by_rate["0.5"], by_rate["0.0"]
+    assert stopped["iterations"] == 2 and healthy_trial["iterations"] == 4
+    assert stopped["status"] == healthy_trial["status"] == "FINISHED"
+    assert stopped["collapsed"] and not healthy_trial["collapsed"]
+    assert stopped["stop_reason"] == "alarm format_collapse at iteration 2"
+    assert [r["trial"] for r in outcome.rows] == [healthy_trial["trial"], stopped["trial"]]
+    assert stopped["objective"] == pytest.approx(stopped["rollout/success"] - 10.0)
+    client = MlflowClient(outcome.tracking_uri)
+    run = client.get_run(stopped["run_id"])
+    assert run.data.tags["tether.stop_reason"] == "alarm format_collapse at iteration 2"
+    assert run.data.tags["tether.last_checkpoint"].endswith("iter_000002.pt")
+    from rich.console import Console
+
+    console = Console(width=250, record=True)
+    console.print(results_table(outcome.rows, "rollout/success", "stop-collapsed"))
+    text = console.export_text()
+    assert "COLLAPSED, stopped" in text and "objective" in text
+
+
 def test_optuna_smoke_sweep_through_tune_is_tracked_in_mlflow(micro_policy, models_dir,
                                                                ray_local, tmp_path):
     """4 Optuna (TPE) trials on local Ray: one MLflow parent, 4 nested children with their

@@ -118,6 +118,18 @@ class Learner:
         self.updates = 0
         self.extractor = None
 
+    def adjust(self, settings: UpdateSettings, lr: float) -> None:
+        """New update settings and policy learning rate mid-run (an act-mode alarm's
+        response).  A KL coefficient raised from 0 loads the reference policy (the run's
+        initial weights) the first time."""
+        self.settings = settings
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        if settings.kl_coef > 0 and self.reference is None:
+            reference = load_model(self.model_path, self.dtype).to(self.device)
+            reference.requires_grad_(False)
+            self.reference = reference if self.mesh is None else shard_with_fsdp(reference, self.mesh)
+
     def _sum_over_ranks(self, tensor: torch.Tensor) -> torch.Tensor:
         """Rows computed on different ranks (zeros elsewhere), joined by summing."""
         if self.world_size > 1:

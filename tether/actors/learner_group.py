@@ -67,6 +67,10 @@ class LearnerGroup:
         fresh optimisers, this run's settings and seed."""
         self._all("start_run", settings, lr, critic_lr, seed)
 
+    def adjust(self, settings: UpdateSettings, lr: float) -> None:
+        """Mid-run settings and learning rate on every rank (``Learner.adjust``)."""
+        self._all("adjust", settings, lr)
+
     @property
     def world_size(self) -> int:
         return len(self.ranks)

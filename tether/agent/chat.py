@@ -12,7 +12,11 @@ the tiny model (ChatML) and any Hugging Face chat model.
 
 from __future__ import annotations
 
+import logging
+
 from .format import THINK_OPEN
+
+log = logging.getLogger(__name__)
 
 _PLACEHOLDER = "\u2063TETHER_REPLY\u2063"
 
@@ -22,14 +26,45 @@ class ChatFormatter:
 
     def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
+        name = getattr(tokenizer, "name_or_path", "") or "the model"
         if getattr(tokenizer, "chat_template", None) is None:
-            raise ValueError("the tokenizer has no chat template; Tether needs a chat model "
-                             "(set model.path to an instruct/chat checkpoint)")
+            raise ValueError(f"{name} has no chat template: Tether needs a chat model (set "
+                             f"model.path to an instruct/chat checkpoint, or add a "
+                             f"chat_template to its tokenizer_config.json)")
+        #: False when the template refuses the system role (Gemma-family templates raise
+        #: 'System role not supported'): the system text then opens the first user turn.
+        self.system_role = self._accepts_system()
+        if not self.system_role:
+            log.warning("the chat template of %s refuses the system role; the system prompt "
+                        "goes into the first user turn", name)
+        probe = [{"role": "user", "content": "u"}]
+        if self._render(probe, generation_prompt=True) == self._render(probe, generation_prompt=False):
+            raise ValueError(f"the chat template of {name} adds no generation prompt "
+                             f"(add_generation_prompt changes nothing), so replies cannot be "
+                             f"sampled as the assistant: use a chat/instruct checkpoint or a "
+                             f"template that supports add_generation_prompt")
         self._continuation_prefix = self._find_continuation_prefix()
         self.eos_token_id = tokenizer.eos_token_id
 
+    def _accepts_system(self) -> bool:
+        try:
+            self.tokenizer.apply_chat_template(
+                [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}],
+                tokenize=False, add_generation_prompt=True)
+        except Exception:  # jinja2 TemplateError from the template's raise_exception, or others
+            return False
+        return True
+
+    def _messages(self, messages: list[dict]) -> list[dict]:
+        """The messages as this template takes them: a refused system turn is merged into
+        the first user turn."""
+        if self.system_role or not messages or messages[0]["role"] != "system":
+            return messages
+        system, first, *rest = messages
+        return [{"role": first["role"], "content": f"{system['content']}\n\n{first['content']}"}, *rest]
+
     def _render(self, messages: list[dict], generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(messages, tokenize=False,
+        return self.tokenizer.apply_chat_template(self._messages(messages), tokenize=False,
                                                   add_generation_prompt=generation_prompt)
 
     def _find_continuation_prefix(self) -> tuple[str, str]:

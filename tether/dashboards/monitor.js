@@ -52,8 +52,11 @@ function runRow(run) {
 }
 
 function alarmBanner(run, a) {
-  return el("div", {className: "alarm-banner" + (a.mode === "warn" ? " warn" : "")},
-    `ALARM ${a.name} in run ${run.name} at iteration ${a.iteration}` +
+  // act-mode responses (name "action:<kind>") are shown beside the alarms that caused them
+  const action = a.mode === "act" && String(a.name).startsWith("action:");
+  return el("div", {className: "alarm-banner" + (a.mode === "warn" ? " warn" : "") +
+                    (action ? " action" : "")},
+    `${action ? "ACTION" : "ALARM"} ${a.name} in run ${run.name} at iteration ${a.iteration}` +
       (a.message ? ": " + a.message : ""),
     ...(a.evidence || []).map((line) => el("div", {className: "evidence"}, line)));
 }

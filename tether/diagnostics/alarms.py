@@ -20,10 +20,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-AlarmMode = Literal["off", "warn", "stop"]
-_MODE = "off: not tracked; warn: record the event and continue; stop: record it, checkpoint and end the run"
+from tether.diagnostics.control import (ControlConfig, Controller, RaiseEntropy, RaiseKl, Response,
+                                        Rollback, TightenFilter)
+
+AlarmMode = Literal["off", "warn", "act", "stop"]
+_MODE = ("off: not tracked; warn: record the event and continue; act: record it and, while it "
+         "lasts, take the next of `actions` (tether.diagnostics.control); stop: record it, "
+         "checkpoint and end the run")
 
 
 # ------------------------------------------------------------------ config
@@ -32,7 +37,21 @@ class _AlarmConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class _MiEntropyConfig(_AlarmConfig):
+class _OneAlarmConfig(_AlarmConfig):
+    actions: list[Response] = Field(default_factory=list, description=(
+        "mode act: ordered responses (kind: tighten_filter | raise_kl | raise_entropy | "
+        "rollback, each with its own bounds and `times`), taken one at a time while the "
+        "alarm lasts; see alarms.control for the cooldown and the cap"))
+
+    @model_validator(mode="after")
+    def _act_needs_actions(self):
+        if getattr(self, "mode", None) == "act" and not self.actions:
+            raise ValueError("mode 'act' needs at least one entry in `actions` (e.g. "
+                             "[{kind: tighten_filter}, {kind: rollback}])")
+        return self
+
+
+class _MiEntropyConfig(_OneAlarmConfig):
     mi_metric: str = Field("collapse/first_turn/mi_estimate", description=(
         "MI proxy watched for a fall; its interval is read from <mi_metric>_ci_low / _ci_high "
         "(the diagnostics' bootstrap). mi_estimate (nats/token, bounded by log N) by default: "
@@ -50,9 +69,18 @@ class _MiEntropyConfig(_AlarmConfig):
         "an earlier point is a reference only when MI was significantly above its permutation "
         "null there: p < alpha / window (Bonferroni over the points searched, so a point that "
         "is 'significant' by chance among the window's tests is not taken for grounding)"))
+    min_references: int = Field(2, ge=1, description=(
+        "earlier points in the window that must be significantly above the null before any is "
+        "taken as a reference (2 = grounding replicated: one point significant by chance, "
+        "as an input-blind policy shows at a rate of alpha / window, is not enough)"))
     patience: int = Field(2, ge=1, description=(
-        "consecutive diagnostic points whose MI interval lies wholly below the reference's "
-        "before the alarm fires (1 = the first separation)"))
+        "diagnostic points, among the last `within`, whose MI interval lies wholly below "
+        "the reference's before the alarm fires (1 = the first separation)"))
+    within: int = Field(3, ge=1, description=(
+        "the last this many diagnostic points are searched for `patience` separated ones "
+        "(= patience: consecutive points; at least patience).  2 of 3 catches a slow or "
+        "partial collapse whose intervals separate at some points and touch at others "
+        "(benchmarks/alarm_quality.py)"))
     min_drop_fraction: float = Field(0.25, ge=0, lt=1, description=(
         "the fall must also be at least this fraction of the reference value (a reference is "
         "significantly above its null, so never near zero): separated intervals alone would "
@@ -64,16 +92,26 @@ class TemplateCollapseConfig(_MiEntropyConfig):
     both estimates (the intervals separate), while H(Z|X) did not fall (its interval now is
     not wholly below the reference's)."""
     mode: AlarmMode = Field("warn", description=_MODE)
+    actions: list[Response] = Field(
+        default_factory=lambda: [TightenFilter(), RaiseKl(), Rollback()],
+        description="mode act: train on higher-signal groups, hold the policy near its start, "
+                    "then return to the last grounded checkpoint at a lower learning rate")
 
 
 class LowEntropyCollapseConfig(_MiEntropyConfig):
     """As template_collapse, but H(Z|X) fell too (its interval now lies wholly below the
     reference's)."""
     mode: AlarmMode = Field("warn", description=_MODE)
+    actions: list[Response] = Field(
+        default_factory=lambda: [RaiseEntropy(), Rollback()],
+        description="mode act: a larger entropy bonus, then the last grounded checkpoint")
 
 
-class RewardVarianceCollapseConfig(_AlarmConfig):
+class RewardVarianceCollapseConfig(_OneAlarmConfig):
     mode: AlarmMode = Field("warn", description=_MODE)
+    actions: list[Response] = Field(
+        default_factory=lambda: [TightenFilter(times=2)],
+        description="mode act: train only on the groups whose reward spread carries signal")
     metric: str = Field("rollout/in_group_reward_std", description="mean in-group reward std of the batch")
     baseline_iterations: int = Field(10, ge=1, description="first observations averaged into the baseline")
     fraction: float = Field(0.1, gt=0, lt=1, description="breach when the metric is below this fraction of the baseline")
@@ -83,7 +121,7 @@ class RewardVarianceCollapseConfig(_AlarmConfig):
     patience: int = Field(10, ge=1, description="consecutive breaching observations before the alarm fires")
 
 
-class OutputLengthCollapseConfig(_AlarmConfig):
+class OutputLengthCollapseConfig(_OneAlarmConfig):
     mode: AlarmMode = Field("warn", description=_MODE)
     metric: str = Field("rollout/reasoning_length", description=(
         "mean reasoning length in tokens, with its interval <metric>_ci_low / _ci_high"))
@@ -93,7 +131,7 @@ class OutputLengthCollapseConfig(_AlarmConfig):
         "interval lies wholly above the current one (a fall beyond noise)"))
 
 
-class FormatCollapseConfig(_AlarmConfig):
+class FormatCollapseConfig(_OneAlarmConfig):
     mode: AlarmMode = Field("warn", description=_MODE)
     reasoning_metric: str = Field("rollout/valid_reasoning_rate", description=(
         "share of turns with non-empty reasoning inside <think>...</think>"))
@@ -104,7 +142,7 @@ class FormatCollapseConfig(_AlarmConfig):
     patience: int = Field(2, ge=1, description="consecutive breaching iterations before the alarm fires")
 
 
-class EmptyAfterFilterConfig(_AlarmConfig):
+class EmptyAfterFilterConfig(_OneAlarmConfig):
     mode: AlarmMode = Field("warn", description=_MODE)
     metric: str = Field("filter/empty", description="1 when the SNR filter kept no group this iteration, else 0")
     patience: int = Field(5, ge=1, description="consecutive empty iterations before the alarm fires")
@@ -125,6 +163,14 @@ class AlarmsConfig(_AlarmConfig):
     format_collapse: FormatCollapseConfig = Field(
         default_factory=FormatCollapseConfig,
         description="valid reasoning or valid actions all but disappear from the rollouts")
+    control: ControlConfig = Field(default_factory=ControlConfig,
+                                   description="cooldown and cap of the act-mode responses")
+
+    def controller(self) -> Controller | None:
+        """The act-mode alarms' controller (None when no alarm acts)."""
+        responses = {name: getattr(self, name).actions for name in ALARMS
+                     if getattr(self, name).mode == "act"}
+        return Controller(responses, self.control) if responses else None
 
 
 # ------------------------------------------------------------------ events
@@ -135,7 +181,7 @@ class AlarmEvent:
     name: str
     iteration: int
     time: float
-    mode: Literal["warn", "stop"]
+    mode: Literal["warn", "act", "stop"]
     message: str
     evidence: dict[str, list[float]] = field(default_factory=dict)
 
@@ -235,7 +281,8 @@ class _MiEntropyAlarm(_WindowAlarm):
         mi, h = config.mi_metric, config.entropy_metric
         self.keys = (mi, f"{mi}_ci_low", f"{mi}_ci_high", config.p_metric,
                      h, f"{h}_ci_low", f"{h}_ci_high")
-        self.streak = 0
+        self.recent: list[bool] = []      # separated?, for the last `within` points
+        self.reference: int | None = None
 
     @abc.abstractmethod
     def _entropy_ok(self, entropy_fell: bool) -> bool:
@@ -245,28 +292,35 @@ class _MiEntropyAlarm(_WindowAlarm):
         if not self._push(iteration, metrics):
             return None
         *earlier, now = self.history
-        references = [row for row in earlier if row[4] < self.config.alpha / self.config.window]
-        if not references:
-            self.streak = 0
+        c = self.config
+        references = [row for row in earlier if row[4] < c.alpha / c.window]
+        if len(references) < c.min_references:
+            self.recent = []
             return False, "", {}
         ref = max(references, key=lambda row: row[2])       # earliest on ties
-        separated = now[3] < ref[2] and ref[1] - now[1] >= self.config.min_drop_fraction * abs(ref[1])
+        self.reference = int(ref[0])
+        separated = now[3] < ref[2] and ref[1] - now[1] >= c.min_drop_fraction * abs(ref[1])
         entropy_fell = now[7] < ref[6]
-        self.streak = self.streak + 1 if separated and self._entropy_ok(entropy_fell) else 0
-        c = self.config
+        within = max(c.within, c.patience)
+        self.recent = (self.recent + [separated and self._entropy_ok(entropy_fell)])[-within:]
+        count = sum(self.recent)
         message = (f"{self.name}: {c.mi_metric} fell from {ref[1]:.4g} [{ref[2]:.4g}, {ref[3]:.4g}] "
                    f"(iteration {int(ref[0])}, p_grounded {ref[4]:.3g}) to {now[1]:.4g} "
-                   f"[{now[2]:.4g}, {now[3]:.4g}], intervals apart for {self.streak} diagnostic "
-                   f"point(s); {c.entropy_metric} {ref[5]:.4g} [{ref[6]:.4g}, {ref[7]:.4g}] -> "
-                   f"{now[5]:.4g} [{now[6]:.4g}, {now[7]:.4g}] ({'fell' if entropy_fell else 'did not fall'})")
-        return self.streak >= c.patience, message, {**self._evidence(), "reference_iteration": [ref[0]]}
+                   f"[{now[2]:.4g}, {now[3]:.4g}], intervals apart at {count} of the last "
+                   f"{len(self.recent)} diagnostic point(s); {c.entropy_metric} {ref[5]:.4g} "
+                   f"[{ref[6]:.4g}, {ref[7]:.4g}] -> {now[5]:.4g} [{now[6]:.4g}, {now[7]:.4g}] "
+                   f"({'fell' if entropy_fell else 'did not fall'})")
+        return count >= c.patience, message, {**self._evidence(), "reference_iteration": [ref[0]]}
 
     def state_dict(self):
-        return {**super().state_dict(), "streak": self.streak}
+        return {**super().state_dict(), "recent": list(self.recent)}
 
     def load_state_dict(self, state):
         super().load_state_dict(state)
-        self.streak = int(state["streak"])
+        if "recent" in state:
+            self.recent = [bool(v) for v in state["recent"]]
+        else:                               # a checkpoint from before `within`: a streak
+            self.recent = [True] * int(state["streak"])
 
 
 class TemplateCollapseAlarm(_MiEntropyAlarm):
@@ -427,6 +481,12 @@ class AlarmMonitor:
                  if (event := alarm.update(iteration, metrics, now)) is not None]
         self.events.extend(fired)
         return fired
+
+    def in_breach(self, mode: str = "act") -> dict[str, int | None]:
+        """The alarms of ``mode`` now in breach, each with its reference iteration (MI
+        alarms: the grounded point MI fell from; None for the others)."""
+        return {name: getattr(alarm, "reference", None) for name, alarm in self.alarms.items()
+                if alarm.in_breach and alarm.config.mode == mode}
 
     @property
     def stop_requested(self) -> bool:

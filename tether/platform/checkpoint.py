@@ -8,14 +8,23 @@ from pathlib import Path
 import torch
 
 
-def save_checkpoint(directory: Path, iteration: int, state: dict, keep: int = 2) -> Path:
+def checkpoint_path(directory: Path, iteration: int) -> Path:
+    return Path(directory) / f"iter_{iteration:06d}.pt"
+
+
+def save_checkpoint(directory: Path, iteration: int, state: dict, keep: int = 2,
+                    protect: tuple[Path, ...] = ()) -> Path:
+    """Save ``state`` as ``iter_<iteration>.pt``; keep the newest ``keep`` and the
+    ``protect``ed ones (a rollback's targets), delete older ones."""
     directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"iter_{iteration:06d}.pt"
+    path = checkpoint_path(directory, iteration)
     tmp = path.with_suffix(".pt.tmp")
     torch.save(state, tmp)
     os.replace(tmp, path)
+    kept = {Path(p).resolve() for p in protect}
     for old in sorted(directory.glob("iter_*.pt"))[:-keep]:
-        old.unlink(missing_ok=True)
+        if old.resolve() not in kept:
+            old.unlink(missing_ok=True)
     return path
 
 

@@ -121,6 +121,9 @@ def run(config: Path | None = typer.Argument(None, help="Experiment YAML (defaul
         elif kind == "alarm":
             style = "bold red" if data["mode"] == "stop" else "yellow"
             console.print(f"[{style}]ALARM[/] {data['message']}", highlight=False)
+        elif kind == "action":
+            console.print(f"[cyan]ACTION[/] iteration {data['iteration']}: {data['message']}",
+                          highlight=False)
         elif kind == "worker_failed":
             console.print(f"[yellow]rollout worker {data['worker']} died "
                           f"({data['error']}); re-collecting its share[/]", highlight=False)

@@ -207,6 +207,11 @@ class RayConfig(Section):
                                 "Ray on 127.0.0.1).")
     num_cpus: int | None = Field(None, ge=1, description="CPUs of a local Ray (default: enough "
                                  "for the actors asked for).")
+    autoscaler_wait_s: float = Field(120.0, ge=0, description="Joining a cluster that cannot "
+                                     "fit the run yet and whose autoscaler has not published its "
+                                     "node types (it does so some time after the cluster starts): "
+                                     "wait up to this long for them before refusing (0 = refuse "
+                                     "at once).")
 
 
 class TetherConfig(Section):
@@ -350,5 +355,7 @@ def describe_fields(config: BaseModel | None = None, prefix: str = ""):
         if isinstance(value, BaseModel):
             rows += describe_fields(value, path + ".")
         else:
+            if isinstance(value, list) and any(isinstance(v, BaseModel) for v in value):
+                value = [v.model_dump() if isinstance(v, BaseModel) else v for v in value]
             rows.append((path, value, field.description or ""))
     return rows

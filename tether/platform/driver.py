@@ -10,6 +10,8 @@ into the pure core (``tether.agent``, ``tether.algos``).
 
 from __future__ import annotations
 
+import dataclasses
+
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -30,16 +32,19 @@ from ..agent.pairs import SpanExtractor
 from ..algos.advantages import AdvantageInputs, compute_advantages
 from ..algos.batch import collate
 from ..algos.filters import snr_filter
+from ..algos.settings import FilterConfig
 from ..algos.update import UpdateSettings
 from ..diagnostics.alarms import AlarmMonitor
+from ..diagnostics.control import GroundedCheckpoint, Knobs
 from ..envs import runs_untrusted_code
 from ..envs.sandbox import resolve_isolation
 from ..policy.load import load_tokenizer, resolve_policy
 from ..rollout.base import SamplingParams
 from .actor_pool import ActorPool, ActorRequest
-from .checkpoint import load_checkpoint, save_checkpoint
+from .checkpoint import checkpoint_path, load_checkpoint, save_checkpoint
+from .environment import environment_tags
 from .config import TetherConfig
-from .session import check_ray_reachable, check_resources, start_ray, stop_ray
+from .session import check_ray_reachable, check_resources, start_ray, stop_ray, wait_for_autoscaler
 from .tracking import Tracker, default_tracking_uri
 
 
@@ -115,6 +120,8 @@ class Trainer:
         self.output_dir = Path(cfg.experiment.output_dir).expanduser().resolve()
         self.sampler = LevelSampler(cfg.experiment.seed, cfg.env.val_seed_offset)
         self.settings = UpdateSettings.from_config(cfg.algo, cfg.rollout.temperature)
+        #: the filter in force: the config's, tightened by act-mode responses
+        self.filter_cfg: FilterConfig = cfg.filter
         self.sampling = SamplingParams(max_new_tokens=cfg.rollout.max_reply_tokens,
                                        temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p)
         self.started_ray = False
@@ -124,6 +131,12 @@ class Trainer:
         self.weights_ref, self.weights_version = None, 0
         self.mi_ema_state: dict = {}
         self.alarms = AlarmMonitor(cfg.alarms)
+        #: act-mode alarms' responses (None when no alarm acts), the settings they may
+        #: change, and the checkpoints saved while MI was significantly above its null
+        self.controller = cfg.alarms.controller()
+        self.knobs = Knobs(cfg.filter.strategy, cfg.filter.value, cfg.algo.kl_coef,
+                           cfg.algo.entropy_coef, cfg.algo.lr)
+        self.grounded_checkpoints: list[GroundedCheckpoint] = []
         self.stop_reason: str | None = None
         self.val_history: dict[int, float] = {}
         self.val_intervals: dict[int, tuple[float, float]] = {}
@@ -141,7 +154,9 @@ class Trainer:
         demands = cfg.resource_demands()  # before the warm start: a run that can't fit fails now
         self.started_ray = start_ray(cfg.ray.address, cfg.ray.num_cpus,
                                      sum(d.count * d.cpus for d in demands))
-        check_resources(demands)
+        # Joining an autoscaling cluster: its node types may not be published yet.
+        wait_for_autoscaler(lambda: check_resources(demands),
+                            0.0 if self.started_ray else cfg.ray.autoscaler_wait_s)
         self.model_path = str(resolve_policy(
             cfg.model, cfg.env, cfg.experiment.seed, cfg.rollout.max_reply_tokens,
             isolation=cfg.sandbox.isolation,
@@ -156,8 +171,12 @@ class Trainer:
                                parent_run_id=self.parent_run_id, tags=self.run_tags,
                                run_id=self.resume_run_id)
         if self.resume_run_id is None:
-            self.tracker.log_params(cfg.flat())
-        self.tracker.set_tags({"tether.model_path": self.model_path, "tether.env": cfg.env.id})
+            # The run name is the run's name (and a tag), not a parameter: every sweep trial
+            # has its own, which the UI's comparison views would offer as a varied param.
+            self.tracker.log_params({k: v for k, v in cfg.flat().items()
+                                     if k != "experiment.run_name"})
+        self.tracker.set_tags({"tether.model_path": self.model_path, "tether.env": cfg.env.id,
+                               **environment_tags()})
         self.workers, self.learner = self.actor_pool.checkout(*self.actor_requests())
         self.tracker.set_tags({"tether.actors_reused": ",".join(
             kind for kind, reused in self.actor_pool.reused.items() if reused) or "none"})
@@ -266,7 +285,7 @@ class Trainer:
         result and the ids of the groups it keeps."""
         groups = group_trajectories(trajectories)
         result = snr_filter([np.array([t.reward for t in ts]) for ts in groups.values()],
-                            self.cfg.filter,
+                            self.filter_cfg,
                             success=[np.array([t.success for t in ts]) for ts in groups.values()])
         ids = list(groups)
         return result, {ids[g] for g in result.kept_groups}
@@ -389,6 +408,8 @@ class Trainer:
             with timers("sync"):
                 self.sync_weights(it)
         metrics["filter/update_skipped"] = float(not kept)
+        if self.controller is not None:
+            metrics.update(self.knobs.metrics(), **{"control/actions": float(len(self.controller.actions))})
         metrics["rollout/worker_failures"] = float(self.worker_failures)
         metrics.update(timers)
         metrics["timing/iteration"] = sum(timers.values())
@@ -490,6 +511,8 @@ class Trainer:
         self.emit("iteration", {"iteration": it, "total": t.iterations, **metrics})
         for event in self.alarms.update(it, metrics):
             self.record_alarm(event)
+        if self.controller is not None:
+            self.act(it)
         if self.alarms.stop_requested:
             stop = next(e for e in self.alarms.events if e.mode == "stop")
             self.stop_reason = f"alarm {stop.name} at iteration {stop.iteration}"
@@ -507,6 +530,11 @@ class Trainer:
         self.sampler.position = driver["sampler_position"]
         self.mi_ema_state = driver["mi_ema_state"]
         self.alarms.load_state_dict(driver["alarms"])
+        if self.controller is not None and "control" in driver:
+            control = driver["control"]
+            self.controller.load_state_dict(control["controller"])
+            self.grounded_checkpoints = [GroundedCheckpoint(**c) for c in control["grounded"]]
+            self.apply_knobs(Knobs(**control["knobs"]))
         self.worker_failures = driver["worker_failures"]
         self.val_history = dict(driver.get("val_history", {}))
         np.random.set_state(driver["numpy_rng"])
@@ -526,7 +554,42 @@ class Trainer:
         self.emit("alarm", {"name": event.name, "iteration": event.iteration, "mode": event.mode,
                             "message": event.message})
         self.tracker.set_tags({f"alarm.{event.name}": event.iteration})
-        self.tracker.log_json([e.to_dict() for e in self.alarms.events], "alarms.json")
+        self.log_alarms()
+
+    def log_alarms(self) -> None:
+        """alarms.json: the alarms' events and the responses taken, in order."""
+        actions = [a.to_dict() for a in self.controller.actions] if self.controller else []
+        entries = sorted([e.to_dict() for e in self.alarms.events] + actions,
+                         key=lambda e: (e["iteration"], e["mode"] == "act"))
+        self.tracker.log_json(entries, "alarms.json")
+
+    def act(self, it: int) -> None:
+        """While an act-mode alarm is in breach, take its next response (the controller
+        decides, ``tether/diagnostics/control.py``), apply it and record it."""
+        taken = self.controller.step(it, self.alarms.in_breach("act"), self.knobs,
+                                     self.grounded_checkpoints)
+        if taken is None:
+            return
+        action, knobs = taken
+        if action.rollback_to is not None:
+            self.learner.load_full_state(load_checkpoint(Path(action.rollback_to["path"]))["learner"])
+        self.apply_knobs(knobs)
+        if action.rollback_to is not None:
+            self.sync_weights(it)
+        self.emit("action", {"iteration": it, "alarm": action.alarm, "kind": action.kind,
+                             "message": action.message, "rollback_to": action.rollback_to})
+        self.tracker.set_tags({f"control.{len(self.controller.actions)}": f"iteration {it}: {action.message}"})
+        self.log_alarms()
+
+    def apply_knobs(self, knobs: Knobs) -> None:
+        """The controller's settings into the filter, the update settings and the learner."""
+        self.knobs = knobs
+        self.filter_cfg = FilterConfig.model_validate({
+            **self.filter_cfg.model_dump(), "strategy": knobs.filter_strategy,
+            "value": knobs.filter_value})
+        self.settings = dataclasses.replace(self.settings, kl_coef=knobs.kl_coef,
+                                            entropy_coef=knobs.entropy_coef)
+        self.learner.adjust(self.settings, knobs.lr)
 
     def checkpoint(self, it: int) -> Path:
         learner_state = self.learner.full_state()
@@ -535,7 +598,22 @@ class Trainer:
                         "torch_rng": torch.get_rng_state(), "config": self.cfg.model_dump(mode="json"),
                         "mi_ema_state": self.mi_ema_state, "alarms": self.alarms.state_dict(),
                         "worker_failures": self.worker_failures, "val_history": self.val_history}
-        path = save_checkpoint(self.output_dir / "checkpoints" / self.tracker.run_id, it,
-                               {"learner": learner_state, "driver": driver_state})
+        directory = self.output_dir / "checkpoints" / self.tracker.run_id
+        if self.controller is not None:
+            if self.grounded_now():
+                self.grounded_checkpoints = [*self.grounded_checkpoints, GroundedCheckpoint(
+                    it, str(checkpoint_path(directory, it)))][-3:]
+            driver_state["control"] = {
+                "controller": self.controller.state_dict(), "knobs": dataclasses.asdict(self.knobs),
+                "grounded": [dataclasses.asdict(c) for c in self.grounded_checkpoints]}
+        path = save_checkpoint(directory, it, {"learner": learner_state, "driver": driver_state},
+                               protect=tuple(Path(c.path) for c in self.grounded_checkpoints))
         self.tracker.set_tags({"tether.last_checkpoint": str(path)})
         return path
+
+    def grounded_now(self) -> bool:
+        """MI at the latest diagnostic point passed the test a template-collapse reference
+        passes (p < alpha / window): a checkpoint now is a rollback target."""
+        c = self.cfg.alarms.template_collapse
+        p = self.last_metrics.get(c.p_metric, self.last_diagnostics.get(c.p_metric))
+        return p is not None and p < c.alpha / c.window

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import os
 import socket
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 #: Keeps library progress bars and chatter out of the console and the job logs.
 QUIET_ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error",
@@ -87,6 +90,7 @@ def start_ray(address: str | None, num_cpus: int | None, required_cpus: float) -
         if address:
             ray.init(address=address, runtime_env=runtime_env, log_to_driver=False)
         else:
+            explicit_local_auth_mode()
             cpus = num_cpus or max(os.cpu_count() or 1, int(-(-required_cpus // 1)))
             ray.init(address="local", num_cpus=cpus, include_dashboard=False,
                      _node_ip_address="127.0.0.1", runtime_env=runtime_env,
@@ -96,6 +100,22 @@ def start_ray(address: str | None, num_cpus: int | None, required_cpus: float) -
         raise ClusterError(f"could not start or join {where}: {exc}".splitlines()[0]) from None
     interrupt_on_sigterm()
     return True
+
+
+def explicit_local_auth_mode() -> None:
+    """Ray >= 2.59 turns token authentication on for a new local cluster, and warns that
+    it did so, whenever RAY_AUTH_MODE is unset.  Say it explicitly (the same security, no
+    warning): set the variable and refresh Ray's cached config, as Ray itself does when it
+    turns the mode on (``authentication_token_setup._enable_token_auth``).  A user's own
+    RAY_AUTH_MODE wins; a Ray without token auth is left alone."""
+    if "RAY_AUTH_MODE" in os.environ:
+        return
+    try:
+        from ray._raylet import Config
+    except ImportError:
+        return
+    os.environ["RAY_AUTH_MODE"] = "token"
+    Config.initialize("")
 
 
 def interrupt_on_sigterm() -> None:
@@ -136,6 +156,34 @@ class ResourceDemand:
     cpus: float
     gpus_field: str
     gpus: float
+
+
+def autoscaler_published() -> bool:
+    """Whether the cluster's autoscaler has published its node types (Ray private API)."""
+    try:
+        from ray._private.state import state
+
+        return state.get_cluster_config() is not None
+    except Exception:
+        return False
+
+
+def wait_for_autoscaler(check: Callable[[], Any], wait_s: float, refusals: tuple = ()) -> Any:
+    """``check()`` (a capacity check that raises ClusterError or one of ``refusals`` when
+    the cluster cannot fit the run); on a refusal while no autoscaler has published its node
+    types, wait up to ``wait_s`` for them and check again.  An autoscaler publishes them some
+    time after the cluster starts: a run submitted before would see the head node alone."""
+    try:
+        return check()
+    except (ClusterError, *refusals):
+        if wait_s <= 0 or autoscaler_published():
+            raise
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and not autoscaler_published():
+            time.sleep(1.0)
+        if not autoscaler_published():
+            raise
+    return check()
 
 
 def cluster_capacity() -> tuple[dict[str, float], dict[str, float]]:

@@ -168,7 +168,7 @@ def run_trial(config: dict[str, Any], spec_json: str, parent_run_id: str) -> Non
     spec = SweepSpec.from_json(spec_json)
     values = decode(spec, config)
     trial_id = tune.get_context().get_trial_id()
-    cfg = spec.build(values)
+    cfg = stop_when_collapsed(spec.build(values), spec.sweep.stop_collapsed)
     cfg.experiment.run_name = f"{spec.name}-{trial_id}"
     resolved = cfg.flat()
     tags = {"sweep.name": spec.name, "sweep.trial_id": trial_id,
@@ -187,6 +187,20 @@ def run_trial(config: dict[str, Any], spec_json: str, parent_run_id: str) -> Non
                       actor_pool=process_pool()).run()
     if summary.status != "FINISHED":
         raise RuntimeError(f"trial {trial_id} ended {summary.status}")
+
+
+def stop_when_collapsed(cfg, stop):
+    """The trial's config with the listed MI alarms in stop mode after ``stop.points``
+    collapsed diagnostic points (unchanged when ``stop`` is None)."""
+    if stop is None:
+        return cfg
+    for name in stop.alarms:
+        alarm = getattr(cfg.alarms, name)
+        update = {"mode": "stop", "patience": stop.points}
+        if hasattr(alarm, "within"):
+            update["within"] = max(alarm.within, stop.points)
+        setattr(cfg.alarms, name, alarm.model_copy(update=update))
+    return cfg
 
 
 # -- the driver ---------------------------------------------------------------------------
@@ -251,25 +265,17 @@ def _graceful_sigterm():
         signal.signal(signal.SIGTERM, previous)
 
 
-def _connect(spec: SweepSpec, address: str | None) -> None:
+def _connect(spec: SweepSpec, address: str | None) -> bool:
+    """Join the cluster (or start a local Ray); True when this started a local one."""
     import ray
 
     from .session import start_ray
 
     if ray.is_initialized():
-        return
+        return False
     # Under `ray job submit` the entry point gets RAY_ADDRESS: join that cluster.
     address = address or spec.base.ray.address or os.environ.get("RAY_ADDRESS")
-    start_ray(address, spec.base.ray.num_cpus, 0)
-
-
-def _cluster_shape() -> tuple[dict[str, float], dict[str, float]]:
-    import ray
-
-    totals = ray.cluster_resources()
-    nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
-    largest = {k: max((n.get(k, 0.0) for n in nodes), default=0.0) for k in ("CPU", "GPU")}
-    return totals, largest
+    return start_ray(address, spec.base.ray.num_cpus, 0) and not address
 
 
 def run_sweep(spec: SweepSpec, resume: bool = False, address: str | None = None,
@@ -279,6 +285,8 @@ def run_sweep(spec: SweepSpec, resume: bool = False, address: str | None = None,
     from ray.tune.execution.placement_groups import PlacementGroupFactory
 
     from ..policy.load import resolve_policy
+    from .environment import environment_tags
+    from .session import cluster_capacity, wait_for_autoscaler
     from .tracking import Tracker, default_tracking_uri
 
     started = time.perf_counter()
@@ -300,8 +308,9 @@ def run_sweep(spec: SweepSpec, resume: bool = False, address: str | None = None,
         raise SweepError(f"sweep {spec.name!r} already has state at {exp_path}; continue it "
                          f"with --resume, or start a new one with sweep.name=<another name>")
 
-    _connect(spec, address)
-    check_trials_fit(spec, *_cluster_shape())
+    started_local = _connect(spec, address)
+    wait_for_autoscaler(lambda: check_trials_fit(spec, *cluster_capacity()),
+                        0.0 if started_local else base.ray.autoscaler_wait_s, (SweepError,))
     echo(f"Ray cluster: {ray.cluster_resources().get('CPU', 0):g} CPUs, "
          f"{ray.cluster_resources().get('GPU', 0):g} GPUs; one trial: "
          f"{trial_bundles(base, sweep.resources)}")
@@ -323,7 +332,7 @@ def run_sweep(spec: SweepSpec, resume: bool = False, address: str | None = None,
     else:
         parent = Tracker(uri, base.experiment.name, artifacts, run_name=spec.name, tags={
             "sweep.name": spec.name, "sweep.search": sweep.search, "sweep.metric": sweep.metric,
-            "sweep.fields": ",".join(sweep.space), "tether.kind": "sweep"})
+            "sweep.fields": ",".join(sweep.space), "tether.kind": "sweep", **environment_tags()})
         parent.log_params({f"sweep.{k}": v for k, v in sweep.model_dump(mode="json").items()
                            if k != "space"} |
                           {f"sweep.space.{p}": json.dumps(d.model_dump(exclude_none=True))
@@ -366,7 +375,8 @@ def run_sweep(spec: SweepSpec, resume: bool = False, address: str | None = None,
     interrupted = len(trials) < _expected_trials(spec) or any(
         t.status not in ("TERMINATED", "ERROR") for t in trials)
     close_stale_children(*ids)
-    rows = results_rows(*ids, sweep.metric, sweep.mode)
+    rows = results_rows(*ids, sweep.metric, sweep.mode, sweep.collapse_penalty,
+                        sweep.collapse_alarms())
     write_results_csv(rows, sweep.metric, exp_path / RESULTS_FILE)
     parent.client.log_artifact(parent.run_id, str(exp_path / RESULTS_FILE))
     status = "KILLED" if interrupted else ("FAILED" if errored == len(trials) else "FINISHED")

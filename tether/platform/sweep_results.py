@@ -41,9 +41,15 @@ def close_stale_children(uri: str, experiment_id: str, parent_run_id: str) -> in
     return closed
 
 
+MI_ALARMS = ("template_collapse", "low_entropy_collapse")
+
+
 def results_rows(uri: str, experiment_id: str, parent_run_id: str, metric: str,
-                 mode: str) -> list[dict]:
-    """One row per trial (its FINISHED child run if any, else its latest), ranked."""
+                 mode: str, collapse_penalty: float | None = None,
+                 collapse_alarms: tuple[str, ...] = MI_ALARMS) -> list[dict]:
+    """One row per trial (its FINISHED child run if any, else its latest), ranked by the
+    metric, or with ``collapse_penalty`` by the metric penalised when an MI alarm fired.
+    ``collapsed`` flags those trials; ``stop_reason`` says why a trial ended early."""
     from .tracking import metric_history, metric_key
 
     client = MlflowClient(uri)
@@ -72,11 +78,17 @@ def results_rows(uri: str, experiment_id: str, parent_run_id: str, metric: str,
             "p_grounded_final": run.data.metrics.get(P_GROUNDED, float("nan")),
             "alarms": " ".join(sorted(k.removeprefix("alarm.") for k in tags
                                       if k.startswith("alarm."))),
+            "collapsed": any(f"alarm.{name}" in tags for name in collapse_alarms),
+            "stop_reason": tags.get("tether.stop_reason", ""),
         })
     sign = -1.0 if mode == "max" else 1.0
+    for row in rows:
+        row["objective"] = row[metric] + (sign * collapse_penalty if collapse_penalty
+                                          and row["collapsed"] else 0.0)
+    ranked_by = "objective" if collapse_penalty is not None else metric
 
     def order(row: dict) -> tuple:  # by the metric, then peak success; missing values last
-        value, peak = row[metric], row["success_peak"]
+        value, peak = row[ranked_by], row["success_peak"]
         return (math.isnan(value), 0.0 if math.isnan(value) else sign * value,
                 math.isnan(peak), 0.0 if math.isnan(peak) else -peak, row["trial"])
 
@@ -86,9 +98,8 @@ def results_rows(uri: str, experiment_id: str, parent_run_id: str, metric: str,
     return rows
 
 
-_TAIL = ["success_peak", "success_final", "mi_zscore_ema_final", "p_grounded_final", "alarms",
-         "iterations",
-         "status", "run_id"]
+_TAIL = ["objective", "success_peak", "success_final", "mi_zscore_ema_final", "p_grounded_final",
+         "alarms", "collapsed", "iterations", "status", "stop_reason", "run_id"]
 
 
 def _swept_columns(rows: list[dict], metric: str) -> list[str]:
@@ -111,8 +122,11 @@ def results_table(rows: list[dict], metric: str, title: str):
 
     swept = _swept_columns(rows, metric)
     table = Table(title=title)
-    for column in ["#", "trial", *swept, metric, "peak success", "final success",
-                   "MI z-score (EMA)", "input-dependence p", "alarms", "status"]:
+    penalised = any(r["objective"] != r[metric] for r in rows
+                    if not (math.isnan(r[metric]) and math.isnan(r["objective"])))
+    for column in ["#", "trial", *swept, metric, *(["objective"] if penalised else []),
+                   "peak success", "final success", "MI z-score (EMA)", "input-dependence p",
+                   "alarms", "status"]:
         table.add_column(column, justify="right" if column not in ("trial", "alarms") else "left")
 
     def num(value) -> str:
@@ -120,8 +134,12 @@ def results_table(rows: list[dict], metric: str, title: str):
             else f"{value:.3f}"
 
     for r in rows:
+        status = r["status"]
+        if r["collapsed"]:
+            status = "COLLAPSED, stopped" if r["stop_reason"].startswith("alarm") else f"{status}, collapsed"
         table.add_row(str(r["rank"]), r["trial"], *(str(r.get(c, "")) for c in swept),
-                      num(r[metric]), num(r["success_peak"]), num(r["success_final"]),
+                      num(r[metric]), *([num(r["objective"])] if penalised else []),
+                      num(r["success_peak"]), num(r["success_final"]),
                       num(r["mi_zscore_ema_final"]), num(r["p_grounded_final"]), r["alarms"] or "-",
-                      r["status"])
+                      status, style="dim" if r["collapsed"] else None)
     return table

@@ -95,6 +95,18 @@ class SchedulerSpec(_Strict):
                                   "trials early on the sweep metric.")
 
 
+class CollapseStop(_Strict):
+    alarms: list[Literal["template_collapse", "low_entropy_collapse", "reward_variance_collapse",
+                         "output_length_collapse", "format_collapse", "empty_after_filter"]] = Field(
+        default_factory=lambda: ["template_collapse", "low_entropy_collapse"],
+        description="alarms that end a trial, by their own rules (alarms.*); default the MI "
+                    "alarms")
+    points: int = Field(3, ge=1, description=(
+        "breaching observations before the trial ends: each listed alarm runs in stop mode "
+        "with patience = points (MI alarms: diagnostic points at which MI lies significantly "
+        "below its grounded reference, among the last max(points, within))"))
+
+
 class TrialResources(_Strict):
     cpu: float = Field(0.25, ge=0.0, description="CPUs of the trial's own process (the "
                        "driver loop); its actors' CPUs come from rollout.* and algo.*.")
@@ -120,6 +132,19 @@ class SweepConfig(_Strict):
     resources: TrialResources = Field(default_factory=TrialResources)
     scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec)
     seed: int | None = Field(None, description="Search seed (default: experiment.seed).")
+    stop_collapsed: CollapseStop | None = Field(None, description=(
+        "End a trial once its MI has collapsed significantly (it finishes cleanly with a "
+        "checkpoint; tether.stop_reason names the alarm); the results table flags collapsed "
+        "trials."))
+    collapse_penalty: float | None = Field(None, ge=0, description=(
+        "Rank trials by the metric minus this (mode min: plus) when the trial collapsed (an "
+        "alarm of stop_collapsed, default the MI alarms, fired); the table shows this "
+        "objective beside the metric."))
+
+    def collapse_alarms(self) -> tuple[str, ...]:
+        """The alarms whose firing marks a trial collapsed."""
+        return tuple(self.stop_collapsed.alarms) if self.stop_collapsed else (
+            "template_collapse", "low_entropy_collapse")
     storage_path: Path | None = Field(None, description="Where Tune keeps the sweep's state "
                                       "(default: <experiment.output_dir>/sweeps).")
 

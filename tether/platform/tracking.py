@@ -55,16 +55,27 @@ def check_tracking_reachable(uri: str, timeout: float = 5.0) -> None:
                             f"with `mlflow server` or drop tracking.uri to use local SQLite") from None
 
 
+#: MLflow 3's UI opens an experiment by its kind; untagged ones may open on the GenAI
+#: "Overview" (traces, token usage).  Tether's are model training: open on the runs.
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
+
+
 def ensure_experiment(client: MlflowClient, name: str, artifact_root: Path | None) -> str:
     experiment = client.get_experiment_by_name(name)
-    if experiment is not None:
-        return experiment.experiment_id
-    location = artifact_root.resolve().as_uri() if artifact_root is not None else None
-    try:
-        return client.create_experiment(name, artifact_location=location)
-    except mlflow.exceptions.MlflowException:
-        # Created concurrently by another process (sweep trials).
-        return client.get_experiment_by_name(name).experiment_id
+    if experiment is None:
+        location = artifact_root.resolve().as_uri() if artifact_root is not None else None
+        try:
+            experiment_id = client.create_experiment(name, artifact_location=location,
+                                                     tags=EXPERIMENT_KIND)
+        except mlflow.exceptions.MlflowException:
+            # Created concurrently by another process (sweep trials).
+            experiment_id = client.get_experiment_by_name(name).experiment_id
+    else:
+        experiment_id = experiment.experiment_id
+        if not any(experiment.tags.get(k) for k in EXPERIMENT_KIND):   # an older Tether's
+            for key, value in EXPERIMENT_KIND.items():
+                client.set_experiment_tag(experiment_id, key, value)
+    return experiment_id
 
 
 class Tracker:

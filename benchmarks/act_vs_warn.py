@@ -1,0 +1,152 @@
+"""Does acting on a collapse alarm help?  ``act`` against ``warn`` on an injected collapse.
+
+Protocol (fixed before the runs; `benchmarks/RESULTS.md` records the outcome whatever it
+shows):
+
+Setting.  The quickstart with 8 groups of 4 (half its batch, for time; grounded FrozenLake warm start: its first-turn reasoning picks
+out its own map among 8 well above chance, so MI has somewhere to fall from).  From
+iteration ``--inject-from`` (4) on, the training reward is made independent of the
+input: each turn scores the similarity (difflib ratio) of its reasoning to one fixed
+reasoning string, whatever the map; rewards spread within groups, so the update follows
+them, toward one template.  Validation (``val/success``) keeps the true task reward.
+Diagnostics every 2 iterations, checkpoints every 2 (rollback targets), 12 iterations.
+Every run starts from the same warm-started policy (the quickstart's seed-0 warm start,
+passed as ``model.path``); the seed varies the levels, the samples and the updates.
+
+Conditions.  ``warn``: the shipped alarms in warn mode.  ``act``: template_collapse and
+low_entropy_collapse in act mode with their default responses (tighten the filter, raise
+the KL coefficient, roll back to the last grounded checkpoint at half the learning rate;
+low entropy: raise the entropy bonus, roll back), cooldown 2, at most 4 actions.
+Seeds 0, 1, 2; the same seed gives both conditions the same levels and samples until the
+first action.
+
+Measured.  Per run: first-turn ``mi_estimate`` averaged over the last 3 diagnostic points
+(with each point's bootstrap interval), ``retrieval_acc`` likewise, ``val/success`` at the
+end (Wilson interval, 64 held-out levels), the alarms and actions.  Verdict: acting helps MI if
+the paired difference act - warn over the seeds has a 95 % t-interval above 0 (3 seeds:
+t with 2 degrees of freedom); it hurts if below 0; otherwise no difference shown.  The
+same for ``val/success``.
+
+    python benchmarks/act_vs_warn.py --out /tmp/act_vs_warn model.path=<cache>/tiny-<key>
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+from mlflow.tracking import MlflowClient
+from scipy import stats
+
+from tether.platform.config import load_config
+from tether.platform.driver import Trainer
+
+TEMPLATE = "At (0,0), goal (3,3). Right, then down."
+PREFIX = "collapse/first_turn"
+
+
+class InjectedTrainer(Trainer):
+    """The real driver; from ``inject_from`` on, training rewards ignore the input."""
+
+    def __init__(self, cfg, inject_from: int, **kwargs) -> None:
+        super().__init__(cfg, **kwargs)
+        self.inject_from, self.injecting = inject_from, False
+
+    def iteration(self, it: int):
+        self.injecting = it >= self.inject_from        # training collection only, not validation
+        try:
+            return super().iteration(it)
+        finally:
+            self.injecting = False
+
+    def collect(self, specs, sampling, seed):
+        trajectories = super().collect(specs, sampling, seed)
+        if self.injecting:
+            for trajectory in trajectories:
+                for turn in trajectory.turns:
+                    turn.reward = difflib.SequenceMatcher(
+                        None, turn.reasoning or "", TEMPLATE).ratio() / len(trajectory.turns)
+        return trajectories
+
+
+def run(spec: str, overrides: list[str], seed: int, mode: str, args) -> dict:
+    cfg = load_config(spec, [*overrides, f"experiment.seed={seed}",
+                             f"experiment.output_dir={args.out}/{mode}-s{seed}",
+                             f"experiment.name=act-vs-warn", f"experiment.run_name={mode}-s{seed}",
+                             f"trainer.iterations={args.iterations}",
+                             f"trainer.val_every={args.iterations}", "trainer.checkpoint_every=2",
+                             "trainer.val_episodes=64", "rollout.group_size=4",
+                             "diagnostics.every=2", "diagnostics.chain_every=100",
+                             "diagnostics.grad_snr_every=0", f"tracking.uri={args.tracking}",
+                             f"alarms.template_collapse.mode={mode}",
+                             f"alarms.low_entropy_collapse.mode={mode}",
+                             "alarms.control.cooldown=2", "alarms.control.max_actions=4"])
+    started = time.perf_counter()
+    summary = InjectedTrainer(cfg, args.inject_from).run()
+    client = MlflowClient(summary.tracking_uri)
+
+    def history(key):
+        return {m.step: m.value for m in client.get_metric_history(summary.run_id, key)}
+
+    mi, retrieval = history(f"{PREFIX}/mi_estimate"), history(f"{PREFIX}/retrieval_acc")
+    last = sorted(mi)[-3:]
+    tags = client.get_run(summary.run_id).data.tags
+    return {"seed": seed, "mode": mode, "run_id": summary.run_id, "status": summary.status,
+            "seconds": time.perf_counter() - started,
+            "mi_last3": float(np.mean([mi[s] for s in last])),
+            "mi_points": {s: [mi[s], history(f"{PREFIX}/mi_estimate_ci_low")[s],
+                              history(f"{PREFIX}/mi_estimate_ci_high")[s]] for s in sorted(mi)},
+            "retrieval_last3": float(np.mean([retrieval[s] for s in last])),
+            "val_success": summary.val_history, "val_intervals": summary.val_intervals,
+            "alarms": sorted(k for k in tags if k.startswith("alarm.")),
+            "actions": [tags[k] for k in sorted(tags) if k.startswith("control.")]}
+
+
+def paired(rows: list[dict], key) -> str:
+    warn = {r["seed"]: key(r) for r in rows if r["mode"] == "warn"}
+    act = {r["seed"]: key(r) for r in rows if r["mode"] == "act"}
+    diffs = np.array([act[s] - warn[s] for s in sorted(warn) if s in act])
+    if len(diffs) < 2:
+        return f"differences {diffs.tolist()}"
+    mean, sem = diffs.mean(), diffs.std(ddof=1) / np.sqrt(len(diffs))
+    low, high = stats.t.interval(0.95, len(diffs) - 1, loc=mean, scale=sem) if sem > 0 else (mean, mean)
+    verdict = "act helps" if low > 0 else "act hurts" if high < 0 else "no difference shown"
+    return (f"act - warn = {mean:+.3f} [{low:+.3f}, {high:+.3f}] over {len(diffs)} seeds "
+            f"({', '.join(f'{d:+.3f}' for d in diffs)}): {verdict}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--spec", default="experiments/quickstart.yaml")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--iterations", type=int, default=12)
+    parser.add_argument("--inject-from", type=int, default=4)
+    parser.add_argument("--out", default="/tmp/act_vs_warn")
+    parser.add_argument("overrides", nargs="*", help="config overrides, e.g. model.cache_dir=...")
+    args = parser.parse_args()
+    args.tracking = f"sqlite:///{Path(args.out).resolve() / 'mlflow.db'}"
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    rows = []
+    for seed in args.seeds:
+        for mode in ("warn", "act"):
+            rows.append(run(args.spec, args.overrides, seed, mode, args))
+            print(json.dumps(rows[-1]), flush=True)
+    print()
+    for r in rows:
+        last_val = r["val_success"][max(r["val_success"])]
+        low, high = r["val_intervals"][max(r["val_intervals"])]
+        print(f"seed {r['seed']} {r['mode']:4}: MI (last 3 points) {r['mi_last3']:.3f}, retrieval "
+              f"{r['retrieval_last3']:.3f}, val/success {r['val_success'][0]:.3f} -> {last_val:.3f} "
+              f"[{low:.3f}, {high:.3f}], {r['seconds']:.0f} s; alarms {r['alarms']}; "
+              f"actions {r['actions']}")
+    print("MI:", paired(rows, lambda r: r["mi_last3"]))
+    print("retrieval:", paired(rows, lambda r: r["retrieval_last3"]))
+    print("val/success:", paired(rows, lambda r: r["val_success"][max(r["val_success"])]))
+
+
+if __name__ == "__main__":
+    main()
