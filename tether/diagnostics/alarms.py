@@ -22,8 +22,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from tether.diagnostics.control import (ControlConfig, Controller, RaiseEntropy, RaiseKl, Response,
-                                        Rollback, TightenFilter)
+from tether.diagnostics.control import (
+    ControlConfig,
+    Controller,
+    RaiseEntropy,
+    RaiseKl,
+    Response,
+    Rollback,
+    TightenFilter,
+)
 
 AlarmMode = Literal["off", "warn", "act", "stop"]
 _MODE = ("off: not tracked; warn: record the event and continue; act: record it and, while it "
@@ -189,7 +196,7 @@ class AlarmEvent:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "AlarmEvent":
+    def from_dict(cls, data: Mapping[str, Any]) -> AlarmEvent:
         return cls(**dict(data))
 
 

@@ -18,15 +18,16 @@ from __future__ import annotations
 
 import ast
 import itertools
+from collections.abc import Sequence
 from fractions import Fraction
-from typing import Any, Sequence, Union
+from typing import Any
 
 import numpy as np
 
 from .base import SingleTurnTextEnv
 
 #: An expression tree: a number, or (operator, left, right).
-Expr = Union[int, tuple[str, "Expr", "Expr"]]
+Expr = int | tuple[str, "Expr", "Expr"]
 OPS = ("+", "-", "*", "/")
 AST_OPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/"}
 PRECEDENCE = {"+": 1, "-": 1, "*": 2, "/": 2}

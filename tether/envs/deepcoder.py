@@ -213,7 +213,7 @@ def mutate(code: str, rng: np.random.Generator) -> str:
     # so the rest keeps the reference's style.
     lines = code.splitlines(keepends=True)
     line = lines[row - 1].encode()
-    start, end = getattr(node, "col_offset"), getattr(node, "end_col_offset")
+    start, end = node.col_offset, node.end_col_offset
     lines[row - 1] = (line[:start] + ast.unparse(node).encode() + line[end:]).decode()
     return "".join(lines)
 

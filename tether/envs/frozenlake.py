@@ -19,7 +19,8 @@ are (row,col), 0-based from the top-left corner.
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 

@@ -47,8 +47,16 @@ from typing import Any
 import numpy as np
 
 from .base import MultiTurnTextEnv
-from .searchqa_data import (Corpus, Question, corpus_documents, dedupe_documents, file_key,
-                            generate_knowledge_base, load_questions, shared_corpus)
+from .searchqa_data import (
+    Corpus,
+    Question,
+    corpus_documents,
+    dedupe_documents,
+    file_key,
+    generate_knowledge_base,
+    load_questions,
+    shared_corpus,
+)
 
 MAX_ARG_CHARS = 200
 F1_THRESHOLD = 0.3

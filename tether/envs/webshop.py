@@ -232,7 +232,8 @@ class Shop:
         self._lengths = [len(d) for d in docs]
         self._avg_length = max(1e-9, sum(self._lengths) / max(1, len(docs)))
 
-    @functools.lru_cache(maxsize=4096)
+    # The cache keeps the index alive, as its catalogue does anyway.
+    @functools.lru_cache(maxsize=4096)  # noqa: B019
     def search(self, query: str) -> tuple[str, ...]:
         """Asins of the best ``max_results`` products for ``query`` (BM25, k1=1.5, b=0.75;
         ties keep catalogue order)."""

@@ -11,7 +11,6 @@ into the pure core (``tether.agent``, ``tether.algos``).
 from __future__ import annotations
 
 import dataclasses
-
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -42,8 +41,8 @@ from ..policy.load import load_tokenizer, resolve_policy
 from ..rollout.base import SamplingParams
 from .actor_pool import ActorPool, ActorRequest
 from .checkpoint import checkpoint_path, load_checkpoint, save_checkpoint
-from .environment import environment_tags
 from .config import TetherConfig
+from .environment import environment_tags
 from .session import check_ray_reachable, check_resources, start_ray, stop_ray, wait_for_autoscaler
 from .tracking import Tracker, default_tracking_uri
 
