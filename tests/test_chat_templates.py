@@ -11,14 +11,12 @@ import shutil
 import pytest
 
 from tests.conftest import micro_config_dict
+from tests.test_episode import _setup
 from tether.agent.chat import ChatFormatter
 from tether.agent.episode import EpisodeSpec, LocalEnvBatch, run_episodes
-from tether.agent.format import ANSWER_CLOSE
 from tether.platform.config import build_config
 from tether.platform.driver import Trainer
-from tether.policy.load import load_model_and_tokenizer, load_tokenizer
-from tether.rollout import make_engine
-from tether.rollout.base import SamplingParams
+from tether.policy.load import load_tokenizer
 
 # The shape of Gemma's template: no system role, assistant turns rendered as "model".
 NO_SYSTEM = (
@@ -74,14 +72,7 @@ def test_unusable_templates_are_refused_in_one_line(micro_policy, template, mess
 
 
 def test_episodes_run_with_a_template_that_refuses_the_system_role(micro_policy):
-    model, _ = load_model_and_tokenizer(micro_policy)
-    tokenizer = _tokenizer(micro_policy, NO_SYSTEM)
-    formatter = ChatFormatter(tokenizer)
-    engine = make_engine("hf", model, pad_token_id=tokenizer.pad_token_id,
-                         eos_token_ids=[tokenizer.eos_token_id], tokenizer=tokenizer)
-    [answer_close] = formatter.encode(ANSWER_CLOSE)
-    sampling = SamplingParams(max_new_tokens=32, temperature=1.0,
-                              stop_token_ids=(answer_close, tokenizer.eos_token_id))
+    _, _, formatter, engine, sampling = _setup(micro_policy, _tokenizer(micro_policy, NO_SYSTEM))
     trajectories = run_episodes(engine, formatter, LocalEnvBatch("tether/FrozenLake-v0"),
                                 [EpisodeSpec(0, 7, k) for k in range(2)], sampling, seed=1)
     assert len(trajectories) == 2 and all(t.turns for t in trajectories)

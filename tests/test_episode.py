@@ -11,8 +11,10 @@ from tether.rollout import make_engine
 from tether.rollout.base import SamplingParams
 
 
-def _setup(path):
+def _setup(path, tokenizer=None):
+    """The model, its tokenizer (or ``tokenizer``), formatter, HF engine and sampling."""
     model, tok = load_model_and_tokenizer(path)
+    tok = tokenizer or tok
     formatter = ChatFormatter(tok)
     engine = make_engine("hf", model, pad_token_id=tok.pad_token_id,
                          eos_token_ids=[tok.eos_token_id], tokenizer=tok)

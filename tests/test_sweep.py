@@ -45,6 +45,17 @@ def write_spec(tmp_path: Path, sweep: dict, base: str = "filters_smoke.yaml", **
     return path
 
 
+def micro_sweep_sections(tmp_path: Path, models_dir: Path, name: str, iterations: int) -> dict:
+    """A seconds-scale trial: the tests' micro model, 2 groups x 4, one rollout worker."""
+    return {"experiment": {"output_dir": str(tmp_path / "out"), "name": name},
+            "model": {"size": "micro", "cache_dir": str(models_dir), "warm_start": {
+                "episodes": 192, "epochs": 3, "batch_size": 8, "lr": 1e-2}},
+            "rollout": {"num_workers": 1, "groups": 2, "group_size": 4, "max_reply_tokens": 48,
+                        "num_cpus_per_worker": 0.5},
+            "trainer": {"iterations": iterations, "val_every": iterations, "val_episodes": 4,
+                        "samples_every": 1}}
+
+
 # -- shipped specs --------------------------------------------------------------------------
 @pytest.mark.parametrize("name, trials", [
     ("sensitivity", 14), ("stochasticity", 16), ("filters", 12),
@@ -260,13 +271,7 @@ def test_a_collapsing_trial_is_stopped_early_and_flagged(micro_policy, models_di
                                  "resources": {"cpu": 0.2}, "max_concurrent": 1,
                                  "stop_collapsed": {"alarms": ["format_collapse"], "points": 2},
                                  "collapse_penalty": 10.0},
-                      experiment={"output_dir": str(tmp_path / "out"), "name": "stop-test"},
-                      model={"size": "micro", "cache_dir": str(models_dir), "warm_start": {
-                          "episodes": 192, "epochs": 3, "batch_size": 8, "lr": 1e-2}},
-                      rollout={"num_workers": 1, "groups": 2, "group_size": 4,
-                               "max_reply_tokens": 48, "num_cpus_per_worker": 0.5},
-                      trainer={"iterations": 4, "val_every": 4, "val_episodes": 4,
-                               "samples_every": 4},
+                      **micro_sweep_sections(tmp_path, models_dir, "stop-test", iterations=4),
                       diagnostics={"enabled": False},
                       alarms={"format_collapse": {"reasoning_metric": "rollout/worker_failures"}})
     outcome = run_sweep(load_sweep_spec(path), echo=lambda line: None)
@@ -300,13 +305,7 @@ def test_optuna_smoke_sweep_through_tune_is_tracked_in_mlflow(micro_policy, mode
     path = write_spec(tmp_path, {"name": "optuna-smoke", "search": "optuna", "space": space,
                                  "num_samples": 4, "max_concurrent": 2, "resources": {"cpu": 0.2},
                                  "metric": "rollout/success", "mode": "max"},
-                      experiment={"output_dir": str(tmp_path / "out"), "name": "sweep-test"},
-                      model={"size": "micro", "cache_dir": str(models_dir), "warm_start": {
-                          "episodes": 192, "epochs": 3, "batch_size": 8, "lr": 1e-2}},
-                      rollout={"num_workers": 1, "groups": 2, "group_size": 4,
-                               "max_reply_tokens": 48, "num_cpus_per_worker": 0.5},
-                      trainer={"iterations": 2, "val_every": 2, "val_episodes": 4,
-                               "samples_every": 1},
+                      **micro_sweep_sections(tmp_path, models_dir, "sweep-test", iterations=2),
                       diagnostics={"every": 2})
     lines: list[str] = []
     outcome = run_sweep(load_sweep_spec(path), echo=lines.append)

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -93,11 +92,10 @@ def run(config: Path | None = typer.Argument(None, help="Experiment YAML (defaul
         _check_cluster(cfg.ray.address)
     prepare_process(cfg.ray.address)
     from .driver import Trainer
+    from .progress import bars
     from .tracking import TrackingError
 
-    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn(
-        "{task.completed}/{task.total}"), TimeElapsedColumn(), TimeRemainingColumn(),
-        TextColumn("{task.fields[info]}"), console=console, transient=False)
+    progress = bars(console)
     tasks: dict[str, int] = {}
 
     plain = not console.is_terminal  # logs (ray job logs, CI): one line per event instead of bars
@@ -237,13 +235,16 @@ def sweep(spec: Path = typer.Argument(..., help="Sweep spec YAML: a run config p
         fail(f"sweep spec: {exc}")
     prepare_process(address or os.environ.get("RAY_ADDRESS") or sweep_spec.base.ray.address)
     from ..envs.sandbox import SandboxUnavailable
+    from .progress import SweepDisplay
     from .session import ClusterError
     from .sweep import SweepError, results_table, run_sweep
     from .tracking import TrackingError
 
-    try:
-        outcome = run_sweep(sweep_spec, resume=resume, address=address,
-                            echo=lambda line: console.print(line, highlight=False))
+    try:  # bars in a terminal (warm start, trials with an ETA), else one line per event
+        with SweepDisplay(console) as display:
+            outcome = run_sweep(sweep_spec, resume=resume, address=address,
+                                echo=lambda line: console.print(line, highlight=False),
+                                display=display)
     except (SweepError, ClusterError, TrackingError, SandboxUnavailable) as exc:
         fail(str(exc))
     except KeyboardInterrupt:

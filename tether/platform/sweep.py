@@ -61,12 +61,13 @@ class SweepOutcome:
     rows: list[dict] = field(default_factory=list)
     trials: int = 0
     seconds: float = 0.0
+    experiment_id: str = ""
 
     @property
     def ui_command(self) -> str:
-        if self.tracking_uri.startswith("sqlite:"):
-            return f"mlflow ui --backend-store-uri {self.tracking_uri} --host 127.0.0.1"
-        return f"open {self.tracking_uri}"
+        from .tracking import ui_command
+
+        return ui_command(self.tracking_uri, self.experiment_id)
 
 
 # -- search space and resources ---------------------------------------------------------
@@ -205,40 +206,85 @@ def stop_when_collapsed(cfg, stop):
 
 # -- the driver ---------------------------------------------------------------------------
 class SweepProgress(Callback):
-    """Tune callback: one plain line per trial event (readable in `ray job logs`), and the
-    MLflow runs of trials that Tune ended (early stop, error) closed. Tune pickles its
-    callbacks with the experiment for ``--resume``, so this holds plain data only."""
+    """Tune callback: one plain line per trial event (readable in `ray job logs`) or, in a
+    terminal, rich bars (trials done / running / left with an ETA, one bar per running
+    trial); and the MLflow runs of trials that Tune ended (early stop, error) closed.
+    Tune pickles its callbacks with the experiment for ``--resume``, so this holds plain
+    data only: the bars belong to the driver process (``showing``)."""
 
     def __init__(self, tracking_uri: str, experiment_id: str, parent_run_id: str,
                  spec_json: str) -> None:
         self.tracking_uri, self.experiment_id = tracking_uri, experiment_id
         self.parent_run_id, self.spec_json = parent_run_id, spec_json
 
+    def __getstate__(self):  # plain data only, whatever a later version caches here
+        return {k: self.__dict__[k] for k in ("tracking_uri", "experiment_id",
+                                                "parent_run_id", "spec_json")}
+
+    def _spec(self) -> SweepSpec:
+        spec = self.__dict__.get("_spec_cache")
+        if spec is None:
+            spec = self.__dict__["_spec_cache"] = SweepSpec.from_json(self.spec_json)
+        return spec
+
+    def _draw(self, trials, latest: dict | None = None, ended: str | None = None) -> None:
+        if _display is not None and not _display.plain:
+            spec = self._spec()
+            _display.trials(trials, _expected_trials(spec),
+                            lambda t: spec.build(decode(spec, t.config)).trainer.iterations,
+                            spec.base.trainer.iterations, spec.sweep.metric, latest, ended)
+
+    def on_step_end(self, iteration, trials, **info):
+        if _display is not None and not _display.plain and _display.throttled():
+            self._draw(trials)
+
     def on_trial_start(self, iteration, trials, trial, **info):
-        spec = SweepSpec.from_json(self.spec_json)
         values = ", ".join(f"{k}={v}" for k, v in
-                           flat_values(decode(spec, trial.config)).items())
+                           flat_values(decode(self._spec(), trial.config)).items())
         _say(f"trial {trial.trial_id} started: {values}")
+        self._draw(trials)
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
+        if _display is not None and not _display.plain:  # the bars show it
+            self._draw(trials, {trial.trial_id: result})
+            return
         done = sum(t.status in ("TERMINATED", "ERROR") for t in trials)
         _say(f"trial {trial.trial_id} iteration {int(result.get('iteration', 0))}  "
              f"success {result.get(SUCCESS, float('nan')):.3f}  "
-             f"[{done}/{len(trials)} trials done]")
+             f"[{done}/{max(len(trials), _expected_trials(self._spec()))} trials done]")
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         finalize_child(self.tracking_uri, self.experiment_id, self.parent_run_id,
                         trial.trial_id, "FINISHED")
         _say(f"trial {trial.trial_id} finished")
+        self._draw(trials, ended=trial.trial_id)
 
     def on_trial_error(self, iteration, trials, trial, **info):
         finalize_child(self.tracking_uri, self.experiment_id, self.parent_run_id,
                         trial.trial_id, "FAILED")
         _say(f"trial {trial.trial_id} FAILED (error log: {trial.local_path})")
+        self._draw(trials, ended=trial.trial_id)
+
+
+_display = None  # the driver's SweepDisplay while Tune runs (never pickled)
+
+
+@contextmanager
+def showing(display):
+    """Let the Tune callbacks of this process draw on ``display`` (None: plain prints)."""
+    global _display
+    previous, _display = _display, display
+    try:
+        yield
+    finally:
+        _display = previous
 
 
 def _say(line: str) -> None:
-    print(line, flush=True)
+    if _display is not None:
+        _display.line(line)
+    else:
+        print(line, flush=True)
 
 
 @contextmanager
@@ -279,7 +325,9 @@ def _connect(spec: SweepSpec, address: str | None) -> bool:
 
 
 def run_sweep(spec: SweepSpec, resume: bool = False, address: str | None = None,
-              echo: Callable[[str], None] = print) -> SweepOutcome:
+              echo: Callable[[str], None] = print, display=None) -> SweepOutcome:
+    """Run (or resume) a sweep.  ``display`` (a ``progress.SweepDisplay``, started by the
+    caller) shows the warm start and the trials as bars in a terminal or as lines."""
     import ray
     from ray import tune
     from ray.tune.execution.placement_groups import PlacementGroupFactory
@@ -322,6 +370,7 @@ def run_sweep(spec: SweepSpec, resume: bool = False, address: str | None = None,
     if base.model.path is None:  # warm-start once here, not in every trial at once
         echo("warm start (cached after the first time) ...")
         resolve_policy(base.model, base.env, base.experiment.seed, base.rollout.max_reply_tokens,
+                       progress=display.warm_start if display is not None else None,
                        isolation=base.sandbox.isolation)
 
     uri = base.tracking.uri or default_tracking_uri(base.experiment.output_dir)
@@ -365,7 +414,7 @@ def run_sweep(spec: SweepSpec, resume: bool = False, address: str | None = None,
                                     failure_config=tune.FailureConfig(max_failures=0))
         tuner = tune.Tuner(trainable, param_space=param_space(spec),
                            tune_config=_tune_config(spec), run_config=run_config)
-    with _graceful_sigterm():
+    with _graceful_sigterm(), showing(display):
         tuner.fit()
 
     # The saved experiment state is the truth: an interrupted run leaves trials unfinished
@@ -384,7 +433,7 @@ def run_sweep(spec: SweepSpec, resume: bool = False, address: str | None = None,
                      "sweep.trials": len(trials), "sweep.trials_errored": errored})
     parent.finish(status)
     return SweepOutcome(spec.name, status, parent.run_id, parent.uri, exp_path, rows,
-                        len(trials), time.perf_counter() - started)
+                        len(trials), time.perf_counter() - started, parent.experiment_id)
 
 
 def _expected_trials(spec: SweepSpec) -> int:

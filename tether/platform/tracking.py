@@ -137,6 +137,15 @@ class Tracker:
         self.client.set_terminated(self.run_id, status=status)
 
     def ui_command(self) -> str:
-        if self.uri.startswith("sqlite:"):
-            return f"mlflow ui --backend-store-uri {self.uri} --host 127.0.0.1"
-        return f"open {self.uri}"
+        return ui_command(self.uri, self.experiment_id, self.run_id)
+
+
+def ui_command(uri: str, experiment_id: str, run_id: str | None = None) -> str:
+    """How to look at a run (or an experiment) in the MLflow UI.  MLflow 3's UI opens in
+    its GenAI mode unless the page says ``workflowType=machine_learning``; the link does."""
+    page = f"#/experiments/{experiment_id}" + (f"/runs/{run_id}" if run_id else "")
+    page += "?workflowType=machine_learning"
+    if uri.startswith("sqlite:"):
+        return (f"mlflow ui --backend-store-uri {uri} --host 127.0.0.1, then open "
+                f"http://127.0.0.1:5000/{page}")
+    return f"open {uri.rstrip('/')}/{page}"

@@ -1,0 +1,99 @@
+"""The MLflow UI on a Tether sweep, in a real browser: the link Tether prints opens the
+experiment on its runs (not MLflow 3's GenAI overview), the trials are listed under the
+sweep, and the compare view offers the swept param and the metric, not the run name."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+from tests.test_monitor import CHROMIUM, needs_chromium, screenshot_path
+from tests.test_sweep import micro_sweep_sections, write_spec
+from tether.platform.sweep import run_sweep
+from tether.platform.sweep_spec import load_sweep_spec
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _serve_ui(uri: str, port: int, log: Path) -> subprocess.Popen:
+    ui = subprocess.Popen([str(Path(sys.executable).with_name("mlflow")), "ui", "--backend-store-uri",
+                           uri, "--host", "127.0.0.1", "--port", str(port)],
+                          stdout=log.open("w"), stderr=subprocess.STDOUT)
+    deadline = time.time() + 240
+    while time.time() < deadline:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5)
+            return ui
+        except OSError:
+            if ui.poll() is not None:
+                raise AssertionError(log.read_text()[-2000:]) from None
+            time.sleep(1)
+    ui.kill()
+    raise AssertionError("mlflow ui did not answer: " + log.read_text()[-2000:])
+
+
+@needs_chromium
+def test_mlflow_ui_opens_a_sweep_on_its_runs_and_compares_the_swept_params(
+        micro_policy, models_dir, ray_local, tmp_path):
+    from playwright.sync_api import sync_playwright
+
+    path = write_spec(tmp_path, {"name": "ui-sweep", "search": "grid", "max_concurrent": 1,
+                                 "space": {"algo.entropy_coef": {"grid": [0.001, 0.01]}},
+                                 "resources": {"cpu": 0.2}},
+                      **micro_sweep_sections(tmp_path, models_dir, "ui-test", iterations=2),
+                      diagnostics={"enabled": False})
+    outcome = run_sweep(load_sweep_spec(path), echo=lambda line: None)
+    assert outcome.status == "FINISHED" and outcome.trials == 2
+    link = re.search(r"http://127\.0\.0\.1:5000/(\S+)", outcome.ui_command).group(1)
+    assert "workflowType=machine_learning" in link
+    port = _free_port()
+    ui = _serve_ui(outcome.tracking_uri, port, tmp_path / "ui.log")
+    runs = [r["run_id"] for r in outcome.rows]
+    names = {f"ui-sweep-{r['trial']}" for r in outcome.rows}
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(f"http://127.0.0.1:{port}/{link}", timeout=120_000)
+            page.wait_for_selector("text=ui-sweep", timeout=120_000)    # the runs table
+            page.click(".ag-row button")                                 # expand the sweep
+            page.wait_for_timeout(3000)
+            table = page.inner_text(".ag-root")
+            assert all(name in table for name in names), table[:2000]
+            assert "Token Usage" not in page.inner_text("body")            # not the GenAI overview
+            page.screenshot(path=screenshot_path(tmp_path, "mlflow_ui_runs.png"), full_page=True)
+            compare = ("#/compare-runs?runs=" + urllib.parse.quote(json.dumps(runs))
+                       + "&experiments=" + urllib.parse.quote(json.dumps([outcome.experiment_id]))
+                       + "&workflowType=machine_learning")
+            page.goto(f"http://127.0.0.1:{port}/{compare}", timeout=120_000)
+            page.wait_for_selector("text=Parallel Coordinates Plot", timeout=120_000)
+            page.wait_for_timeout(3000)
+            # The plot's axes: the one param the trials varied (the run name is no param).
+            plot = page.inner_text("body")
+            assert "algo.entropy_coef" in plot and "experiment.run_name" not in plot
+            # The metric is offered: type it into the plot's metric picker.
+            page.click("text=val/success >> nth=0")
+            page.keyboard.type("rollout/succ")
+            page.wait_for_timeout(3000)
+            assert page.get_by_role("option", name="rollout/success", exact=True).count() >= 1
+            page.screenshot(path=screenshot_path(tmp_path, "mlflow_ui_compare.png"), full_page=True)
+            browser.close()
+    finally:
+        ui.terminate()
+        try:
+            ui.wait(30)
+        except subprocess.TimeoutExpired:
+            ui.kill()
+    assert os.path.getsize(screenshot_path(tmp_path, "mlflow_ui_compare.png")) > 10_000
