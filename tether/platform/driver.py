@@ -155,7 +155,7 @@ class Trainer:
                                      sum(d.count * d.cpus for d in demands))
         # Joining an autoscaling cluster: its node types may not be published yet.
         wait_for_autoscaler(lambda: check_resources(demands),
-                            0.0 if self.started_ray else cfg.ray.autoscaler_wait_s)
+                            cfg.ray.autoscaler_wait_s if cfg.ray.address else 0.0)
         self.model_path = str(resolve_policy(
             cfg.model, cfg.env, cfg.experiment.seed, cfg.rollout.max_reply_tokens,
             isolation=cfg.sandbox.isolation,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import socket
 import time
@@ -11,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 #: Keeps library progress bars and chatter out of the console and the job logs.
+log = logging.getLogger(__name__)
+
 QUIET_ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error",
              "PYTHONWARNINGS": "ignore::UserWarning"}
 
@@ -168,21 +172,46 @@ def autoscaler_published() -> bool:
         return False
 
 
+def autoscaling_cluster() -> bool:
+    """Whether an autoscaler with node types of its own (``ray up``'s, KubeRay's) runs the
+    cluster.  Its status report (GCS key ``__autoscaling_status``, what ``ray status``
+    shows) names the configured types; a fixed cluster's read-only monitor names one
+    type per node, ``node_<id>``."""
+    if autoscaler_published():
+        return True
+    try:
+        from ray.experimental.internal_kv import _internal_kv_get
+
+        status = json.loads(_internal_kv_get("__autoscaling_status") or b"{}")
+    except Exception:
+        return False
+    report = status.get("autoscaler_report") or {}
+    types = set(report.get("active_nodes") or {}) | set((report.get("node_type_mapping") or {}).values())
+    return any(not str(t).startswith("node_") for t in types)
+
+
 def wait_for_autoscaler(check: Callable[[], Any], wait_s: float, refusals: tuple = ()) -> Any:
     """``check()`` (a capacity check that raises ClusterError or one of ``refusals`` when
-    the cluster cannot fit the run); on a refusal while no autoscaler has published its node
-    types, wait up to ``wait_s`` for them and check again.  An autoscaler publishes them some
-    time after the cluster starts: a run submitted before would see the head node alone."""
+    the cluster cannot fit the run).  On a refusal from a cluster that may autoscale
+    (``wait_s`` > 0: one this process joined), wait up to ``wait_s`` for its autoscaler:
+    once it has published its node types, check again against what they can grow to; if
+    it runs but publishes none (Ray's v1 autoscaler does not), the capacity is unknown and
+    the run goes ahead (Ray scales for it, or leaves its actors pending), with a warning."""
     try:
         return check()
-    except (ClusterError, *refusals):
+    except (ClusterError, *refusals) as refusal:
         if wait_s <= 0 or autoscaler_published():
             raise
         deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline and not autoscaler_published():
+        while not autoscaler_published():
+            if autoscaling_cluster():
+                log.warning("%s; but the cluster autoscales and its autoscaler does not say how "
+                            "far: going ahead, Ray will add nodes for the run (or leave its "
+                            "actors pending if none of its node types fits)", refusal)
+                return None
+            if time.monotonic() >= deadline:
+                raise
             time.sleep(1.0)
-        if not autoscaler_published():
-            raise
     return check()
 
 
