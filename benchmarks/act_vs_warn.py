@@ -76,7 +76,7 @@ class InjectedTrainer(Trainer):
 def run(spec: str, overrides: list[str], seed: int, mode: str, args) -> dict:
     cfg = load_config(spec, [*overrides, f"experiment.seed={seed}",
                              f"experiment.output_dir={args.out}/{mode}-s{seed}",
-                             f"experiment.name=act-vs-warn", f"experiment.run_name={mode}-s{seed}",
+                             "experiment.name=act-vs-warn", f"experiment.run_name={mode}-s{seed}",
                              f"trainer.iterations={args.iterations}",
                              f"trainer.val_every={args.iterations}", "trainer.checkpoint_every=2",
                              "trainer.val_episodes=64", "rollout.group_size=4",

@@ -64,8 +64,16 @@ from scipy import stats
 
 from tether.diagnostics.alarms import AlarmMonitor, AlarmsConfig
 from tether.diagnostics.crossscore import cross_score_pairs
-from tether.diagnostics.harness import (Behaviour, HarnessConfig, parse_reply, prompt_ids,
-                                        random_keys, sample_replies, torch_threads, train_policy)
+from tether.diagnostics.harness import (
+    Behaviour,
+    HarnessConfig,
+    parse_reply,
+    prompt_ids,
+    random_keys,
+    sample_replies,
+    torch_threads,
+    train_policy,
+)
 from tether.diagnostics.mi import mi_proxies, prefixed
 from tether.diagnostics.uncertainty import Uncertainty
 

@@ -96,12 +96,12 @@ def isolation_rows(runs: int, steps: int) -> None:
     samples: dict[str, list[float]] = {name: [] for name in settings}
     samples["true (no sandbox)"], samples["bwrap ... true"] = [], []
     program = "def f(x):\n    return x"
-    for name, limits in settings.items():  # warm the probe and the page cache
+    for limits in settings.values():  # warm the probe and the page cache
         run_python(program, fn_name="f", args=[1], limits=limits)
     for _ in range(runs):
         for name, limits in settings.items():
-            samples[name].append(_timed(lambda: run_python(program, fn_name="f", args=[1],
-                                                           limits=limits)))
+            samples[name].append(_timed(lambda limits=limits: run_python(
+                program, fn_name="f", args=[1], limits=limits)))
         samples["true (no sandbox)"].append(_timed(lambda: subprocess.run(["/usr/bin/true"])))
         samples["bwrap ... true"].append(_timed(_bare_bwrap))
     base = statistics.median(samples["none (this interpreter, no privilege drop)"])
@@ -112,7 +112,7 @@ def isolation_rows(runs: int, steps: int) -> None:
         median, p90 = statistics.median(values), statistics.quantiles(values, n=10)[-1]
         print(f"| {name:55s} | {median * 1e3:9.1f} | {p90 * 1e3:6.1f} | {median / base:5.2f} |")
     rates: dict[str, list[float]] = {"none": [], "bwrap": []}
-    for chunk in range(4):  # alternating chunks: both settings see the same load drift
+    for _ in range(4):  # alternating chunks: both settings see the same load drift
         for isolation in ("none", "bwrap"):
             rates[isolation].append(fixed_answer_rate(steps // 4, "reference", isolation=isolation))
     none, bwrap = (sum(rates[k]) / len(rates[k]) for k in ("none", "bwrap"))

@@ -129,8 +129,8 @@ def bench(model, engine, batch: int, stop_ids: tuple[int, ...], reps: int,
     run_a(-1), run_b(-1)  # warm-up
     a, b = [], []
     for rep in range(reps):
-        a.append(timed(lambda: run_a(rep)))
-        b.append(timed(lambda: run_b(rep)))
+        a.append(timed(lambda rep=rep: run_a(rep)))
+        b.append(timed(lambda rep=rep: run_b(rep)))
     med = lambda runs, i: statistics.median(r[i] for r in runs)  # noqa: E731
     tps = lambda runs: statistics.median(n / t for t, n, _ in runs)  # noqa: E731
     return {"ours_s": med(a, 0), "hf_s": med(b, 0), "ours_tok": med(a, 1), "hf_tok": med(b, 1),

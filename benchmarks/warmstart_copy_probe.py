@@ -11,15 +11,29 @@ top-left quarter, goal in the bottom-right one), so copying shows as accuracy ne
           words ("Player (r,c). Goal (r,c).") so that copying is a plain induction pattern.
     e.g. ECHO=1 python benchmarks/warmstart_copy_probe.py first small 800 16 3e-3 10 25
 """
-import sys, time, json, numpy as np, torch
+import sys
+import time
+
+import numpy as np
+import torch
+
 torch.set_num_threads(2)
-from tether.policy.warmstart import demonstration_episodes, build_tokenizer, encode_episode, supervised_finetune, DemoEpisode
 from tether.agent.chat import ChatFormatter
-from tether.policy.tiny import tiny_config, build_tiny_model
+from tether.policy.tiny import build_tiny_model, tiny_config
+from tether.policy.warmstart import (
+    DemoEpisode,
+    build_tokenizer,
+    demonstration_episodes,
+    encode_episode,
+    supervised_finetune,
+)
+
 mode, size, n, bs, lr, epochs = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5]), int(sys.argv[6])
 eps = demonstration_episodes("frozenlake", {"size":4,"frozen_fraction":0.8}, n, 0.3, 10_000_000, 48)
 held = demonstration_episodes("frozenlake", {"size":4,"frozen_fraction":0.8}, 64, 0.0, 555, 48)
-import re, os
+import os
+import re
+
 if os.environ.get("ECHO"):
     fix = lambda r: re.sub(r"^At \((\d),(\d)\), goal \((\d),(\d)\)\.", r"Player (\1,\2). Goal (\3,\4).", r)
     for e in eps + held: e.replies = [fix(r) for r in e.replies]

@@ -52,7 +52,7 @@ class MlflowServer:
             self.process.wait()
             self.process = None
 
-    def __enter__(self) -> "MlflowServer":
+    def __enter__(self) -> MlflowServer:
         self.start()
         return self
 

@@ -6,8 +6,13 @@ import numpy as np
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from tether.diagnostics.alarms import (ALARMS, AlarmMonitor, AlarmsConfig, EmptyAfterFilterConfig,
-                                       TemplateCollapseConfig)
+from tether.diagnostics.alarms import (
+    ALARMS,
+    AlarmMonitor,
+    AlarmsConfig,
+    EmptyAfterFilterConfig,
+    TemplateCollapseConfig,
+)
 
 MI = "collapse/first_turn/mi_estimate"
 H = "collapse/first_turn/conditional_entropy_est"

@@ -108,7 +108,7 @@ def fake_cluster():
            "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
     ray_cli = str(Path(sys.executable).with_name("ray"))  # this venv's Ray
     try:
-        for attempt in range(2):  # a free port can be taken by another Ray in between
+        for _ in range(2):  # a free port can be taken by another Ray in between
             # Every fixed default port of a head moved to a free one: other Rays run here.
             ports = [f"--{name}={_free_port()}" for name in (
                 "dashboard-port", "ray-client-server-port", "dashboard-agent-listen-port",

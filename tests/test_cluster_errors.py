@@ -5,9 +5,9 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
-from pathlib import Path
 
 
 def _closed_port() -> int:
@@ -61,8 +61,13 @@ def test_local_ray_services_stay_on_loopback(tmp_path):
 def test_a_refused_run_waits_for_an_autoscaler_only_when_asked(ray_local):
     """A cluster that cannot fit the run and has published no autoscaler node types (a
     local Ray has none): with a wait, the refusal comes after it; without, at once."""
-    from tether.platform.session import (ClusterError, ResourceDemand, autoscaler_published,
-                                         check_resources, wait_for_autoscaler)
+    from tether.platform.session import (
+        ClusterError,
+        ResourceDemand,
+        autoscaler_published,
+        check_resources,
+        wait_for_autoscaler,
+    )
 
     assert not autoscaler_published()
     demand = [ResourceDemand("rollout worker", "rollout.num_workers", 1,

@@ -95,3 +95,14 @@ def test_vllm_engine_without_vllm_is_refused_at_start():
         pytest.skip("vllm is installed here")
     with pytest.raises(ConfigError, match=r"rollout\.engine: .*vllm package"):
         build_config({}, ["rollout.engine=vllm"])
+
+
+def test_fields_show_the_defaults_after_the_preset():
+    from tether.platform.config import describe_fields
+
+    rows = {path: default for path, default, _ in describe_fields()}
+    assert rows["algo.preset"] == "grpo"
+    assert rows["algo.kl_coef"] == 0.001 and rows["algo.clip_high"] == 0.2  # the preset's
+    assert rows["filter.selection_eps"] == 0.01 and rows["alarms.empty_after_filter.patience"] == 5
+    values = {path: v for path, v, _ in describe_fields(build_config({}, ["algo.preset=dapo"]))}
+    assert values["algo.clip_high"] == 0.28 and values["algo.dynamic_sampling"] is True

@@ -14,8 +14,16 @@ from pydantic import ValidationError
 
 from tests.conftest import micro_config_dict
 from tether.diagnostics.alarms import AlarmMonitor, AlarmsConfig
-from tether.diagnostics.control import (ControlConfig, Controller, GroundedCheckpoint, Knobs,
-                                        RaiseEntropy, RaiseKl, Rollback, TightenFilter)
+from tether.diagnostics.control import (
+    ControlConfig,
+    Controller,
+    GroundedCheckpoint,
+    Knobs,
+    RaiseEntropy,
+    RaiseKl,
+    Rollback,
+    TightenFilter,
+)
 from tether.platform.checkpoint import load_checkpoint
 from tether.platform.config import build_config
 from tether.platform.driver import Trainer

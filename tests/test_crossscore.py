@@ -6,8 +6,14 @@ import numpy as np
 import pytest
 import torch
 
-from tether.diagnostics.crossscore import (ScoringPair, chain_inputs, cross_score_pairs, information_chain,
-                                           sample_pairs, supports_shared_prefix)
+from tether.diagnostics.crossscore import (
+    ScoringPair,
+    chain_inputs,
+    cross_score_pairs,
+    information_chain,
+    sample_pairs,
+    supports_shared_prefix,
+)
 from tether.diagnostics.mi import mi_proxies
 from tether.policy.tiny import build_tiny_model, tiny_config
 

@@ -11,8 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tether.envs.countdown import (CountdownEnv, evaluate, parse_expression, solve_countdown,
-                                   to_text)
+from tether.envs.countdown import CountdownEnv, evaluate, parse_expression, solve_countdown, to_text
 
 
 def fixed(target: int, numbers: list[int], **kwargs) -> CountdownEnv:

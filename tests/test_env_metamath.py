@@ -13,8 +13,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tether.envs import make
-from tether.envs.metamath import (MetaMathQAEnv, answers_match, extract_final_answer,
-                                  generate_problem, parse_number)
+from tether.envs.metamath import (
+    MetaMathQAEnv,
+    answers_match,
+    extract_final_answer,
+    generate_problem,
+    parse_number,
+)
 
 QUESTION = "Tom has 3 bags of 4 apples. He eats 2. How many apples are left?"
 

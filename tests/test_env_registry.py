@@ -10,8 +10,15 @@ import gymnasium as gym
 import pytest
 
 import tether.envs as envs
-from tether.envs import (ENV_IDS, CountdownEnv, FrozenLakeEnv, SokobanEnv, TextEnv, make,
-                         register_all)
+from tether.envs import (
+    ENV_IDS,
+    CountdownEnv,
+    FrozenLakeEnv,
+    SokobanEnv,
+    TextEnv,
+    make,
+    register_all,
+)
 
 CLASSES = {"tether/Sokoban-v0": SokobanEnv, "tether/FrozenLake-v0": FrozenLakeEnv,
            "tether/Countdown-v0": CountdownEnv}

@@ -265,7 +265,7 @@ def test_demonstrations_succeed_and_noise_fails():
     for seed in range(100):
         env.reset(seed=seed)
         total, turns = 0.0, 0
-        for turns in range(1, 6):
+        for turns in range(1, 6):  # noqa: B007 (the count is read after the loop)
             reasoning, action = env.demonstration(rng)
             assert len(reasoning.split()) <= 25
             _, reward, terminated, truncated, _ = env.step(action)

@@ -1,5 +1,5 @@
-"""Sokoban: generation, solver optimality, SPEC rewards, stochasticity, invalid input,
-demonstrations."""
+"""Sokoban: generation, solver optimality, the rewards of docs/methods.md, stochasticity,
+invalid input, demonstrations."""
 
 from __future__ import annotations
 

@@ -12,8 +12,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tether.envs import make
-from tether.envs.webshop import (View, WebShopEnv, fuzzy_match, generated_shop, load_shop,
-                                 parse_product, reward)
+from tether.envs.webshop import (
+    View,
+    WebShopEnv,
+    fuzzy_match,
+    generated_shop,
+    load_shop,
+    parse_product,
+    reward,
+)
 
 ITEMS = [
     {"asin": "B0BOOTS001", "name": "Waterproof Leather Hiking Boots for Men", "pricing": "$45.99",

@@ -1,4 +1,5 @@
-"""SNR filter (SPEC §4): known kept sets, loss scaling, drop breakdown, properties.
+"""SNR filter (docs/methods.md, section 5): known kept sets, loss scaling, drop breakdown,
+properties.
 
 Most cases use groups [−a, a] with ddof=0 so the group score (std) is exactly a.
 """
@@ -178,8 +179,10 @@ rewards_st = st.lists(
 
 
 def _config(strategy, value, **rest):
-    # top_k_abs takes a group count ≥ 1; the others a fraction/ratio in [0, 1.5]
-    return FilterConfig(strategy=strategy, value=1 + 4 * value if strategy == "top_k_abs" else value, **rest)
+    # top_k_abs takes a group count ≥ 1; the others a fraction/ratio in [0, 1] (value > 1
+    # is refused since the run config and the filter share one schema; 1 keeps all)
+    return FilterConfig(strategy=strategy, value=1 + 4 * value if strategy == "top_k_abs"
+                        else min(value, 1.0), **rest)
 
 
 config_st = st.builds(

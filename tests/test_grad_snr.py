@@ -1,4 +1,4 @@
-"""Gradient SNR by reward-variance bucket (SPEC §8) on a toy model with known gradients."""
+"""Gradient SNR by reward-variance bucket (docs/methods.md, section 10) on a toy model with known gradients."""
 
 import numpy as np
 import pytest
@@ -113,11 +113,11 @@ def test_micro_batched_grad_snr_equals_one_forward_per_bucket(micro_policy, monk
     plain forward per bucket padded to the batch) for every loss aggregation, with
     micro-batches inside a group and across groups, with and without shared prefixes."""
     import tether.algos.update as update
+    from tests.test_episode import _setup
     from tether.agent.episode import EpisodeSpec, LocalEnvBatch, run_episodes
     from tether.algos.batch import collate
     from tether.algos.update import UpdateSettings, trimmed_rows
     from tether.diagnostics.runner import gradient_snr
-    from tests.test_episode import _setup
 
     shared_calls = []
     real_shared = update.shared_prefix_token_logprobs
@@ -156,11 +156,11 @@ def test_micro_batched_grad_snr_equals_one_forward_per_bucket(micro_policy, monk
 def test_grad_snr_with_all_rewards_equal_reports_zero_task_gradient(micro_policy):
     """A degenerate batch (every group's rewards equal: no task signal anywhere) gives
     finite metrics, a zero task gradient in every bucket, and no exception."""
+    from tests.test_episode import _setup
     from tether.agent.episode import EpisodeSpec, LocalEnvBatch, run_episodes
     from tether.algos.batch import collate
     from tether.algos.update import UpdateSettings
     from tether.diagnostics.runner import gradient_snr
-    from tests.test_episode import _setup
 
     model, tok, formatter, engine, sampling = _setup(micro_policy)
     specs = [EpisodeSpec(g, 90 + g, k) for g in range(3) for k in range(2)]

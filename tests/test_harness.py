@@ -6,8 +6,15 @@ import math
 import numpy as np
 import pytest
 
-from tether.diagnostics.harness import (ANSWER_CLOSE, ANSWER_PREFIX, BEHAVIOURS, Behaviour, HarnessConfig,
-                                        parse_reply, run_harness)
+from tether.diagnostics.harness import (
+    ANSWER_CLOSE,
+    ANSWER_PREFIX,
+    BEHAVIOURS,
+    Behaviour,
+    HarnessConfig,
+    parse_reply,
+    run_harness,
+)
 
 CFG = HarnessConfig()
 LOG_N = math.log(CFG.n_prompts)

@@ -6,13 +6,13 @@ import pytest
 import ray
 import torch
 
+from tests.conftest import micro_config_dict
+from tests.test_episode import _setup
+from tether.actors.learner_group import LearnerGroup
 from tether.agent.episode import EpisodeSpec, LocalEnvBatch, run_episodes
 from tether.algos.batch import collate
 from tether.algos.update import UpdateSettings, rank_micro_batches
-from tether.actors.learner_group import LearnerGroup
 from tether.policy.load import load_model_and_tokenizer
-from tests.conftest import micro_config_dict
-from tests.test_episode import _setup
 
 
 def test_rank_micro_batches_cover_rows_once_with_equal_pass_counts():

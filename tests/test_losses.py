@@ -8,7 +8,6 @@ import torch
 from tether.algos.losses import (
     aggregate,
     entropy_from_logits,
-    get_policy_loss,
     kl_penalty,
     policy_loss,
     ppo_objective,
@@ -106,9 +105,6 @@ def test_policy_loss_aggregation_is_passed_through():
     loss, _ = policy_loss(logprobs, old, adv, mask, agg="seq-mean-token-sum")
     # one sequence, token sum of t0..t2: −1.28 − 0.5 + 1.5 = −0.28
     assert loss.item() == pytest.approx(-0.28, abs=1e-6)
-    assert get_policy_loss("ppo_clip") is policy_loss
-    with pytest.raises(ValueError, match="ppo_clip"):
-        get_policy_loss("gspo")
 
 
 def test_kl_estimators_hand_computed():

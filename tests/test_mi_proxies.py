@@ -1,4 +1,4 @@
-"""MI proxies on hand-built cross-score matrices (SPEC §2)."""
+"""MI proxies on hand-built cross-score matrices (docs/methods.md, section 2)."""
 
 import math
 
@@ -7,8 +7,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tether.diagnostics.mi import (ENTROPY_KEYS, MULTI_COLUMN_KEYS, mi_proxies, prefixed, prompt_columns,
-                                   valid_reasoning_rate)
+from tether.diagnostics.mi import (
+    ENTROPY_KEYS,
+    MULTI_COLUMN_KEYS,
+    mi_proxies,
+    prefixed,
+    prompt_columns,
+    valid_reasoning_rate,
+)
 
 
 def identity_like(column, n, off=-50.0):

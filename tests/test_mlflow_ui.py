@@ -15,8 +15,6 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-import pytest
-
 from tests.test_monitor import CHROMIUM, needs_chromium, screenshot_path
 from tests.test_sweep import micro_sweep_sections, write_spec
 from tether.platform.sweep import run_sweep
@@ -40,7 +38,7 @@ def _serve_ui(uri: str, port: int, log: Path) -> subprocess.Popen:
             return ui
         except OSError:
             if ui.poll() is not None:
-                raise AssertionError(log.read_text()[-2000:])
+                raise AssertionError(log.read_text()[-2000:]) from None
             time.sleep(1)
     ui.kill()
     raise AssertionError("mlflow ui did not answer: " + log.read_text()[-2000:])

@@ -18,13 +18,20 @@ import urllib.request
 import pytest
 from typer.testing import CliRunner
 
-from tether.dashboards.monitor import (COOKIE, Monitor, MonitorError, authorised,
-                                       check_serve_address, cookie_value, is_loopback)
+from tests.mlflow_runs import write_run
+from tether.dashboards.monitor import (
+    COOKIE,
+    Monitor,
+    MonitorError,
+    authorised,
+    check_serve_address,
+    cookie_value,
+    is_loopback,
+)
 from tether.dashboards.monitor_data import evidence_lines
 from tether.diagnostics.alarms import AlarmMonitor, AlarmsConfig
 from tether.platform.cli import app
 from tether.platform.tracking import Tracker
-from tests.mlflow_runs import write_run
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 MI, H = "collapse/first_turn/mi_zscore_ema", "collapse/first_turn/conditional_entropy_est"

@@ -13,8 +13,8 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from tests.conftest import micro_config_dict
-from tether.platform.sweep_results import results_rows
 from tether.analysis.source import metric_history
+from tether.platform.sweep_results import results_rows
 
 ITERATIONS, CHECKPOINT_EVERY = 5, 2
 

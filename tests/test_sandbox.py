@@ -12,9 +12,16 @@ import time
 import pytest
 
 from tether.envs.deepcoder import DeepCoderEnv, Problem
+from tether.envs.sandbox import (
+    CodeTest,
+    SandboxLimits,
+    _runner,
+    run_python,
+    run_tests,
+    same_function_output,
+    same_stdout,
+)
 from tether.envs.sandbox.isolation import INSIDE_WORK
-from tether.envs.sandbox import (SandboxLimits, CodeTest, _runner, run_python, run_tests,
-                                 same_function_output, same_stdout)
 
 FAST = SandboxLimits(cpu_seconds=1, wall_seconds=2.0, output_bytes=64 * 1024)
 ADD_TESTS = (CodeTest([1, 2], 3), CodeTest([5, 5], 10))

@@ -16,12 +16,26 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tether.envs.deepcoder import DeepCoderEnv
-from tether.envs.sandbox import (BadResult, CodeTest, RunResult, SandboxUnavailable,
-                                 judge_output, parse_report, resolve_isolation,
-                                 same_function_output, same_stdout)
+from tether.envs.sandbox import (
+    BadResult,
+    CodeTest,
+    RunResult,
+    SandboxUnavailable,
+    judge_output,
+    parse_report,
+    resolve_isolation,
+    same_function_output,
+    same_stdout,
+)
 from tether.envs.sandbox import isolation as isolation_module
-from tether.envs.sandbox.seccomp import (ARCHES, RET_ALLOW, RET_ERRNO, RET_KILL_PROCESS,
-                                         evaluate, program)
+from tether.envs.sandbox.seccomp import (
+    ARCHES,
+    RET_ALLOW,
+    RET_ERRNO,
+    RET_KILL_PROCESS,
+    evaluate,
+    program,
+)
 from tether.platform.config import build_config
 
 ROOT = Path(__file__).resolve().parents[1]

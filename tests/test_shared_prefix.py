@@ -12,8 +12,11 @@ from tether.agent.episode import EpisodeSpec, LocalEnvBatch, run_episodes
 from tether.algos import update as update_module
 from tether.algos.advantages import AdvantageInputs, compute_advantages
 from tether.algos.batch import collate, token_logprobs
-from tether.algos.shared_prefix import (group_prefix_lengths, shared_prefix_saving,
-                                        shared_prefix_token_logprobs)
+from tether.algos.shared_prefix import (
+    group_prefix_lengths,
+    shared_prefix_saving,
+    shared_prefix_token_logprobs,
+)
 from tether.algos.update import UpdateSettings, policy_update, prepare_batch
 from tether.policy.tiny import build_tiny_model, tiny_config
 from tether.policy.warmstart import build_tokenizer, demonstration_episodes

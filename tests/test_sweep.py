@@ -16,9 +16,19 @@ from mlflow.tracking import MlflowClient
 
 from tests.processes import assert_actor_processes_ended
 from tether.platform.config import ConfigError
-from tether.platform.sweep import (SweepError, _expected_trials, _tune_config,
-                                   check_resources, decode, param_space, results_rows,
-                                   run_sweep, swept_fields, trial_bundles, write_results_csv)
+from tether.platform.sweep import (
+    SweepError,
+    _expected_trials,
+    _tune_config,
+    check_trials_fit,
+    decode,
+    param_space,
+    results_rows,
+    run_sweep,
+    swept_fields,
+    trial_bundles,
+    write_results_csv,
+)
 from tether.platform.sweep_spec import apply_values, load_sweep_spec
 
 REPO = Path(__file__).resolve().parents[1]
@@ -170,21 +180,21 @@ def test_unknown_sweep_key_and_base_errors(tmp_path):
 def test_impossible_resources_name_the_fields_and_the_case():
     spec = load_sweep_spec(EXPERIMENTS / "filters_smoke.yaml",
                            ["sweep.space={rollout.num_workers: {grid: [2, 8]}}"])
-    check_resources(load_sweep_spec(EXPERIMENTS / "filters_smoke.yaml"),
+    check_trials_fit(load_sweep_spec(EXPERIMENTS / "filters_smoke.yaml"),
                     {"CPU": 2.0}, {"CPU": 2.0})  # the smoke trial fits
     with pytest.raises(SweepError) as err:
-        check_resources(spec, {"CPU": 2.0}, {"CPU": 2.0})
+        check_trials_fit(spec, {"CPU": 2.0}, {"CPU": 2.0})
     message = str(err.value)
     assert message.startswith("sweep.resources: a trial with sweep.space.rollout.num_workers=8"
                               " needs 4.5 CPU")
     assert "rollout.num_cpus_per_worker" in message and "the cluster has 2 CPU" in message
     gpu = load_sweep_spec(EXPERIMENTS / "filters_smoke.yaml", ["algo.num_gpus=1"])
     with pytest.raises(SweepError, match="needs 1 GPU .* the cluster has 0 GPU"):
-        check_resources(gpu, {"CPU": 2.0}, {"CPU": 2.0})
+        check_trials_fit(gpu, {"CPU": 2.0}, {"CPU": 2.0})
     two_nodes = load_sweep_spec(EXPERIMENTS / "filters_smoke.yaml",
                                 ["rollout.num_cpus_per_worker=2.5"])
     with pytest.raises(SweepError, match="on one node and the largest node has 2"):
-        check_resources(two_nodes, {"CPU": 8.0}, {"CPU": 2.0})
+        check_trials_fit(two_nodes, {"CPU": 8.0}, {"CPU": 2.0})
 
 
 def test_cli_refuses_impossible_resources_before_any_trial(tmp_path):

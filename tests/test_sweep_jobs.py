@@ -29,7 +29,7 @@ pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
 RAY = shutil.which("ray") or str(Path(os.sys.executable).parent / "ray")
-SPEC = "experiments/stochasticity_smoke.yaml"
+SWEEP_YAML = "experiments/stochasticity_smoke.yaml"
 #: The smoke spec cut to 2 short iterations a trial: these tests are about jobs, not training.
 SHORT = ("trainer.iterations=2", "trainer.val_every=2", "trainer.val_episodes=4",
          "trainer.samples_every=1", "rollout.groups=2", "diagnostics.every=2")
@@ -114,7 +114,7 @@ def _submit(cluster, job_id: str, *sweep_args: str) -> None:
     runtime_env = json.dumps({"env_vars": {"RAY_JOB_STOP_WAIT_TIME_S": "90"}})
     _ray(cluster, "job", "submit", "--address", cluster["address"], "--submission-id", job_id,
          "--working-dir", ".", "--runtime-env-json", runtime_env, "--no-wait", "--",
-         "tether", "sweep", SPEC, *SHORT, *sweep_args)
+         "tether", "sweep", SWEEP_YAML, *SHORT, *sweep_args)
 
 
 def _status(cluster, job_id: str) -> str:

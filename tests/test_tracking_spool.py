@@ -22,8 +22,8 @@ from typer.testing import CliRunner
 
 from tests.conftest import micro_config_dict
 from tests.mlflow_server import MlflowServer
-from tether.platform.config import TrackingConfig, build_config
 from tether.platform.cli import app
+from tether.platform.config import TrackingConfig, build_config
 from tether.platform.tracking import SPOOL_DIRNAME, Tracker
 
 BUDGET_S = 6.0  # 2 attempts x 2 s timeout + backoff (1 s) + jitter (<= 1 s)

@@ -6,10 +6,10 @@ import copy
 import pytest
 import torch
 
+from tests.test_episode import _setup
 from tether.agent.episode import EpisodeSpec, LocalEnvBatch, run_episodes
 from tether.algos.batch import collate, token_logprobs
 from tether.algos.update import UpdateSettings, policy_update
-from tests.test_episode import _setup
 
 
 @pytest.fixture(scope="module")

@@ -41,7 +41,7 @@ class LearnerGroup:
     def start(cls, model_path: str, settings: UpdateSettings, *, lr: float, critic_lr: float,
               use_critic: bool, use_reference: bool, threads: int, seed: int,
               dtype: str = "float32", world_size: int = 1, num_cpus: float = 1.0,
-              num_gpus: float = 0.0) -> "LearnerGroup":
+              num_gpus: float = 0.0) -> LearnerGroup:
         """``launch`` then ``start_run``: a group ready for one run."""
         group = cls.launch(model_path, use_critic=use_critic, use_reference=use_reference,
                            threads=threads, dtype=dtype, world_size=world_size,
@@ -56,7 +56,7 @@ class LearnerGroup:
     @classmethod
     def launch(cls, model_path: str, *, use_critic: bool, use_reference: bool, threads: int,
                dtype: str = "float32", world_size: int = 1, num_cpus: float = 1.0,
-               num_gpus: float = 0.0) -> "LearnerGroup":
+               num_gpus: float = 0.0) -> LearnerGroup:
         """Start the ranks (``num_cpus``/``num_gpus`` each) and form the process group.
         The arguments are all a pool compares; a run's own state comes with ``start_run``."""
         ranks = [Learner.options(num_cpus=num_cpus, num_gpus=num_gpus).remote(

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from .. import seeds
 from ..rollout.base import RolloutEngine, SamplingParams
 from .chat import ChatFormatter
 from .format import THINK_OPEN, parse_reply, system_prompt, user_prompt
@@ -127,7 +128,7 @@ def run_episodes(engine: RolloutEngine, formatter: ChatFormatter, envs: EnvBatch
         if not live:
             break
         generations = engine.generate([trajectories[i].token_ids for i in live], sampling,
-                                      seed=seed * 7919 + turn_number)
+                                      seed=seeds.sampling_turn(seed, turn_number))
         answers: list[tuple[int, str | None]] = []
         parsed_replies = []
         for i, gen in zip(live, generations):

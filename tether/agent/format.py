@@ -1,4 +1,4 @@
-"""Prompt building and reply parsing (SPEC §6).
+"""Prompt building and reply parsing (docs/methods.md, section 12).
 
 A reply is read with a non-greedy match of
 ``<think>(.*?)</think>\\s*<answer>(.*?)</answer>`` anchored at the start of the

@@ -1,4 +1,5 @@
-"""Rollout metrics from trajectories (pure; names follow SPEC.md)."""
+"""Rollout metrics from trajectories (pure; the names are the MLflow keys the paper's
+analyses read, docs/methods.md)."""
 
 from __future__ import annotations
 

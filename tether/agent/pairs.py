@@ -1,4 +1,5 @@
-"""(prompt, reasoning, action) token spans of each turn, for cross-scoring (SPEC §2).
+"""(prompt, reasoning, action) token spans of each turn, for cross-scoring (docs/methods.md,
+section 2).
 
 Prompt x = the trajectory's tokens up to and including the turn's forced
 ``<think>``; reasoning z = the reply's tokens strictly before ``</think>``;

@@ -1,39 +1,36 @@
-"""Pure tensor/numpy RL maths: advantage estimators, losses, the SNR filter, presets.
+"""Pure tensor/numpy RL maths: advantage estimators, losses, the SNR filter, presets,
+and the schemas of their settings (``settings``: the run config's ``algo`` and
+``filter`` sections).
 
 No Ray, no model code.  Everything selectable by name lives in a registry
 (``ADVANTAGE_ESTIMATORS``, ``AGGREGATION_MODES``, ``KL_ESTIMATORS``,
-``POLICY_LOSSES``, ``FILTER_STRATEGIES``, ``PRESETS``); an unknown name raises
-ValueError listing the valid ones.
+``FILTER_STRATEGIES``, ``LOSS_SCALINGS``, ``PRESETS``) whose names are exactly the
+values the config accepts; an unknown name raises ValueError listing the valid ones.
+
+Names are imported on first use, so ``tether.algos.settings`` (and a config that
+nests it) loads without torch.
 """
 
-from tether.algos.advantages import (
-    ADVANTAGE_ESTIMATORS,
-    AdvantageInputs,
-    compute_advantages,
-    masked_mean,
-    masked_whiten,
-    outcome_token_rewards,
-)
-from tether.algos.filters import FILTER_STRATEGIES, FilterConfig, FilterResult, group_scores, snr_filter
-from tether.algos.losses import (
-    AGGREGATION_MODES,
-    KL_ESTIMATORS,
-    POLICY_LOSSES,
-    aggregate,
-    entropy_from_logits,
-    get_policy_loss,
-    kl_penalty,
-    policy_loss,
-    ppo_objective,
-    regularizer_loss,
-    value_loss,
-)
-from tether.algos.presets import PRESETS, get_preset
+from __future__ import annotations
 
-__all__ = [
-    "ADVANTAGE_ESTIMATORS", "AdvantageInputs", "compute_advantages", "masked_mean", "masked_whiten",
-    "outcome_token_rewards", "FILTER_STRATEGIES", "FilterConfig", "FilterResult", "group_scores",
-    "snr_filter", "AGGREGATION_MODES", "KL_ESTIMATORS", "POLICY_LOSSES", "aggregate",
-    "entropy_from_logits", "get_policy_loss", "kl_penalty", "policy_loss", "ppo_objective",
-    "regularizer_loss", "value_loss", "PRESETS", "get_preset",
-]
+import importlib
+
+_EXPORTS = {
+    "advantages": ("ADVANTAGE_ESTIMATORS", "AdvantageInputs", "compute_advantages", "masked_mean",
+                   "masked_whiten", "outcome_token_rewards"),
+    "filters": ("FILTER_STRATEGIES", "LOSS_SCALINGS", "FilterResult", "group_scores",
+                "snr_filter"),
+    "losses": ("AGGREGATION_MODES", "KL_ESTIMATORS", "aggregate", "entropy_from_logits",
+               "kl_penalty", "policy_loss", "ppo_objective", "regularizer_loss", "value_loss"),
+    "presets": ("PRESETS",),
+    "settings": ("AlgoConfig", "FilterConfig"),
+}
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+
+__all__ = sorted(_MODULE_OF)
+
+
+def __getattr__(name: str):
+    if name in _MODULE_OF:
+        return getattr(importlib.import_module(f"{__name__}.{_MODULE_OF[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,4 +1,5 @@
-"""Advantage estimators for token-level policy gradient on agent tokens (SPEC §7).
+"""Advantage estimators for token-level policy gradient on agent tokens (docs/methods.md,
+section 7).
 
 Every estimator is a pure function ``fn(inputs: AdvantageInputs, **params) ->
 (advantages[B,T], returns[B,T])`` registered in ``ADVANTAGE_ESTIMATORS`` and called
@@ -37,8 +38,8 @@ agent token of the row and return ``returns = advantages`` (veRL convention).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 

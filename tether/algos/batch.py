@@ -33,13 +33,13 @@ class TrajectoryBatch:
     def size(self) -> int:
         return int(self.input_ids.shape[0])
 
-    def to(self, device) -> "TrajectoryBatch":
+    def to(self, device) -> TrajectoryBatch:
         """The same batch with its tensors on ``device``."""
         return TrajectoryBatch(**{f.name: getattr(self, f.name).to(device)
                                   if isinstance(getattr(self, f.name), torch.Tensor)
                                   else getattr(self, f.name) for f in fields(self)})
 
-    def select(self, rows) -> "TrajectoryBatch":
+    def select(self, rows) -> TrajectoryBatch:
         rows = torch.as_tensor(rows, dtype=torch.long)
         kw = {}
         for f in fields(self):

@@ -1,4 +1,4 @@
-"""SNR-aware group filter (SPEC §4): keep whole prompt groups whose rewards vary.
+"""SNR-aware group filter (docs/methods.md, section 5): keep whole prompt groups whose rewards vary.
 
 A group's task gradient scales with the spread of its rewards, while the KL and
 entropy regularisers do not; groups with near-zero reward variance (RV) feed the
@@ -56,43 +56,12 @@ Metrics (all floats):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
-_VALID = {
-    "strategy": ("none", "top_p", "top_k", "top_k_abs", "min_p"),
-    "mode": ("linear", "softmax"),
-    "score": ("std", "var"),
-    "loss_scaling": ("none", "linear", "sqrt"),
-}
-
-
-@dataclass(frozen=True)
-class FilterConfig:
-    """SNR filter settings (SPEC §4); field names mirror ``filter.*`` in the config."""
-
-    strategy: str = "top_p"  # none | top_p | top_k | top_k_abs | min_p
-    value: float = 0.9  # ρ for top_p, fraction for top_k, count for top_k_abs, ratio for min_p
-    mode: str = "linear"  # top_p only: linear (score mass) | softmax (probability mass)
-    score: str = "std"  # std | var of each group's rewards
-    ddof: int = 1  # delta degrees of freedom of the std/var
-    include_zero: bool = False  # keep zero-score groups as candidates
-    loss_scaling: str = "none"  # none | linear | sqrt of the kept ratio
-    selection_eps: float = 0.01  # linear top_p threshold = ρ·Σs − selection_eps
-    zero_tol: float = 1e-10  # score ≤ zero_tol counts as zero variance
-
-    def __post_init__(self) -> None:
-        for name, valid in _VALID.items():
-            if getattr(self, name) not in valid:
-                raise ValueError(f"filter.{name}={getattr(self, name)!r} is not one of {list(valid)}")
-        if not math.isfinite(self.value) or self.value < 0:
-            raise ValueError(f"filter.value must be a finite number ≥ 0 (got {self.value})")
-        if self.strategy == "top_k_abs" and self.value < 1:
-            raise ValueError(f"filter.value for top_k_abs is a group count and must be ≥ 1 (got {self.value})")
-        if self.ddof < 0:
-            raise ValueError(f"filter.ddof must be ≥ 0 (got {self.ddof})")
+from .settings import FilterConfig
 
 
 @dataclass
@@ -219,10 +188,11 @@ def snr_filter(group_rewards: Sequence[np.ndarray], config: FilterConfig | None 
     """
     cfg = config or FilterConfig()
     if overrides:
-        unknown = sorted(set(overrides) - set(FilterConfig.__dataclass_fields__))
+        unknown = sorted(set(overrides) - set(FilterConfig.model_fields))
         if unknown:
-            raise ValueError(f"unknown filter option(s) {unknown}; valid: {sorted(FilterConfig.__dataclass_fields__)}")
-        cfg = replace(cfg, **overrides)
+            raise ValueError(f"unknown filter option(s) {unknown}; "
+                             f"valid: {sorted(FilterConfig.model_fields)}")
+        cfg = FilterConfig.model_validate({**cfg.model_dump(), **overrides})
     groups = [np.asarray(r, dtype=np.float64).reshape(-1) for r in group_rewards]
     n_groups = len(groups)
     if success is not None and len(success) != n_groups:

@@ -1,4 +1,4 @@
-"""Policy, value and regulariser losses (SPEC §7, §8).
+"""Policy, value and regulariser losses (docs/methods.md, sections 8 and 10).
 
 All functions are pure tensor maths; every loss returns ``(loss, metrics)`` where
 ``metrics`` is a dict of python floats under ``actor/`` or ``critic/`` keys.
@@ -13,7 +13,7 @@ micro-batches summed together equal the full-batch loss.
 
 The task loss (clipped policy gradient) and the regulariser loss (KL to the
 reference, entropy bonus) are returned separately by ``ppo_objective`` so the
-learner can backpropagate each alone for the gradient-SNR analysis (SPEC §8):
+learner can backpropagate each alone for the gradient-SNR analysis (docs/methods.md, 10):
 total loss = task_loss + reg_loss.
 
 Sign conventions: losses are minimised; ``reg_loss = kl_coef·KL − entropy_coef·H``.
@@ -21,7 +21,7 @@ Sign conventions: losses are minimised; ``reg_loss = kl_coef·KL − entropy_coe
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -114,17 +114,6 @@ def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask
     return loss, metrics
 
 
-POLICY_LOSSES: dict[str, Callable[..., tuple[Tensor, dict[str, float]]]] = {
-    "ppo_clip": policy_loss,
-}
-
-
-def get_policy_loss(name: str) -> Callable[..., tuple[Tensor, dict[str, float]]]:
-    if name not in POLICY_LOSSES:
-        raise ValueError(f"unknown policy loss {name!r}; valid: {sorted(POLICY_LOSSES)}")
-    return POLICY_LOSSES[name]
-
-
 # --------------------------------------------------------------------------- KL and entropy
 
 
@@ -150,18 +139,17 @@ def _kl_low_var(log_ratio: Tensor) -> Tensor:
     return _kl_k3(log_ratio.clamp(-20.0, 20.0)).clamp(-10.0, 10.0)
 
 
+#: Names as in ``settings.KL_ESTIMATOR_NAMES`` (``algo.kl_estimator``).
 KL_ESTIMATORS: dict[str, Callable[[Tensor], Tensor]] = {
     "k1": _kl_k1,
-    "kl": _kl_k1,
-    "abs": _kl_abs,
     "k2": _kl_k2,
-    "mse": _kl_k2,
     "k3": _kl_k3,
+    "abs": _kl_abs,
     "low_var_kl": _kl_low_var,
 }
 
 
-def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, estimator: str = "low_var_kl") -> Tensor:
+def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, estimator: str = "k3") -> Tensor:
     """Per-token estimate of KL(π‖π_ref) from sampled-token log-probs.  [B,T] -> [B,T].
 
     k1 = logπ − logπ_ref; k2 = ½(logπ − logπ_ref)²; k3 = π_ref/π − 1 − log(π_ref/π)
@@ -255,7 +243,7 @@ def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor
 
 def regularizer_loss(mask: Tensor, logprobs: Tensor | None = None, ref_logprobs: Tensor | None = None,
                      entropy: Tensor | None = None, kl_coef: float = 0.0, entropy_coef: float = 0.0,
-                     kl_estimator: str = "low_var_kl", agg: str = "token-mean",
+                     kl_estimator: str = "k3", agg: str = "token-mean",
                      denominator: float | None = None) -> tuple[Tensor, dict[str, float]]:
     """kl_coef·agg(KL(π‖π_ref)) − entropy_coef·agg(H), input-agnostic regularisers.
 
@@ -287,14 +275,14 @@ def regularizer_loss(mask: Tensor, logprobs: Tensor | None = None, ref_logprobs:
 def ppo_objective(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, *,
                   ref_logprobs: Tensor | None = None, entropy: Tensor | None = None,
                   clip_low: float = 0.2, clip_high: float = 0.28, dual_clip: float | None = None,
-                  kl_coef: float = 0.0, kl_estimator: str = "low_var_kl", entropy_coef: float = 0.0,
+                  kl_coef: float = 0.0, kl_estimator: str = "k3", entropy_coef: float = 0.0,
                   agg: str = "token-mean", denominator: float | None = None
                   ) -> tuple[Tensor, Tensor, dict[str, float]]:
     """-> (task_loss, reg_loss, metrics); minimise task_loss + reg_loss.
 
     The two are separate graphs' worth of terms on the same forward pass, so
     ``task_loss.backward(retain_graph=True)`` and ``reg_loss.backward()`` give the
-    task and regulariser gradients separately (SPEC §8 gradient SNR).
+    task and regulariser gradients separately (the gradient-SNR analysis).
     """
     task_loss, metrics = policy_loss(logprobs, old_logprobs, advantages, mask, clip_low=clip_low,
                                      clip_high=clip_high, agg=agg, dual_clip=dual_clip,

@@ -1,4 +1,4 @@
-"""Algorithm presets (SPEC §7) as plain dicts of algorithm-config field values.
+"""Algorithm presets (docs/methods.md, section 9) as plain dicts of algorithm-config field values.
 
     PPO     = gae advantages (critic) + token-mean aggregation
     GRPO    = grpo advantages (group mean / std) + seq-mean-token-mean
@@ -14,8 +14,6 @@ Dr.GRPO and DAPO drop it, as in their papers.
 """
 
 from __future__ import annotations
-
-import copy
 
 PRESETS: dict[str, dict] = {
     "ppo": {
@@ -55,10 +53,3 @@ PRESETS: dict[str, dict] = {
         "use_critic": False,
     },
 }
-
-
-def get_preset(name: str) -> dict:
-    """A fresh copy of preset ``name`` (safe to mutate)."""
-    if name not in PRESETS:
-        raise ValueError(f"unknown algorithm preset {name!r}; valid: {sorted(PRESETS)}")
-    return copy.deepcopy(PRESETS[name])

@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -33,6 +34,9 @@ from .batch import TrajectoryBatch, token_logprobs
 from .losses import ppo_objective, value_loss
 from .shared_prefix import group_prefix_lengths, shared_prefix_saving, shared_prefix_token_logprobs
 
+if TYPE_CHECKING:
+    from .settings import AlgoConfig
+
 #: Use the shared-prefix forward when it runs at most this fraction of the plain
 #: forward's token positions (below it, the two-forward overhead is not worth it).
 SHARED_PREFIX_MAX_FRACTION = 0.8
@@ -40,6 +44,12 @@ SHARED_PREFIX_MAX_FRACTION = 0.8
 
 @dataclass(frozen=True)
 class UpdateSettings:
+    """What one update (and the gradient-SNR analysis, which measures its losses) needs.
+
+    A run builds it from its config with ``from_config``, the only place the two meet;
+    the defaults here are a neutral baseline for direct callers (tests, benchmarks):
+    no regularisers, token-mean aggregation."""
+
     clip_low: float = 0.2
     clip_high: float = 0.28
     kl_coef: float = 0.0
@@ -53,6 +63,32 @@ class UpdateSettings:
     temperature: float = 1.0
     #: Run each group's common prompt once per micro-batch (same math, fewer tokens).
     shared_prefix: bool = True
+    #: Dual-clip constant c > 1 (None = off), see ``losses.policy_loss``.
+    dual_clip: float | None = None
+
+    @classmethod
+    def from_config(cls, algo: AlgoConfig, rollout_temperature: float) -> UpdateSettings:
+        """The settings of a run: the ``algo`` section, and the sampling temperature the
+        log-probs are taken at (greedy sampling, temperature 0, scores at 1)."""
+        return cls(clip_low=algo.clip_low, clip_high=algo.clip_high, kl_coef=algo.kl_coef,
+                   kl_estimator=algo.kl_estimator, entropy_coef=algo.entropy_coef,
+                   loss_agg=algo.loss_agg, ppo_epochs=algo.ppo_epochs,
+                   minibatches=algo.minibatches, micro_batch_size=algo.micro_batch_size,
+                   max_grad_norm=algo.max_grad_norm, shared_prefix=algo.shared_prefix,
+                   temperature=rollout_temperature if rollout_temperature > 0 else 1.0,
+                   dual_clip=algo.dual_clip)
+
+
+def objective(s: UpdateSettings, logprobs: torch.Tensor, old_logprobs: torch.Tensor,
+              mb: TrajectoryBatch, entropy: torch.Tensor | None,
+              denominator: float | None = None) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """(task loss, regulariser loss, metrics) of a micro-batch under the settings ``s``:
+    the one objective the update minimises and the gradient-SNR analysis takes apart."""
+    return ppo_objective(
+        logprobs, old_logprobs, mb.advantages, mb.response_mask, ref_logprobs=mb.ref_logprobs,
+        entropy=entropy, clip_low=s.clip_low, clip_high=s.clip_high, dual_clip=s.dual_clip,
+        kl_coef=s.kl_coef, kl_estimator=s.kl_estimator, entropy_coef=s.entropy_coef,
+        agg=s.loss_agg, denominator=denominator)
 
 
 def aggregation_denominator(mask: torch.Tensor, mode: str) -> float:
@@ -221,11 +257,8 @@ def policy_update(model, optimizer, batch: TrajectoryBatch, s: UpdateSettings,
                                                          shared_prefix)
                 if s.entropy_coef == 0.0 and entropy is not None:
                     entropy = entropy.detach()
-                task_loss, reg_loss, m = ppo_objective(
-                    logprobs, mb.old_logprobs, mb.advantages, mb.response_mask,
-                    ref_logprobs=mb.ref_logprobs, entropy=entropy, clip_low=s.clip_low,
-                    clip_high=s.clip_high, kl_coef=s.kl_coef, kl_estimator=s.kl_estimator,
-                    entropy_coef=s.entropy_coef, agg=s.loss_agg, denominator=denominator)
+                task_loss, reg_loss, m = objective(s, logprobs, mb.old_logprobs, mb, entropy,
+                                                   denominator)
                 (weight * (task_loss + reg_loss)).backward()
                 if weight:
                     _accumulate(metrics, m)

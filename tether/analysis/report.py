@@ -1,4 +1,5 @@
-"""``tether report``: every SPEC §9 analysis over a set of runs, as figures and one HTML page.
+"""``tether report``: every cross-run analysis (docs/methods.md, section 13) over a set of
+runs, as figures and one HTML page.
 
 ``build_report(runs, out_dir)`` is pure of MLflow: it writes ``<figure>.png`` and
 ``<figure>.html`` per figure, ``report.json`` (every number) and ``report.html`` (the
@@ -45,7 +46,7 @@ class Report:
         return {name: {"rows": r.rows, "notes": r.notes} for name, r in self.sections.items()}
 
 
-def swept_fields(runs: list[RunData]) -> list[str]:
+def swept_field_names(runs: list[RunData]) -> list[str]:
     return sorted({k[len("sweep.param."):] for r in runs for k in r.tags if k.startswith("sweep.param.")})
 
 
@@ -64,7 +65,7 @@ def analyse(runs: list[RunData], settings: ReportSettings, sweep_base: dict | No
                                  entropy_threshold=settings.entropy_threshold),
         "stochasticity": stats.stochasticity_curves(runs),
     }
-    fields = [f for f in swept_fields(runs) if f != "env.stochasticity"]
+    fields = [f for f in swept_field_names(runs) if f != "env.stochasticity"]
     if fields:
         sections["sensitivity"] = stats.sensitivity_trajectories(runs, fields, mi_key, sweep_base)
     else:

@@ -1,7 +1,7 @@
 """What the analyses read: one training run's params, tags, metric histories and alarms.
 
 Pure data (no MLflow): ``tether.analysis.source`` fills it from a tracking store, tests
-may build it by hand. Metric names are the MLflow keys the driver logs (SPEC names with
+may build it by hand. Metric names are the MLflow keys the driver logs (the paper's names with
 ``@`` spelled ``_at_``): ``rollout/success``, ``filter/kept_ratio``,
 ``collapse/<sampling>/mi_estimate``, ``val/success``, ...
 """
@@ -20,7 +20,7 @@ ZERO_VARIANCE = "filter/zero_variance_groups"
 REASONING_LENGTH = "rollout/reasoning_length"
 SAMPLINGS = ("first_turn", "trajectory")
 
-#: The diagnostics SPEC §9 correlates with success (per sampling, under ``collapse/<s>/``).
+#: The diagnostics the paper correlates with success (per sampling, under ``collapse/<s>/``).
 DIAGNOSTICS = ("mi_zscore", "mi_zscore_ema", "mi_estimate", "mi_seq_estimate",
                "retrieval_acc", "conditional_entropy_est", "reasoning_entropy_est",
                "conditional_entropy_seq_est", "reasoning_entropy_seq_est")

@@ -16,6 +16,7 @@ from pathlib import Path
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from ..platform.tracking import metric_history
 from .runs import DIAGNOSTICS, RunData
 
 #: Metric keys the analyses and the monitor read (everything else is left in MLflow).
@@ -88,8 +89,7 @@ def resolve(client: MlflowClient, target: str) -> Target:
 def sweep_base(client: MlflowClient, parent_run_id: str) -> dict | None:
     """A one-at-a-time sweep's base value of every swept field (from the parent's resolved
     sweep spec); None for other designs, whose trials vary every field at once."""
-    from ..platform.sweep import swept_fields
-    from ..platform.sweep_spec import SweepSpec
+    from ..platform.sweep_spec import SweepSpec, swept_fields
 
     data = _download_json(client, parent_run_id, "sweep_spec_resolved.json")
     if data is None:
@@ -99,13 +99,6 @@ def sweep_base(client: MlflowClient, parent_run_id: str) -> dict | None:
     except Exception:  # a spec from another Tether version: fall back to the runs' values
         return None
     return swept_fields(spec) if spec.sweep.design == "one_at_a_time" else None
-
-
-def metric_history(client: MlflowClient, run_id: str, key: str) -> dict[int, float]:
-    """{step: value}, the last value logged at each step (a resumed run may log a step
-    twice; the later write wins, by timestamp)."""
-    history = sorted(client.get_metric_history(run_id, key), key=lambda m: m.timestamp)
-    return {int(m.step): float(m.value) for m in history}
 
 
 def _download_json(client: MlflowClient, run_id: str, path: str):
@@ -148,10 +141,10 @@ def load_run(client: MlflowClient, run, with_prompts: bool = True,
 
 def load_target(tracking_uri: str, target: str, with_prompts: bool = True
                 ) -> tuple[Target, list[RunData]]:
-    from ..platform.tracking import TrackingError, check_reachable
+    from ..platform.tracking import TrackingError, check_tracking_reachable
 
     try:
-        check_reachable(tracking_uri)
+        check_tracking_reachable(tracking_uri)
     except TrackingError as exc:
         raise ReportError(str(exc)) from None
     client = MlflowClient(tracking_uri=tracking_uri)

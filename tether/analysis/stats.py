@@ -1,12 +1,13 @@
-"""SPEC §9's numbers across runs, as pure functions of ``RunData``.
+"""The paper's cross-run numbers (docs/methods.md, section 13), as pure functions of
+``RunData``.
 
 - ``spearman_table``: each diagnostic against task success over every (run, checkpoint)
   where both were logged, with a Fisher-z confidence interval (Bonett & Wright's
   variance for Spearman's rho);
 - ``rv_quartiles``: (run, checkpoint) points by reward-variance quartile, with mean
   success and MI per quartile;
-- ``regimes``: each run's path in the (H(Z|X), I(X;Z)) plane and the SPEC §1 regime of
-  its last point;
+- ``regimes``: each run's path in the (H(Z|X), I(X;Z)) plane and the regime
+  (docs/methods.md, section 1) of its last point;
 - ``stochasticity_curves`` and ``sensitivity_trajectories``: the sweeps' views.
 Each returns its rows plus ``notes`` naming what could not be computed and why.
 """
@@ -126,7 +127,7 @@ def spearman_by_run_bootstrap(runs: list[RunData], sampling: str, diagnostics,
                                 f"{n} checkpoint(s)")
             continue
 
-        def both(indices) -> tuple[float, float]:
+        def both(indices, per_run=per_run) -> tuple[float, float]:
             parts = [per_run[i] for i in indices if per_run[i] is not None]
             if not parts:
                 return math.nan, math.nan
@@ -226,7 +227,7 @@ def regimes(runs: list[RunData], sampling: str, h_name: str = "conditional_entro
         steps, h, mi = paths[run.run_id]
         step = int(steps[-1])
 
-        def at(key):
+        def at(key, run=run, step=step):
             return run.metrics.get(key, {}).get(step)
 
         p = at(p_key)

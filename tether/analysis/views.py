@@ -7,8 +7,16 @@ import math
 import numpy as np
 
 from .render import PALETTE, Figure, Panel, Series
-from .runs import (KEPT_RATIO, REASONING_LENGTH, REWARD_STD, SUCCESS, VAL_SUCCESS,
-                   ZERO_VARIANCE, RunData, collapse_key)
+from .runs import (
+    KEPT_RATIO,
+    REASONING_LENGTH,
+    REWARD_STD,
+    SUCCESS,
+    VAL_SUCCESS,
+    ZERO_VARIANCE,
+    RunData,
+    collapse_key,
+)
 from .stats import Result
 
 

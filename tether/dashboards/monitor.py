@@ -18,8 +18,8 @@ import hashlib
 import hmac
 import ipaddress
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from .monitor_data import MonitorSource, json_safe, monitor_payload
 

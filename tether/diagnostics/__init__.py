@@ -1,28 +1,28 @@
 """Collapse diagnostics, pure and Ray-free: MI proxies from in-batch cross-scoring,
-gradient SNR by reward-variance bucket, and collapse alarms (SPEC §2, §3, §8).
+gradient SNR by reward-variance bucket, and collapse alarms (docs/methods.md).
 
-``mi``, ``alarms`` and ``grad_snr`` need only numpy/pydantic (grad_snr: torch);
-``crossscore`` needs torch + transformers and is imported lazily by name.
+Names are imported on first use: ``mi`` and ``alarms`` need only numpy/pydantic (so
+the run config can nest ``AlarmsConfig`` without torch); ``grad_snr`` needs torch,
+``crossscore`` torch and transformers.
 """
 
-from tether.diagnostics.alarms import AlarmEvent, AlarmMonitor, AlarmsConfig
-from tether.diagnostics.grad_snr import bucket_grad_norms, grad_snr_metrics, rv_buckets
-from tether.diagnostics.mi import mi_proxies, prefixed, prompt_columns, valid_reasoning_rate
+from __future__ import annotations
 
-__all__ = [
-    "AlarmEvent", "AlarmMonitor", "AlarmsConfig",
-    "bucket_grad_norms", "grad_snr_metrics", "rv_buckets",
-    "mi_proxies", "prefixed", "prompt_columns", "valid_reasoning_rate",
-    "ScoringPair", "CrossScores", "ChainResult", "cross_score_pairs", "information_chain", "sample_pairs",
-]
+import importlib
 
-_CROSSSCORE = {"ScoringPair", "CrossScores", "ChainResult", "cross_score_pairs", "information_chain",
-               "sample_pairs"}
+_EXPORTS = {
+    "alarms": ("AlarmEvent", "AlarmMonitor", "AlarmsConfig"),
+    "grad_snr": ("bucket_grad_norms", "grad_snr_metrics", "rv_buckets"),
+    "mi": ("mi_proxies", "prefixed", "prompt_columns", "valid_reasoning_rate"),
+    "crossscore": ("ScoringPair", "CrossScores", "ChainResult", "cross_score_pairs",
+                   "information_chain", "sample_pairs"),
+}
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+
+__all__ = sorted(_MODULE_OF)
 
 
 def __getattr__(name: str):
-    # crossscore imports transformers (slow); load it only when asked for.
-    if name in _CROSSSCORE:
-        from tether.diagnostics import crossscore
-        return getattr(crossscore, name)
-    raise AttributeError(f"module 'tether.diagnostics' has no attribute {name!r}")
+    if name in _MODULE_OF:
+        return getattr(importlib.import_module(f"{__name__}.{_MODULE_OF[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,4 +1,4 @@
-"""Collapse alarms (SPEC §3): named, timestamped events with the evidence that raised them.
+"""Collapse alarms (docs/methods.md, section 4): named, timestamped events with the evidence that raised them.
 
 `AlarmMonitor` is pure and stateful: feed it the iteration's metrics dict once per
 iteration and it returns the events that fired. A missing (or non-finite) metric
@@ -22,8 +22,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from tether.diagnostics.control import (ControlConfig, Controller, RaiseEntropy, RaiseKl, Response,
-                                        Rollback, TightenFilter)
+from tether.diagnostics.control import (
+    ControlConfig,
+    Controller,
+    RaiseEntropy,
+    RaiseKl,
+    Response,
+    Rollback,
+    TightenFilter,
+)
 
 AlarmMode = Literal["off", "warn", "act", "stop"]
 _MODE = ("off: not tracked; warn: record the event and continue; act: record it and, while it "
@@ -149,7 +156,7 @@ class EmptyAfterFilterConfig(_OneAlarmConfig):
 
 
 class AlarmsConfig(_AlarmConfig):
-    """Thresholds and modes of the collapse alarms (SPEC §3)."""
+    """Thresholds and modes of the collapse alarms (docs/methods.md, section 4)."""
     template_collapse: TemplateCollapseConfig = Field(default_factory=TemplateCollapseConfig,
                                                       description="MI falls while H(Z|X) stays flat or rises")
     low_entropy_collapse: LowEntropyCollapseConfig = Field(default_factory=LowEntropyCollapseConfig,
@@ -189,7 +196,7 @@ class AlarmEvent:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "AlarmEvent":
+    def from_dict(cls, data: Mapping[str, Any]) -> AlarmEvent:
         return cls(**dict(data))
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Annotated, Any, ClassVar, Literal, Union
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -127,7 +127,7 @@ class Rollback(_Response):
         return dataclasses.replace(knobs, lr=knobs.lr * self.lr_factor), target
 
 
-Response = Annotated[Union[TightenFilter, RaiseKl, RaiseEntropy, Rollback], Field(discriminator="kind")]
+Response = Annotated[TightenFilter | RaiseKl | RaiseEntropy | Rollback, Field(discriminator="kind")]
 
 
 class ControlConfig(BaseModel):

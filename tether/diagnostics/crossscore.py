@@ -1,4 +1,5 @@
-"""In-batch cross-scoring with a causal LM: the matrices behind the MI proxies (SPEC §2).
+"""In-batch cross-scoring with a causal LM: the matrices behind the MI proxies (docs/methods.md,
+section 2).
 
 For contexts c_j (distinct prompts, each ending with the opening ``<think>``) and
 continuations y_i (reasonings, tags excluded) the policy scores every y_i under
@@ -34,8 +35,8 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from functools import partial
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Literal
 
 import numpy as np
@@ -43,6 +44,8 @@ import torch
 from transformers import AttentionInterface, DynamicCache
 
 from tether.diagnostics.mi import mi_proxies, prompt_columns, valid_reasoning_rate
+from tether.diagnostics.multiprefix import score_multi_prefix
+from tether.diagnostics.scoring import right_pad, target_logprobs
 from tether.diagnostics.uncertainty import Uncertainty
 from tether.policy.attention import attention_implementation, supports_custom_attention
 
@@ -67,7 +70,7 @@ class ScoringPair:
     action_ids: tuple[int, ...] = ()
 
     @classmethod
-    def from_turn(cls, turn: Any) -> "ScoringPair":
+    def from_turn(cls, turn: Any) -> ScoringPair:
         """Any object with ``prompt_ids``/``reasoning_ids``/``action_ids`` attributes."""
         return cls(tuple(int(t) for t in turn.prompt_ids), tuple(int(t) for t in turn.reasoning_ids),
                    tuple(int(t) for t in getattr(turn, "action_ids", ()) or ()))
@@ -117,23 +120,6 @@ def sample_pairs(trajectories: Sequence[Sequence[Any]], sampling: Sampling, max_
 
 # ---------------------------------------------------------------- scoring core
 
-def _target_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
-    """log softmax(logits/τ) at the target ids: [..., V], [...] -> [...] (fp32)."""
-    scaled = logits.float() / temperature
-    return scaled.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(scaled, dim=-1)
-
-
-def _right_pad(seqs: Sequence[Sequence[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-pad token lists with id 0: ids [B, T] and a 0/1 validity mask [B, T]."""
-    width = max(len(s) for s in seqs)
-    ids = torch.zeros(len(seqs), width, dtype=torch.long)
-    mask = torch.zeros(len(seqs), width, dtype=torch.long)
-    for b, s in enumerate(seqs):
-        ids[b, : len(s)] = torch.as_tensor(s, dtype=torch.long)
-        mask[b, : len(s)] = 1
-    return ids.to(device), mask.to(device)
-
-
 def _score_naive(model, contexts, continuations, temperature: float, batch_size: int) -> np.ndarray:
     """Every (context j, continuation i) as its own sequence; returns S [M, N]."""
     device = next(model.parameters()).device
@@ -141,9 +127,9 @@ def _score_naive(model, contexts, continuations, temperature: float, batch_size:
     scores = np.zeros((len(continuations), len(contexts)), dtype=np.float64)
     for start in range(0, len(jobs), batch_size):
         chunk = jobs[start:start + batch_size]
-        ids, mask = _right_pad([list(contexts[j]) + list(continuations[i]) for i, j in chunk], device)
+        ids, mask = right_pad([list(contexts[j]) + list(continuations[i]) for i, j in chunk], device)
         logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits   # [B, T, V]
-        logp = _target_logprobs(logits[:, :-1], ids[:, 1:], temperature)             # [B, T-1]
+        logp = target_logprobs(logits[:, :-1], ids[:, 1:], temperature)             # [B, T-1]
         # Position t predicts token t+1; count it when token t+1 is in the continuation.
         token_pos = torch.arange(1, ids.shape[1], device=device)[None, :]             # [1, T-1]
         starts = torch.tensor([len(contexts[j]) for _, j in chunk], device=device)[:, None]
@@ -222,7 +208,7 @@ def _score_prefix(model, contexts, continuations, temperature: float, batch_size
     m = len(continuations)
     order = np.argsort([len(c) for c in continuations], kind="stable")   # similar lengths: less padding
     chunks = [order[s:s + batch_size] for s in range(0, m, batch_size)]
-    padded = [_right_pad([continuations[i] for i in rows], device) for rows in chunks]
+    padded = [right_pad([continuations[i] for i in rows], device) for rows in chunks]
     scores = np.zeros((m, len(contexts)), dtype=np.float64)
     for j, context in enumerate(contexts):
         ctx = torch.as_tensor([list(context)], dtype=torch.long, device=device)       # [1, P]
@@ -233,7 +219,7 @@ def _score_prefix(model, contexts, continuations, temperature: float, batch_size
         for rows, (ids, valid) in zip(chunks, padded):
             b, width = ids.shape
             # The first continuation token is predicted by the context's last position.
-            total = _target_logprobs(last_logits.expand(b, -1), ids[:, 0], temperature).double()  # [B]
+            total = target_logprobs(last_logits.expand(b, -1), ids[:, 0], temperature).double()  # [B]
             if width > 1:
                 # Feed tokens 0..W-2; position t predicts token t+1.
                 positions = torch.arange(p, p + width - 1, device=device)[None, :].expand(b, -1)
@@ -247,7 +233,7 @@ def _score_prefix(model, contexts, continuations, temperature: float, batch_size
                     logits = model(input_ids=ids[:, :-1], attention_mask=attn, position_ids=positions,
                                    past_key_values=_expanded_cache(prefix_kv, b, model.config),
                                    use_cache=True).logits                              # [B, W-1, V]
-                logp = _target_logprobs(logits, ids[:, 1:], temperature)              # [B, W-1]
+                logp = target_logprobs(logits, ids[:, 1:], temperature)              # [B, W-1]
                 total = total + (logp.double() * valid[:, 1:]).sum(dim=1)
             scores[rows, j] = total.cpu().numpy()
     return scores
@@ -308,7 +294,7 @@ def cross_score_pairs(model, contexts: Sequence[Sequence[int]], continuations: S
 
     start = time.perf_counter()
     if method == "multi_prefix":
-        from .multiprefix import score_multi_prefix as score
+        score = score_multi_prefix
     else:
         score = _score_naive if method == "naive" else partial(_score_prefix, shared=method == "shared_prefix")
     with torch.inference_mode():

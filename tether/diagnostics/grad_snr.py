@@ -1,4 +1,4 @@
-"""Gradient signal-to-noise by reward-variance bucket (SPEC §8).
+"""Gradient signal-to-noise by reward-variance bucket (docs/methods.md, section 10).
 
 The task (policy-gradient) gradient of a prompt scales with the spread of its
 group's rewards; the regularisers' (KL, entropy) does not. Bucketing groups by

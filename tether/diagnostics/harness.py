@@ -1,7 +1,8 @@
 """Known-answer harness: policies whose input dependence is known, through the real diagnostics.
 
 Three behaviours on one synthetic prompt set (N prompts, each ``<bos> k1..kK <think>`` with
-random key tokens), each with a known place in the (H(Z|X), I(X;Z)) plane (SPEC §1):
+random key tokens), each with a known place in the (H(Z|X), I(X;Z)) plane (docs/methods.md,
+section 1):
 
 - ``grounded``: the reasoning copies the prompt's keys, the action is the first key
   -> I(X;Z) = log N, H(Z|X) = 0, I(Z;A) = I(X;A) = log N: diverse and grounded;

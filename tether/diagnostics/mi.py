@@ -1,4 +1,5 @@
-"""Mutual-information proxies from an in-batch cross-score matrix (SPEC §2).
+"""Mutual-information proxies from an in-batch cross-score matrix (docs/methods.md,
+section 2).
 
 Given M (prompt, reasoning) pairs whose distinct prompts are the columns
 j = 1..N, and the cross-scores
@@ -84,7 +85,8 @@ def _topk_hit_rate(scores: np.ndarray, column: np.ndarray, k: int) -> np.ndarray
 def mi_proxies(L: np.ndarray, S: np.ndarray, column: np.ndarray,
                ema_state: dict | None = None, uncertainty: Uncertainty | None = None,
                rng: np.random.Generator | None = None) -> tuple[dict[str, float], dict | None]:
-    """The MI proxies of SPEC §2 from per-token (`L`) and sequence (`S`) cross-scores.
+    """The MI proxies (docs/methods.md, section 2) from per-token (`L`) and sequence (`S`)
+    cross-scores.
 
     Args:
         L: [M, N] per-token log-prob of reasoning i under prompt j.

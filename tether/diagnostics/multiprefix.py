@@ -1,6 +1,6 @@
 """Cross-scoring with many prefixes per forward (``method="multi_prefix"``, the default).
 
-`crossscore._score_prefix` encodes one context at a time (a batch-1 forward) and then
+`crossscore` (method ``prefix``) encodes one context at a time (a batch-1 forward) and then
 scores the continuations against it, one model call per context and chunk. With
 many short contexts and short continuations (the information chain: I(Z;A) has one
 context per pair and actions of a few tokens) those small calls dominate. Here:
@@ -25,6 +25,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 from transformers import AttentionInterface
+
+from .scoring import right_pad, target_logprobs
 
 MULTI_PREFIX_ATTENTION = "tether_multi_prefix"
 # Fixed cost of one model call, in padded-token equivalents, for `length_chunks`.
@@ -96,9 +98,7 @@ def length_chunks(lengths: Sequence[int], max_rows: int,
 def _encode_contexts(model, contexts: Sequence[Sequence[int]], device):
     """One right-padded forward over contexts: per-layer KV [C, Hkv, P, D], valid [C, P],
     each context's length [C] and the logits at its last token [C, V]."""
-    from .crossscore import _right_pad
-
-    ids, mask = _right_pad(contexts, device)
+    ids, mask = right_pad(contexts, device)
     lengths = mask.sum(dim=1)                                                 # [C]
     out = model(input_ids=ids, attention_mask=mask, use_cache=True,
                 logits_to_keep=(lengths - 1)[:, None])                       # logits [C, 1, V]
@@ -114,11 +114,10 @@ def score_multi_prefix(model, contexts, continuations, temperature: float, batch
     encoded per forward; ``max_tokens`` the rows x width of one scoring forward.
     """
     from ..policy.attention import attention_implementation
-    from .crossscore import _right_pad, _target_logprobs
 
     device = next(model.parameters()).device
     m, n = len(continuations), len(contexts)
-    chunks = [(rows, *_right_pad([continuations[i] for i in rows], device))
+    chunks = [(rows, *right_pad([continuations[i] for i in rows], device))
               for rows in length_chunks([len(y) for y in continuations], batch_size)]
     scores = np.zeros((m, n), dtype=np.float64)
     ctx_order = np.argsort([len(x) for x in contexts], kind="stable")  # similar lengths: less padding
@@ -129,7 +128,7 @@ def score_multi_prefix(model, contexts, continuations, temperature: float, batch
             r, width = ids.shape
             c_all = len(block)
             # The first continuation token is predicted by each context's last position.
-            total = _target_logprobs(last_logits[:, None, :].expand(c_all, r, -1),
+            total = target_logprobs(last_logits[:, None, :].expand(c_all, r, -1),
                                      ids[None, :, 0].expand(c_all, r), temperature).double()  # [C, R]
             if width > 1:
                 step = max(1, max_tokens // (r * (width - 1)))                   # contexts per forward
@@ -144,7 +143,7 @@ def score_multi_prefix(model, contexts, continuations, temperature: float, batch
                     with attention_implementation(model, MULTI_PREFIX_ATTENTION):
                         logits = model(input_ids=inputs, position_ids=positions, use_cache=False,
                                        multi_prefix=(sub_kv, valid[c0:c1, :p])).logits  # [C*R, W-1, V]
-                    logp = _target_logprobs(logits, ids[:, 1:].repeat(c, 1), temperature)
+                    logp = target_logprobs(logits, ids[:, 1:].repeat(c, 1), temperature)
                     total[c0:c1] += (logp.double() * mask[:, 1:].repeat(c, 1)).sum(dim=1).view(c, r)
             scores[np.ix_(rows, block)] = total.T.cpu().numpy()
     return scores

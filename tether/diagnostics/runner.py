@@ -61,8 +61,8 @@ def collapse_diagnostics(model, trajectories, extractor: SpanExtractor, sampling
 
 
 def gradient_snr(model, batch, settings, n_buckets: int, micro_batched: bool = True) -> dict[str, float]:
-    """SPEC §8: per reward-variance bucket of groups, the task-loss and regulariser-loss
-    gradient norms measured separately (two backward passes of one shared forward),
+    """Gradient SNR (docs/methods.md, section 10): per reward-variance bucket of groups, the
+    task-loss and regulariser-loss gradient norms measured separately (two backward passes of one shared forward),
     their ratio and mean RV.
 
     ``batch`` holds every collected group (before filtering) with advantages set;
@@ -80,9 +80,18 @@ def gradient_snr(model, batch, settings, n_buckets: int, micro_batched: bool = T
     import torch
 
     from ..algos.batch import token_logprobs
-    from ..algos.losses import ppo_objective
-    from ..algos.update import aggregation_denominator, micro_batch_logprobs, trimmed_rows
-    from .grad_snr import bucket_grad_norms, bucket_grad_norms_accumulated, grad_snr_metrics, rv_buckets
+    from ..algos.update import (
+        aggregation_denominator,
+        micro_batch_logprobs,
+        objective,
+        trimmed_rows,
+    )
+    from .grad_snr import (
+        bucket_grad_norms,
+        bucket_grad_norms_accumulated,
+        grad_snr_metrics,
+        rv_buckets,
+    )
     from .multiprefix import length_chunks
 
     device = next(model.parameters()).device
@@ -95,13 +104,9 @@ def gradient_snr(model, batch, settings, n_buckets: int, micro_batched: bool = T
     def bucket_rows(groups: list[int]):
         return torch.nonzero(torch.isin(batch.group_index, torch.tensor(groups))).squeeze(-1)
 
-    def objective(sub, logprobs, entropy, denominator=None):
-        task, reg, _ = ppo_objective(
-            logprobs, logprobs.detach(), sub.advantages, sub.response_mask,
-            ref_logprobs=sub.ref_logprobs, entropy=entropy, clip_low=settings.clip_low,
-            clip_high=settings.clip_high, kl_coef=settings.kl_coef,
-            kl_estimator=settings.kl_estimator, entropy_coef=settings.entropy_coef,
-            agg=settings.loss_agg, denominator=denominator)
+    def losses_of(sub, logprobs, entropy, denominator=None):
+        # the update's objective at the current policy (old log-probs = these log-probs)
+        task, reg, _ = objective(settings, logprobs, logprobs.detach(), sub, entropy, denominator)
         return task, reg
 
     if micro_batched:
@@ -113,7 +118,7 @@ def gradient_snr(model, batch, settings, n_buckets: int, micro_batched: bool = T
                 sub = trimmed_rows(batch, rows[torch.as_tensor(chunk)], device)
                 logprobs, entropy = micro_batch_logprobs(model, sub, settings.temperature, True,
                                                          settings.shared_prefix)
-                task, reg = objective(sub, logprobs, entropy, denominator)
+                task, reg = losses_of(sub, logprobs, entropy, denominator)
                 if not bool((sub.advantages * sub.response_mask).any()):
                     task = task.detach()   # zero advantages: exactly zero task gradient
                 yield task, reg
@@ -129,7 +134,7 @@ def gradient_snr(model, batch, settings, n_buckets: int, micro_batched: bool = T
                 sub = batch.select(bucket_rows(groups)).to(device)
                 logprobs, entropy = token_logprobs(model, sub.input_ids, sub.attention_mask,
                                                    settings.temperature, with_entropy=True)
-                cache[key] = objective(sub, logprobs, entropy)
+                cache[key] = losses_of(sub, logprobs, entropy)
             return cache[key]
 
         rows = bucket_grad_norms(model, lambda g: losses(g)[0], lambda g: losses(g)[1], buckets, group_std)

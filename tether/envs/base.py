@@ -5,7 +5,7 @@ Every environment is a ``gymnasium.Env`` whose observations and actions are text
 raises on bad input, and reports ``info["action_is_valid"]``.  An invalid answer
 costs ``format_penalty`` and leaves the state untouched (no env step).
 
-The ``stochasticity`` knob p (SPEC §5):
+The ``stochasticity`` knob p (docs/methods.md, section 11):
 - multi-turn envs: each executed action is replaced, with probability p, by a
   uniformly random valid action (FrozenLake's slip, generalised);
 - single-turn envs: with probability p the reward is replaced by a uniform draw

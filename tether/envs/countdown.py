@@ -8,7 +8,7 @@ Only non-negative integer literals, the four binary operators and parentheses
 are accepted, and the text is bounded in length, so no input can make the
 parser or the arithmetic blow up.
 
-Reward (SPEC §5): 1 when the expression uses exactly the given numbers (each
+Reward (docs/methods.md, section 11): 1 when the expression uses exactly the given numbers (each
 once) and equals the target; 0.1 when it uses the right numbers but misses;
 0 for any other well-formed expression.  Text that is not such an expression
 is invalid (format penalty).
@@ -18,15 +18,16 @@ from __future__ import annotations
 
 import ast
 import itertools
+from collections.abc import Sequence
 from fractions import Fraction
-from typing import Any, Sequence, Union
+from typing import Any
 
 import numpy as np
 
 from .base import SingleTurnTextEnv
 
 #: An expression tree: a number, or (operator, left, right).
-Expr = Union[int, tuple[str, "Expr", "Expr"]]
+Expr = int | tuple[str, "Expr", "Expr"]
 OPS = ("+", "-", "*", "/")
 AST_OPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/"}
 PRECEDENCE = {"+": 1, "-": 1, "*": 2, "/": 2}

@@ -20,7 +20,7 @@ project's own set of 64 small problems (56 functions, 8 stdin/stdout programs,
 4-6 tests each, a reference solution and a one-line hint), shipped in
 ``tether/envs/data/deepcoder_problems.jsonl``.
 
-Stochasticity (single-turn, SPEC §5): with probability p the reward is replaced
+Stochasticity (single-turn, docs/methods.md section 11): with probability p the reward is replaced
 by a uniform draw from the problem's reward support, the achievable fractions
 ``k/n`` for ``n`` tests (``info["success"]`` stays truthful).
 """
@@ -213,7 +213,7 @@ def mutate(code: str, rng: np.random.Generator) -> str:
     # so the rest keeps the reference's style.
     lines = code.splitlines(keepends=True)
     line = lines[row - 1].encode()
-    start, end = getattr(node, "col_offset"), getattr(node, "end_col_offset")
+    start, end = node.col_offset, node.end_col_offset
     lines[row - 1] = (line[:start] + ast.unparse(node).encode() + line[end:]).decode()
     return "".join(lines)
 

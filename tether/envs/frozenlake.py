@@ -7,7 +7,7 @@ most ``max_actions`` moves.  The same BFS is the optimal solver behind the
 warm-start demonstrations.
 
 The classic slippery ice is not built in: the env-wide ``stochasticity`` knob
-(SPEC §5) replaces an executed action by a uniformly random one, which is
+(docs/methods.md, section 11) replaces an executed action by a uniformly random one, which is
 FrozenLake's slip generalised.  Reward +1 on reaching the goal (success, the
 episode ends); stepping on a hole ends the episode with 0; every other move 0.
 A move off the board leaves the player in place.
@@ -19,7 +19,8 @@ are (row,col), 0-based from the top-left corner.
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 

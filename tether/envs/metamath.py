@@ -23,7 +23,7 @@ episode continues; attempt k (0-based) earns ``0.5**k`` on a match — 1, 0.5,
 0.25 with the default three attempts.  The episode ends on a match or when the
 attempts run out.
 
-Stochasticity (single-turn rule, SPEC §5): with probability p the verdict on a
+Stochasticity (single-turn rule, docs/methods.md section 11): with probability p the verdict on a
 valid answer is replaced by a fair coin, so the reward is a uniform draw from
 ``{0, 0.5**k}`` (``reward_support`` scaled by the attempt's weight) and the
 episode continues or ends by that draw; ``info["success"]`` stays truthful.

@@ -3,7 +3,7 @@
 Each turn the agent writes one action: ``search[query]`` runs BM25 (bm25s)
 over the corpus and the next observation shows the top ``top_k`` passages,
 each cut to ``passage_words`` words; ``finish[answer]`` ends the episode.
-SPEC §5 says the top 5; the defaults (top 3 x 30 words) keep a five-turn
+The paper's setting shows the top 5; the defaults (top 3 x 30 words) keep a five-turn
 episode inside the tiny model's 1k-token window — raise them for real models.
 The observation holds the question and the latest results (earlier results
 stay in the chat context).
@@ -32,7 +32,7 @@ Data:
 The BM25 index is built once per corpus and shared by every env on it
 (a module-level cache keyed by the corpus's identity), so resets cost nothing.
 
-Stochasticity (multi-turn rule, SPEC §5): with probability p the executed
+Stochasticity (multi-turn rule, docs/methods.md section 11): with probability p the executed
 action is replaced by a random valid action, defined here as a search for the
 title of a uniformly drawn corpus document; the observation shows what ran.
 """
@@ -47,8 +47,16 @@ from typing import Any
 import numpy as np
 
 from .base import MultiTurnTextEnv
-from .searchqa_data import (Corpus, Question, corpus_documents, dedupe_documents, file_key,
-                            generate_knowledge_base, load_questions, shared_corpus)
+from .searchqa_data import (
+    Corpus,
+    Question,
+    corpus_documents,
+    dedupe_documents,
+    file_key,
+    generate_knowledge_base,
+    load_questions,
+    shared_corpus,
+)
 
 MAX_ARG_CHARS = 200
 F1_THRESHOLD = 0.3
@@ -105,7 +113,7 @@ class SearchQAEnv(MultiTurnTextEnv):
             knowledge base.
         corpus_path: documents to search; None uses the questions' contexts (files) or
             the knowledge base (offline).
-        top_k: passages shown per search (SPEC: 5; default 3 for the 1k-token model).
+        top_k: passages shown per search (paper: 5; default 3 for the 1k-token model).
         passage_words: each passage's text is cut to this many words.
         num_people: size of the generated knowledge base (people; companies, cities
             and countries scale with it).

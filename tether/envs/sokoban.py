@@ -6,7 +6,7 @@ random targets, boxes and player) and kept only if a breadth-first search over
 are not already solved.  The same BFS is the env's optimal solver, which the
 warm-start demonstrations follow.
 
-Rewards (SPEC §5, as in gym-sokoban): −0.1 per move, +1 for a push that puts a
+Rewards (docs/methods.md section 11, as in gym-sokoban): −0.1 per move, +1 for a push that puts a
 box on a target, −1 for a push that takes one off, +10 when every box is placed
 (the episode ends).  A move into a wall, or a push against a wall or another
 box, leaves the state unchanged but still costs the step.
@@ -20,7 +20,8 @@ the top-left corner, walls included.
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 

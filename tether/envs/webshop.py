@@ -37,7 +37,7 @@ catalogue (``categories`` x ``products_per_category`` items; each has two
 attributes from its category's pool, a subset of the category's options and a
 price; seeded by ``catalogue_seed``), and each reset seed draws a goal from it.
 
-Stochasticity (multi-turn, SPEC §5): with probability p the executed action is
+Stochasticity (multi-turn, docs/methods.md section 11): with probability p the executed action is
 replaced by a uniformly random valid action of the current page; on the search
 page, whose action is free text, that is a search for one of ``search_pool``
 (offline: the product types and attribute + type pairs; loaded: the products'
@@ -232,7 +232,8 @@ class Shop:
         self._lengths = [len(d) for d in docs]
         self._avg_length = max(1e-9, sum(self._lengths) / max(1, len(docs)))
 
-    @functools.lru_cache(maxsize=4096)
+    # The cache keeps the index alive, as its catalogue does anyway.
+    @functools.lru_cache(maxsize=4096)  # noqa: B019
     def search(self, query: str) -> tuple[str, ...]:
         """Asins of the best ``max_results`` products for ``query`` (BM25, k1=1.5, b=0.75;
         ties keep catalogue order)."""

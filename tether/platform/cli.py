@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.console import Console
@@ -33,18 +32,18 @@ def fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
-def _check_cluster(address: Optional[str]) -> None:
+def _check_cluster(address: str | None) -> None:
     """One line and exit when nothing answers at the Ray address (light imports only)."""
-    from .session import ClusterError, check_reachable
+    from .session import ClusterError, check_ray_reachable
 
     if address:
         try:
-            check_reachable(address)
+            check_ray_reachable(address)
         except ClusterError as exc:
             fail(str(exc))
 
 
-def _load(config: Optional[Path], overrides: list[str], address: Optional[str]):
+def _load(config: Path | None, overrides: list[str], address: str | None):
     from .config import ConfigError, load_config
 
     extra = list(overrides or [])
@@ -57,13 +56,13 @@ def _load(config: Optional[Path], overrides: list[str], address: Optional[str]):
 
 
 @app.command()
-def run(config: Optional[Path] = typer.Argument(None, help="Experiment YAML (default: the "
+def run(config: Path | None = typer.Argument(None, help="Experiment YAML (default: the "
                                                 "embedded defaults)."),
-        overrides: Optional[list[str]] = typer.Argument(None, help="Dotted overrides, e.g. "
+        overrides: list[str] | None = typer.Argument(None, help="Dotted overrides, e.g. "
                                                         "algo.kl_coef=0.01 rollout.groups=4."),
-        address: Optional[str] = typer.Option(None, "--address", help="Join this Ray cluster "
+        address: str | None = typer.Option(None, "--address", help="Join this Ray cluster "
                                               "(default: start a local Ray on 127.0.0.1)."),
-        resume: Optional[str] = typer.Option(None, "--resume", help="Continue a run from its "
+        resume: str | None = typer.Option(None, "--resume", help="Continue a run from its "
                                              "last checkpoint: a checkpoint file or directory, "
                                              "or an MLflow run id (same MLflow run).")):
     """Train an agent: warm start (cached), Ray actors, MLflow tracking."""
@@ -93,9 +92,8 @@ def run(config: Optional[Path] = typer.Argument(None, help="Experiment YAML (def
         _check_cluster(cfg.ray.address)
     prepare_process(cfg.ray.address)
     from .driver import Trainer
-    from .tracking import TrackingError
-
     from .progress import bars
+    from .tracking import TrackingError
 
     progress = bars(console)
     tasks: dict[str, int] = {}
@@ -169,7 +167,7 @@ def run(config: Optional[Path] = typer.Argument(None, help="Experiment YAML (def
     for step, value in sorted(summary.val_history.items()):
         low, high = summary.val_intervals.get(step, (value, value))
         table.add_row(f"val/success @ {step}", f"{value:.3f} [{low:.3f}, {high:.3f}]")
-    for key, label in KEY_METRICS[:-1]:
+    for key, _label in KEY_METRICS[:-1]:
         if key in summary.last_metrics:
             table.add_row(f"{key} (last)", _with_interval(summary.last_metrics, key))
     d = summary.last_diagnostics
@@ -187,20 +185,25 @@ def run(config: Optional[Path] = typer.Argument(None, help="Experiment YAML (def
 
 
 @app.command("config")
-def show_config(config: Optional[Path] = typer.Argument(None, help="Experiment YAML."),
-                overrides: Optional[list[str]] = typer.Argument(None, help="Dotted overrides."),
+def show_config(config: Path | None = typer.Argument(None, help="Experiment YAML."),
+                overrides: list[str] | None = typer.Argument(None, help="Dotted overrides."),
                 fields: bool = typer.Option(False, "--fields", help="List every field with its "
-                                            "default and description instead.")):
+                                            "default (or, given a YAML, its value) and "
+                                            "description instead.")):
     """Validate a config and print the resolved tree (nothing starts)."""
     import yaml
 
     if fields:
         from .config import describe_fields
 
-        table = Table(title="Tether config fields (override as section.key=value)")
-        for column in ("field", "default", "description"):
+        # Without a YAML: the defaults a run uses (the default preset applied); with
+        # one (and overrides): that config's values.
+        cfg = _load(config, overrides or [], None) if config or overrides else None
+        title = "defaults, preset applied" if cfg is None else "values of this config"
+        table = Table(title=f"Tether config fields ({title}; override as section.key=value)")
+        for column in ("field", "default" if cfg is None else "value", "description"):
             table.add_column(column)
-        for path, default, description in describe_fields():
+        for path, default, description in describe_fields(cfg):
             table.add_row(path, str(default), description)
         console.print(table)
         return
@@ -220,18 +223,17 @@ def envs():
 @app.command()
 def sweep(spec: Path = typer.Argument(..., help="Sweep spec YAML: a run config plus a "
                                       "sweep: section (experiments/*_smoke.yaml)."),
-          overrides: Optional[list[str]] = typer.Argument(None, help="Dotted overrides of the "
+          overrides: list[str] | None = typer.Argument(None, help="Dotted overrides of the "
                                                           "run config or the sweep, e.g. "
                                                           "sweep.num_samples=8 algo.lr=1e-4."),
           resume: bool = typer.Option(False, "--resume", help="Continue an interrupted sweep: "
                                       "only unfinished trials run, in the same MLflow parent."),
-          address: Optional[str] = typer.Option(None, "--address", help="Join this Ray cluster "
+          address: str | None = typer.Option(None, "--address", help="Join this Ray cluster "
                                                 "(default: RAY_ADDRESS, else a local Ray).")):
     """Ray Tune sweep: one training run per trial, nested under one MLflow parent run."""
     _check_cluster(address)
     from .config import ConfigError
     from .session import prepare_process
-
     from .sweep_spec import load_sweep_spec
 
     try:
@@ -239,12 +241,11 @@ def sweep(spec: Path = typer.Argument(..., help="Sweep spec YAML: a run config p
     except ConfigError as exc:
         fail(f"sweep spec: {exc}")
     prepare_process(address or os.environ.get("RAY_ADDRESS") or sweep_spec.base.ray.address)
+    from ..envs.sandbox import SandboxUnavailable
+    from .progress import SweepDisplay
     from .session import ClusterError
     from .sweep import SweepError, results_table, run_sweep
     from .tracking import TrackingError
-    from ..envs.sandbox import SandboxUnavailable
-
-    from .progress import SweepDisplay
 
     try:  # bars in a terminal (warm start, trials with an ETA), else one line per event
         with SweepDisplay(console) as display:
@@ -254,7 +255,7 @@ def sweep(spec: Path = typer.Argument(..., help="Sweep spec YAML: a run config p
     except (SweepError, ClusterError, TrackingError, SandboxUnavailable) as exc:
         fail(str(exc))
     except KeyboardInterrupt:
-        fail("interrupted; continue with `tether sweep SPEC --resume`", code=130)
+        fail("interrupted; continue with `tether sweep <sweep.yaml> --resume`", code=130)
     except Exception as exc:  # a bug or a dead cluster: one line here, details in the log
         if os.environ.get("TETHER_DEBUG"):
             raise
@@ -274,7 +275,7 @@ def sweep(spec: Path = typer.Argument(..., help="Sweep spec YAML: a run config p
         raise typer.Exit(1)
 
 
-def _tracking_uri(uri: Optional[str], output_dir: Optional[Path]) -> str:
+def _tracking_uri(uri: str | None, output_dir: Path | None) -> str:
     """The given URI, else output_dir's SQLite store (the embedded default of `tether run`);
     a SQLite file that does not exist is an error here, not a new empty store."""
     from .config import TetherConfig
@@ -298,9 +299,9 @@ OUTPUT_DIR = typer.Option(None, "--output-dir", help="experiment.output_dir of t
 @app.command()
 def report(target: str = typer.Argument(..., help="A run id, a sweep's parent run id, or an "
                                         "experiment name."),
-           tracking_uri: Optional[str] = TRACKING_URI,
-           output_dir: Optional[Path] = OUTPUT_DIR,
-           out: Optional[Path] = typer.Option(None, "--out", help="Where to write the report "
+           tracking_uri: str | None = TRACKING_URI,
+           output_dir: Path | None = OUTPUT_DIR,
+           out: Path | None = typer.Option(None, "--out", help="Where to write the report "
                                               "(default: ./tether_report/<target>)."),
            sampling: str = typer.Option("first_turn", "--sampling", help="Cross-scoring "
                                         "sampling the analyses use: first_turn | trajectory."),
@@ -308,7 +309,8 @@ def report(target: str = typer.Argument(..., help="A run id, a sweep's parent ru
                                        "regime and sensitivity views (e.g. mi_zscore_ema)."),
            log: bool = typer.Option(True, "--log/--no-log", help="Log the report as artifacts "
                                     "(report/) of the run or sweep parent.")):
-    """The paper's analyses (SPEC §9) over MLflow runs: figures (PNG + HTML) and report.html."""
+    """The paper's analyses (docs/methods.md, section 13) over MLflow runs: figures (PNG +
+    HTML) and report.html."""
     from ..analysis.report import ReportSettings, build_report, log_report
     from ..analysis.runs import DIAGNOSTICS, SAMPLINGS
     from ..analysis.source import ReportError, load_target
@@ -380,23 +382,23 @@ def sync_tracking(spool: Path = typer.Argument(..., help="A tracking spool direc
 
 
 @app.command()
-def serve(tracking_uri: Optional[str] = TRACKING_URI,
-          output_dir: Optional[Path] = OUTPUT_DIR,
+def serve(tracking_uri: str | None = TRACKING_URI,
+          output_dir: Path | None = OUTPUT_DIR,
           host: str = typer.Option("127.0.0.1", "--host", help="Interface to bind. Beyond "
                                    "localhost (e.g. 0.0.0.0) a --token is required."),
           port: int = typer.Option(8600, "--port", help="HTTP port of the page."),
-          token: Optional[str] = typer.Option(None, "--token", envvar="TETHER_SERVE_TOKEN",
+          token: str | None = typer.Option(None, "--token", envvar="TETHER_SERVE_TOKEN",
                                               help="Require this token: open the page once as "
                                               "http://HOST:PORT/?token=TOKEN (it becomes an "
                                               "HttpOnly cookie; API: header 'Authorization: "
                                               "Bearer TOKEN'). Default: no login (localhost "
                                               "only)."),
-          experiment: Optional[list[str]] = typer.Option(None, "--experiment", help="Only these "
+          experiment: list[str] | None = typer.Option(None, "--experiment", help="Only these "
                                                          "experiments (repeatable; default all)."),
           refresh: float = typer.Option(5.0, "--refresh", min=0.5, help="Page refresh, seconds."),
           sampling: str = typer.Option("first_turn", "--sampling", help="Cross-scoring "
                                        "sampling shown: first_turn | trajectory."),
-          address: Optional[str] = typer.Option(None, "--address", help="Run Serve on this Ray "
+          address: str | None = typer.Option(None, "--address", help="Run Serve on this Ray "
                                                 "cluster (default: a local Ray).")):
     """Live collapse monitor: a Ray Serve page of the MLflow runs, refreshing while they train."""
     from ..analysis.runs import SAMPLINGS

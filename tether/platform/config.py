@@ -11,15 +11,17 @@ fails at once with the field's dotted path in the message.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
-from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator,
-                      model_validator)
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from ..algos.presets import PRESETS
+from ..algos.settings import AlgoConfig, FilterConfig
 from ..diagnostics.alarms import AlarmsConfig
 from ..envs.sandbox.isolation import SandboxConfig
+
+if TYPE_CHECKING:
+    from ..diagnostics.uncertainty import Uncertainty
 
 
 class Section(BaseModel):
@@ -37,7 +39,7 @@ class ExperimentConfig(Section):
 class EnvConfig(Section):
     id: str = Field("tether/FrozenLake-v0", description="Environment id, e.g. tether/Sokoban-v0, "
                     "tether/FrozenLake-v0, tether/Countdown-v0 (short names work too).")
-    stochasticity: float = Field(0.0, ge=0.0, le=1.0, description="SPEC §5 noise p in [0, 1]: "
+    stochasticity: float = Field(0.0, ge=0.0, le=1.0, description="Noise p in [0, 1]: "
                                  "random action replacement (multi-turn) or reward replacement "
                                  "(single-turn).")
     format_penalty: float = Field(-0.1, le=0.0, description="Reward for an unparseable or "
@@ -131,96 +133,9 @@ class RolloutConfig(Section):
         return self.groups * self.group_size
 
 
-class AlgoConfig(Section):
-    preset: Literal["ppo", "grpo", "drgrpo", "dapo"] | None = Field(
-        "grpo", description="Algorithm preset; explicitly set fields override it.")
-    advantage: Literal["gae", "grpo", "drgrpo", "rloo", "reinforce_pp"] = Field(
-        "grpo", description="Advantage estimator (SPEC §7).")
-    gamma: float = Field(1.0, ge=0.0, le=1.0, description="Discount (gae, reinforce_pp).")
-    lam: float = Field(1.0, ge=0.0, le=1.0, description="GAE lambda.")
-    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = Field(
-        "seq-mean-token-mean", description="Loss aggregation mode.")
-    clip_low: float = Field(0.2, ge=0.0, le=1.0, description="PPO lower clip ε_low.")
-    clip_high: float = Field(0.28, ge=0.0, le=10.0, description="PPO upper clip ε_high "
-                             "(0.28 = DAPO clip-higher).")
-    kl_coef: float = Field(0.0, ge=0.0, description="KL-to-reference coefficient (0 = no "
-                           "reference model).")
-    kl_estimator: Literal["k1", "k3"] = Field("k3", description="KL estimator.")
-    entropy_coef: float = Field(0.001, ge=0.0, description="Entropy bonus (paper: 0.001).")
-    lr: float = Field(1e-4, gt=0.0, description="Policy learning rate (tiny model; paper 1e-6 "
-                      "for 3B).")
-    critic_lr: float = Field(5e-4, gt=0.0, description="Critic learning rate (gae).")
-    ppo_epochs: int = Field(1, ge=1, description="Passes over each batch.")
-    minibatches: int = Field(1, ge=1, description="Optimiser steps per epoch.")
-    micro_batch_size: int = Field(16, ge=1, description="Trajectories per forward/backward "
-                                  "(gradient accumulation; memory only).")
-    max_grad_norm: float = Field(1.0, gt=0.0, description="Gradient clipping norm.")
-    dynamic_sampling: bool = Field(False, description="DAPO: drop zero-variance groups and "
-                                   "re-collect until the batch is full.")
-    max_resample_rounds: int = Field(3, ge=0, description="Re-collection rounds (dynamic "
-                                     "sampling).")
-    shared_prefix: bool = Field(True, description="Learner forwards run each GRPO group's "
-                                "common prompt once per micro-batch (rows ordered by group); the "
-                                "same loss and gradients as the plain forward, on fewer tokens.")
-    recompute_old_logprobs: bool = Field(False, description="Recompute old-policy log-probs "
-                                         "in the learner instead of reusing the sampler's (they "
-                                         "agree when weights sync every iteration; recompute "
-                                         "when the engine's numerics differ, e.g. vLLM).")
-    use_critic: bool = Field(False, description="Train a value model (gae).")
-    learner_world_size: int = Field(1, ge=1, description="Learner ranks: Ray actors forming "
-                                    "one torch.distributed group (gloo on CPU, NCCL on GPU) "
-                                    "that shards policy, critic and reference with FSDP2 "
-                                    "(1 = a single unsharded learner).")
-    num_cpus: float = Field(1.0, ge=0.0, description="Ray CPUs of each learner rank.")
-    num_gpus: float = Field(0.0, ge=0.0, description="Ray GPUs of each learner rank (> 0 "
-                            "puts the learner on GPU, NCCL between ranks).")
-    threads: int = Field(2, ge=1, description="torch threads of each learner rank.")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _apply_preset(cls, data: Any) -> Any:
-        if not isinstance(data, dict):
-            return data
-        preset = data.get("preset", "grpo")
-        if preset is None:
-            return data
-        if preset not in PRESETS:
-            return data  # the Literal check reports it
-        merged = {k: v for k, v in PRESETS[preset].items() if k in cls.model_fields}
-        merged.update(data)  # explicit values (and unknown keys, for the error) win
-        return merged
-
-    @model_validator(mode="after")
-    def _consistent(self):
-        if self.advantage == "gae" and not self.use_critic:
-            raise ValueError("advantage 'gae' needs use_critic: true")
-        return self
-
-
-class FilterConfig(Section):
-    strategy: Literal["none", "top_p", "top_k", "top_k_abs", "min_p"] = Field(
-        "top_p", description="SNR-aware filter (SPEC §4): which prompt groups train.")
-    value: float = Field(0.9, ge=0.0, description="ρ for top_p, fraction for top_k, count for "
-                         "top_k_abs, ratio for min_p.")
-    mode: Literal["linear", "softmax"] = Field("linear", description="top_p mode.")
-    score: Literal["std", "var"] = Field("std", description="Group score: reward std or var.")
-    ddof: int = Field(1, ge=0, description="Degrees of freedom of the group std/var.")
-    include_zero: bool = Field(False, description="Keep zero-score groups eligible (top_p).")
-    loss_scaling: Literal["none", "linear", "sqrt"] = Field("none", description="Scale "
-                                                            "advantages by the kept ratio.")
-
-    @model_validator(mode="after")
-    def _value_range(self):
-        if self.strategy in ("top_p", "top_k", "min_p") and not 0.0 <= self.value <= 1.0:
-            raise ValueError(f"value must be in [0, 1] for strategy {self.strategy!r}")
-        if self.strategy == "top_k_abs" and (self.value < 1 or self.value != int(self.value)):
-            raise ValueError("value must be a whole number ≥ 1 for strategy 'top_k_abs'")
-        return self
-
-
 class DiagnosticsConfig(Section):
     every: int = Field(5, ge=1, description="Cross-score MI diagnostics every N iterations "
-                       "(and at iteration 1), SPEC §2.")
+                       "(and at iteration 1); docs/methods.md, section 2.")
     samplings: list[Literal["first_turn", "trajectory"]] = Field(
         default_factory=lambda: ["first_turn", "trajectory"],
         description="Pair samplings: first_turn (turn 1, prompts repeat within a group) and "
@@ -244,7 +159,7 @@ class DiagnosticsConfig(Section):
     heatmap_every: int = Field(10, ge=1, description="Log the cross-score matrix as a heatmap "
                                "every N iterations.")
     grad_snr_every: int = Field(10, ge=0, description="Gradient SNR by reward-variance bucket "
-                                "every N iterations (0 = off), SPEC §8: one forward and two "
+                                "every N iterations (0 = off; docs/methods.md, section 10): one forward and two "
                                 "gradient passes over every collected trajectory (before "
                                 "filtering), about 1-2 updates' worth of compute; every 10 gives "
                                 "a 400-iteration run 40 analyses.")
@@ -264,7 +179,7 @@ class DiagnosticsConfig(Section):
     alpha: float = Field(0.05, gt=0.0, lt=0.5, description="Significance level of the input-"
                          "dependence test: 'grounded' = 1 when p_grounded < alpha.")
 
-    def uncertainty(self) -> "Uncertainty":
+    def uncertainty(self) -> Uncertainty:
         from ..diagnostics.uncertainty import Uncertainty
 
         return Uncertainty(bootstrap=self.bootstrap, permutations=self.permutations,
@@ -464,17 +379,19 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
     return build_config(data, overrides)
 
 
-def describe_fields(model: type[BaseModel] = TetherConfig, prefix: str = ""):
-    """(dotted path, default, description) of every leaf field: the config's help."""
+def describe_fields(config: BaseModel | None = None, prefix: str = ""):
+    """(dotted path, default, description) of every leaf field: the config's help.
+
+    The defaults are those of ``config`` (default: ``TetherConfig()``), i.e. after the
+    default preset has filled the ``algo`` fields it sets: what a run really uses."""
+    config = TetherConfig() if config is None else config
     rows = []
-    for name, field in model.model_fields.items():
-        path = f"{prefix}{name}"
-        annotation = field.annotation
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            rows += describe_fields(annotation, path + ".")
+    for name, field in type(config).model_fields.items():
+        path, value = f"{prefix}{name}", getattr(config, name)
+        if isinstance(value, BaseModel):
+            rows += describe_fields(value, path + ".")
         else:
-            default = field.get_default(call_default_factory=True)
-            if isinstance(default, list) and any(isinstance(v, BaseModel) for v in default):
-                default = [v.model_dump() if isinstance(v, BaseModel) else v for v in default]
-            rows.append((path, default, field.description or ""))
+            if isinstance(value, list) and any(isinstance(v, BaseModel) for v in value):
+                value = [v.model_dump() if isinstance(v, BaseModel) else v for v in value]
+            rows.append((path, value, field.description or ""))
     return rows

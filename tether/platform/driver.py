@@ -1,7 +1,8 @@
 """The single-controller driver: one iteration reads top to bottom.
 
-    collect -> filter -> prepare (old/ref log-probs) -> advantages -> update
-            -> sync weights -> log -> checkpoint
+    collect -> filter -> [dynamic sampling] -> diagnose -> prepare (old/ref log-probs)
+            -> advantages -> [gradient SNR] -> update -> sync weights
+            -> validate, log, alarms, checkpoint
 
 Actors hold state (models, optimisers, environments); every computation is a call
 into the pure core (``tether.agent``, ``tether.algos``).
@@ -21,6 +22,7 @@ import numpy as np
 import ray
 import torch
 
+from .. import seeds
 from ..actors.learner_group import LearnerDied, LearnerGroup
 from ..actors.rollout_worker import RolloutWorker
 from ..agent.chat import ChatFormatter
@@ -29,7 +31,8 @@ from ..agent.metrics import group_rewards, group_trajectories, rollout_metrics, 
 from ..agent.pairs import SpanExtractor
 from ..algos.advantages import AdvantageInputs, compute_advantages
 from ..algos.batch import collate
-from ..algos.filters import FilterConfig, snr_filter
+from ..algos.filters import snr_filter
+from ..algos.settings import FilterConfig
 from ..algos.update import UpdateSettings
 from ..diagnostics.alarms import AlarmMonitor
 from ..diagnostics.control import GroundedCheckpoint, Knobs
@@ -38,11 +41,16 @@ from ..envs.sandbox import resolve_isolation
 from ..policy.load import load_tokenizer, resolve_policy
 from ..rollout.base import SamplingParams
 from .actor_pool import ActorPool, ActorRequest
-from .checkpoint import (CheckpointError, checkpoint_path, latest_checkpoint, load_checkpoint,
-                         save_checkpoint)
-from .environment import environment_tags
+from .checkpoint import (
+    CheckpointError,
+    checkpoint_path,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
 from .config import TetherConfig
-from .session import check_reachable, check_resources, start_ray, stop_ray, wait_for_autoscaler
+from .environment import environment_tags
+from .session import check_ray_reachable, check_resources, start_ray, stop_ray, wait_for_autoscaler
 from .tracking import SPOOL_DIRNAME, Tracker, default_tracking_uri
 
 
@@ -72,9 +80,14 @@ class LevelSampler:
         self.seed, self.limit, self.position = seed, limit, position
 
     def take(self, n: int) -> list[int]:
-        seeds = [(self.seed * 1_000_003 + self.position + k) % self.limit for k in range(n)]
+        levels = seeds.training_levels(self.seed, self.position, n, self.limit)
         self.position += n
-        return seeds
+        return levels
+
+
+#: Group ids of dynamic-sampling round r start at r * RESAMPLE_GROUP_IDS (round 0, the
+#: iteration's own collection, is 0 .. groups - 1), so groups of different rounds differ.
+RESAMPLE_GROUP_IDS = 1000
 
 
 def _first_line(exc: BaseException) -> str:
@@ -120,14 +133,9 @@ class Trainer:
         self.emit = on_event or _warn
         self.output_dir = Path(cfg.experiment.output_dir).expanduser().resolve()
         self.sampler = LevelSampler(cfg.experiment.seed, cfg.env.val_seed_offset)
-        self.settings = UpdateSettings(
-            clip_low=cfg.algo.clip_low, clip_high=cfg.algo.clip_high, kl_coef=cfg.algo.kl_coef,
-            kl_estimator=cfg.algo.kl_estimator, entropy_coef=cfg.algo.entropy_coef,
-            loss_agg=cfg.algo.loss_agg, ppo_epochs=cfg.algo.ppo_epochs,
-            minibatches=cfg.algo.minibatches, micro_batch_size=cfg.algo.micro_batch_size,
-            max_grad_norm=cfg.algo.max_grad_norm, shared_prefix=cfg.algo.shared_prefix,
-            temperature=cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0)
-        self.filter_cfg = FilterConfig(**cfg.filter.model_dump())
+        self.settings = UpdateSettings.from_config(cfg.algo, cfg.rollout.temperature)
+        #: the filter in force: the config's, tightened by act-mode responses
+        self.filter_cfg: FilterConfig = cfg.filter
         self.sampling = SamplingParams(max_new_tokens=cfg.rollout.max_reply_tokens,
                                        temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p)
         self.started_ray = False
@@ -154,7 +162,7 @@ class Trainer:
     def setup(self) -> None:
         cfg = self.cfg
         if cfg.ray.address:  # before the warm start: an unreachable cluster fails in seconds
-            check_reachable(cfg.ray.address)
+            check_ray_reachable(cfg.ray.address)
         if runs_untrusted_code(cfg.env.id):  # refuse before anything starts (one line)
             resolve_isolation(cfg.sandbox.isolation)
         self.output_dir.mkdir(parents=True, exist_ok=True)
@@ -239,7 +247,8 @@ class Trainer:
         last_error = ""
         for attempt in range(self.cfg.rollout.max_collect_attempts):
             refs = {k: self.workers[k].collect.remote([specs[i] for i in share], sampling,
-                                                      seed * 131 + k, self.cfg.rollout.max_turns)
+                                                      seeds.worker_share(seed, k),
+                                                      self.cfg.rollout.max_turns)
                     for k, share in enumerate(shares) if k not in results}
             self.emit("collecting", {"attempt": attempt, "workers": sorted(refs),
                                      "episodes": sum(len(shares[k]) for k in refs)})
@@ -284,39 +293,13 @@ class Trainer:
                 time.sleep(0.25)
 
     def training_specs(self, n_groups: int, first_group_id: int) -> list[EpisodeSpec]:
-        seeds = self.sampler.take(n_groups)
-        return [EpisodeSpec(first_group_id + g, seed, k) for g, seed in enumerate(seeds)
+        levels = self.sampler.take(n_groups)
+        return [EpisodeSpec(first_group_id + g, seed, k) for g, seed in enumerate(levels)
                 for k in range(self.cfg.rollout.group_size)]
 
-    def filter_groups(self, iteration: int, collected):
-        """SNR-aware filter over whole groups (SPEC §4).  With DAPO's dynamic sampling,
-        re-collect fresh groups until the batch is full of groups with reward spread.
-
-        Returns every trajectory collected this iteration, the ids of the groups that
-        train, and the filter's result (its metrics describe the first round)."""
-        pool = list(collected)
-        result, kept = self.snr_select(collected)
-        if self.cfg.algo.dynamic_sampling:
-            kept = {g for g in kept if self.group_spread(pool, g) > 0}
-            rounds = 0
-            while len(kept) < self.cfg.rollout.groups and rounds < self.cfg.algo.max_resample_rounds:
-                rounds += 1
-                more = self.collect(self.training_specs(self.cfg.rollout.groups, 1000 * rounds),
-                                    self.sampling, self.cfg.experiment.seed * 100_003 + iteration
-                                    + 7 * rounds)
-                pool += more
-                _, extra = self.snr_select(more)
-                kept |= {g for g in extra if self.group_spread(more, g) > 0}
-            kept = set(sorted(kept)[:self.cfg.rollout.groups])
-            result.metrics["filter/resample_rounds"] = float(rounds)
-        return pool, kept, result
-
-    @staticmethod
-    def group_spread(trajectories, group_id: int) -> float:
-        return float(np.ptp([t.reward for t in trajectories if t.group_id == group_id]))
-
-    def snr_select(self, trajectories):
-        """The filter's result and the ids of the groups it keeps."""
+    def filter_groups(self, trajectories):
+        """SNR-aware filter over whole groups (docs/methods.md, section 5): the filter's
+        result and the ids of the groups it keeps."""
         groups = group_trajectories(trajectories)
         result = snr_filter([np.array([t.reward for t in ts]) for ts in groups.values()],
                             self.filter_cfg,
@@ -324,15 +307,47 @@ class Trainer:
         ids = list(groups)
         return result, {ids[g] for g in result.kept_groups}
 
+    def dynamic_sampling(self, iteration: int, collected, kept: set[int]):
+        """DAPO's dynamic sampling (docs/methods.md, section 6): drop the kept groups without reward spread and collect
+        fresh groups (each round filtered the same way) until the batch has
+        ``rollout.groups`` groups with spread or ``algo.max_resample_rounds`` rounds ran.
+
+        Returns every trajectory collected this iteration (the first collection's
+        first), the ids of the groups that train, and this stage's metrics (the rollout
+        and filter metrics describe the first collection alone)."""
+        pool = list(collected)
+        kept = {g for g in kept if self.group_spread(pool, g) > 0}
+        rounds = 0
+        while len(kept) < self.cfg.rollout.groups and rounds < self.cfg.algo.max_resample_rounds:
+            rounds += 1
+            more = self.collect(self.training_specs(self.cfg.rollout.groups,
+                                                    RESAMPLE_GROUP_IDS * rounds),
+                                self.sampling, seeds.collection(self.cfg.experiment.seed,
+                                                                iteration, rounds))
+            pool += more
+            _, extra = self.filter_groups(more)
+            kept |= {g for g in extra if self.group_spread(more, g) > 0}
+        kept = set(sorted(kept)[:self.cfg.rollout.groups])
+        return pool, kept, {"filter/resample_rounds": float(rounds),
+                            "dynamic_sampling/collected_trajectories":
+                                float(len(pool) - len(collected)),
+                            "dynamic_sampling/kept_groups": float(len(kept))}
+
+    @staticmethod
+    def group_spread(trajectories, group_id: int) -> float:
+        return float(np.ptp([t.reward for t in trajectories if t.group_id == group_id]))
+
     def diagnose(self, it: int, collected) -> dict[str, float]:
-        """Cross-score MI proxies with the pre-update policy (SPEC §2), at the cadence."""
+        """Cross-score MI proxies with the pre-update policy (docs/methods.md, section 2),
+        at the cadence."""
         d = self.cfg.diagnostics
         if not d.enabled or not (it == 1 or it % d.every == 0):
             return {}
         heatmap = it % d.heatmap_every == 0 or it == 1
         chain = d.information_chain and (it % d.chain_every == 0 or it == 1)
         result = self.learner.diagnose(collected, d, self.mi_ema_state,
-                                       self.cfg.experiment.seed + it, heatmap, chain)
+                                       seeds.diagnostics(self.cfg.experiment.seed, it), heatmap,
+                                       chain)
         self.mi_ema_state = result.ema_state
         started = time.perf_counter()
         for sampling, (scores, column) in result.matrices.items():
@@ -383,12 +398,17 @@ class Trainer:
         timers, d = Timers(), self.cfg.diagnostics
         with timers("collect"):
             collected = self.collect(self.training_specs(self.cfg.rollout.groups, 0),
-                                     self.sampling, self.cfg.experiment.seed * 100_003 + it)
+                                     self.sampling, seeds.collection(self.cfg.experiment.seed, it))
         metrics = rollout_metrics(collected, reasoning_tokens=self.count_tokens)
         metrics["rollout/tokens_per_s"] = metrics["rollout/generated_tokens"] / timers["timing/collect"]
         with timers("filter"):
-            pool, kept, filtered = self.filter_groups(it, collected)
+            filtered, kept = self.filter_groups(collected)
         metrics.update(filtered.metrics)
+        pool = collected
+        if self.cfg.algo.dynamic_sampling:
+            with timers("dynamic_sampling"):
+                pool, kept, resampled = self.dynamic_sampling(it, collected, kept)
+            metrics.update(resampled)
         with timers("diagnose"):
             metrics.update(self.diagnose(it, collected))
         if kept:
@@ -424,7 +444,7 @@ class Trainer:
         sampling = SamplingParams(**{**self.sampling.__dict__, "temperature":
                                      cfg.rollout.temperature if temperature is None else temperature})
         specs = [EpisodeSpec(k, cfg.env.val_seed_offset + k, 0) for k in range(cfg.trainer.val_episodes)]
-        trajectories = self.collect(specs, sampling, seed=cfg.experiment.seed + 99_991)
+        trajectories = self.collect(specs, sampling, seed=seeds.validation(cfg.experiment.seed))
         m = rollout_metrics(trajectories, prefix="val", reasoning_tokens=self.count_tokens)
         return {k: v for k, v in m.items() if k in ("val/success", "val/success_ci_low",
                                                      "val/success_ci_high", "val/reward_mean",
@@ -624,8 +644,9 @@ class Trainer:
     def apply_knobs(self, knobs: Knobs) -> None:
         """The controller's settings into the filter, the update settings and the learner."""
         self.knobs = knobs
-        self.filter_cfg = dataclasses.replace(self.filter_cfg, strategy=knobs.filter_strategy,
-                                              value=knobs.filter_value)
+        self.filter_cfg = FilterConfig.model_validate({
+            **self.filter_cfg.model_dump(), "strategy": knobs.filter_strategy,
+            "value": knobs.filter_value})
         self.settings = dataclasses.replace(self.settings, kl_coef=knobs.kl_coef,
                                             entropy_coef=knobs.entropy_coef)
         self.learner.adjust(self.settings, knobs.lr)

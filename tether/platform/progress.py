@@ -13,8 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console
-from rich.progress import (BarColumn, Progress, TextColumn, TimeElapsedColumn,
-                           TimeRemainingColumn)
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 __all__ = ["SweepDisplay", "bars"]
 
@@ -50,7 +49,7 @@ class SweepDisplay:
         self._last_refresh = 0.0
 
     # -- lifecycle ---------------------------------------------------------------------
-    def __enter__(self) -> "SweepDisplay":
+    def __enter__(self) -> SweepDisplay:
         if not self.plain:
             self.progress.start()
         return self

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-
 #: Keeps library progress bars and chatter out of the console and the job logs.
 log = logging.getLogger(__name__)
 
@@ -55,7 +54,7 @@ class ClusterError(RuntimeError):
     """Ray cannot be started or reached (the message says what to do)."""
 
 
-def check_reachable(address: str, timeout: float = 10.0) -> None:
+def check_ray_reachable(address: str, timeout: float = 10.0) -> None:
     """Fail in seconds, with one line, when nothing listens at a ``host:port`` Ray address.
 
     ``ray.init`` itself keeps retrying an unreachable GCS for minutes."""
@@ -90,7 +89,7 @@ def start_ray(address: str | None, num_cpus: int | None, required_cpus: float) -
     runtime_env = {"env_vars": {"TOKENIZERS_PARALLELISM": "false", **QUIET_ENV,
                                 "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}}
     if address:
-        check_reachable(address)
+        check_ray_reachable(address)
     try:
         if address:
             ray.init(address=address, runtime_env=runtime_env, log_to_driver=False)

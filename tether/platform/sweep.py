@@ -29,11 +29,17 @@ from typing import Any
 
 from ray.tune import Callback
 
-from .sweep_results import (SUCCESS, close_stale_children, finalize_child,
-                            results_rows, results_table, write_results_csv)
-from .sweep_spec import SweepSpec
+from .sweep_results import (
+    SUCCESS,
+    close_stale_children,
+    finalize_child,
+    results_rows,
+    results_table,
+    write_results_csv,
+)
+from .sweep_spec import SweepSpec, flat_values, swept_fields
 
-__all__ = ["SweepError", "SweepOutcome", "check_resources", "decode", "param_space",
+__all__ = ["SweepError", "SweepOutcome", "check_trials_fit", "decode", "param_space",
            "results_rows", "results_table", "run_sweep", "swept_fields", "trial_bundles",
            "write_results_csv"]
 
@@ -128,7 +134,7 @@ def trial_bundles(cfg, head) -> list[dict[str, float]]:
     return [bundle(head.cpu, head.gpu)] + ([actors] if actors else [])
 
 
-def check_resources(spec: SweepSpec, totals: dict[str, float], largest_node: dict[str, float]):
+def check_trials_fit(spec: SweepSpec, totals: dict[str, float], largest_node: dict[str, float]):
     """Fail with one line if a trial can never be placed on this cluster."""
     fields = {"CPU": "rollout.num_workers x rollout.num_cpus_per_worker + "
                      "algo.learner_world_size x algo.num_cpus + sweep.resources.cpu",
@@ -198,26 +204,6 @@ def stop_when_collapsed(cfg, stop):
             update["within"] = max(alarm.within, stop.points)
         setattr(cfg.alarms, name, alarm.model_copy(update=update))
     return cfg
-
-
-def swept_fields(spec: SweepSpec) -> dict[str, Any]:
-    """Every dotted leaf any trial varies (a section's mappings may name different fields),
-    mapped to its base value; each child run is tagged with its own value of each."""
-    base = spec.base.flat()
-    paths = dict.fromkeys(k for path, d in spec.sweep.space.items() for v in d.candidates()
-                          for k in flat_values({path: v}))
-    return {k: base.get(k) for k in paths}
-
-
-def flat_values(values: dict[str, Any]) -> dict[str, Any]:
-    """Swept values as dotted leaves (a section's mapping becomes one entry per field)."""
-    out = {}
-    for path, value in values.items():
-        if isinstance(value, dict):
-            out.update({f"{path}.{k}": v for k, v in flat_values(value).items()})
-        else:
-            out[path] = value
-    return out
 
 
 # -- the driver ---------------------------------------------------------------------------
@@ -373,7 +359,7 @@ def run_sweep(spec: SweepSpec, resume: bool = False, address: str | None = None,
                          f"with --resume, or start a new one with sweep.name=<another name>")
 
     started_local = _connect(spec, address)
-    wait_for_autoscaler(lambda: check_resources(spec, *cluster_capacity()),
+    wait_for_autoscaler(lambda: check_trials_fit(spec, *cluster_capacity()),
                         0.0 if started_local else base.ray.autoscaler_wait_s, (SweepError,))
     echo(f"Ray cluster: {ray.cluster_resources().get('CPU', 0):g} CPUs, "
          f"{ray.cluster_resources().get('GPU', 0):g} GPUs; one trial: "

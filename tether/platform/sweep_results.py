@@ -50,8 +50,7 @@ def results_rows(uri: str, experiment_id: str, parent_run_id: str, metric: str,
     """One row per trial (its FINISHED child run if any, else its latest), ranked by the
     metric, or with ``collapse_penalty`` by the metric penalised when an MI alarm fired.
     ``collapsed`` flags those trials; ``stop_reason`` says why a trial ended early."""
-    from ..analysis.source import metric_history
-    from .tracking import metric_key
+    from .tracking import metric_history, metric_key
 
     client = MlflowClient(uri)
     by_trial: dict[str, Any] = {}

@@ -265,7 +265,7 @@ class SweepSpec:
                            "sweep": self.sweep.model_dump(mode="json")}, indent=1, default=str)
 
     @classmethod
-    def from_json(cls, text: str) -> "SweepSpec":
+    def from_json(cls, text: str) -> SweepSpec:
         data = json.loads(text)
         return cls(data["base_tree"], SweepConfig.model_validate(data["sweep"]), data["source"])
 
@@ -311,3 +311,23 @@ def load_sweep_spec(path: str | Path, overrides: list[str] | None = None) -> Swe
         raise ConfigError("; ".join(_sweep_error(e) for e in err.errors())) from None
     _absolute_paths(data)
     return SweepSpec(data, sweep, str(p))
+
+
+def swept_fields(spec: SweepSpec) -> dict[str, Any]:
+    """Every dotted leaf any trial varies (a section's mappings may name different fields),
+    mapped to its base value; each child run is tagged with its own value of each."""
+    base = spec.base.flat()
+    paths = dict.fromkeys(k for path, d in spec.sweep.space.items() for v in d.candidates()
+                          for k in flat_values({path: v}))
+    return {k: base.get(k) for k in paths}
+
+
+def flat_values(values: dict[str, Any]) -> dict[str, Any]:
+    """Swept values as dotted leaves (a section's mapping becomes one entry per field)."""
+    out = {}
+    for path, value in values.items():
+        if isinstance(value, dict):
+            out.update({f"{path}.{k}": v for k, v in flat_values(value).items()})
+        else:
+            out[path] = value
+    return out

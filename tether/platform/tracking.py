@@ -64,7 +64,14 @@ def is_http(uri: str) -> bool:
     return uri.startswith(("http://", "https://"))
 
 
-def check_reachable(uri: str, timeout: float = 5.0) -> None:
+def metric_history(client: MlflowClient, run_id: str, key: str) -> dict[int, float]:
+    """{step: value}, the last value logged at each step (a resumed run may log a step
+    twice; the later write wins, by timestamp)."""
+    history = sorted(client.get_metric_history(run_id, key), key=lambda m: m.timestamp)
+    return {int(m.step): float(m.value) for m in history}
+
+
+def check_tracking_reachable(uri: str, timeout: float = 5.0) -> None:
     """Fail fast with one clear line when an HTTP tracking server does not answer."""
     if not is_http(uri):
         return
@@ -200,7 +207,7 @@ class Tracker:
         self.settings = settings
         if is_http(uri) and spool_root is not None:
             bound_http_retries(settings)
-        check_reachable(uri)
+        check_tracking_reachable(uri)
         self.uri = uri
         self.notify = notify or log.warning
         self.client = MlflowClient(tracking_uri=uri)
@@ -370,7 +377,7 @@ def sync_spool(directory: Path, settings: TrackingConfig | None = None,
         raise TrackingError(f"{directory} is not a tracking spool (no meta.json)")
     meta = json.loads(meta_file.read_text())
     pending = len(Spool(directory, meta["tracking_uri"], meta["run_id"]).records)
-    check_reachable(meta["tracking_uri"])
+    check_tracking_reachable(meta["tracking_uri"])
     client = MlflowClient(tracking_uri=meta["tracking_uri"])
     experiment = client.get_experiment(client.get_run(meta["run_id"]).info.experiment_id)
     tracker = Tracker(meta["tracking_uri"], experiment.name, run_id=meta["run_id"],

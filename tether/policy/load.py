@@ -15,8 +15,14 @@ import torch
 from filelock import FileLock
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from .warmstart import (build_tokenizer, demonstration_episodes, encode_episode,
-                        state_turn_sequences, supervised_finetune)
+from .. import seeds
+from .warmstart import (
+    build_tokenizer,
+    demonstration_episodes,
+    encode_episode,
+    state_turn_sequences,
+    supervised_finetune,
+)
 
 # The modelling code (transformers' model classes pull in torch._dynamo and DTensor:
 # ~2 s of imports) is imported where a model is built or loaded, so a process that only
@@ -75,7 +81,7 @@ def build_warm_model(spec: dict, out_dir: Path, progress=None, isolation: str = 
     if runs_untrusted_code(spec["env"]):
         env_kwargs["isolation"] = isolation
     episodes = demonstration_episodes(spec["env"], env_kwargs, n_demo, ws["noise"],
-                                      seed=spec["seed"] + 10_000_000,
+                                      seed=seeds.demonstrations(spec["seed"]),
                                       max_reply_tokens=spec["max_reply_tokens"],
                                       restate=ws.get("restate", False))
     tokenizer = build_tokenizer(episodes, ws["vocab_size"], ws.get("numerals", "digits"))

@@ -19,7 +19,6 @@ like any Hugging Face chat tokenizer.
 from __future__ import annotations
 
 from collections.abc import Iterable
-
 from typing import Literal
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -28,7 +27,7 @@ from transformers import PreTrainedTokenizerFast
 from ..agent.format import TAGS
 
 PAD, BOS_CHAT, EOS_CHAT = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
-SPECIAL_TOKENS = [PAD, BOS_CHAT, EOS_CHAT]
+RESERVED_TOKENS = [PAD, BOS_CHAT, EOS_CHAT]
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
@@ -66,7 +65,7 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 512,
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS + list(TAGS),
+        special_tokens=RESERVED_TOKENS + list(TAGS),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )

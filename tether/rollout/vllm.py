@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
+from tether import seeds
 from tether.rollout.base import Generation, RolloutEngine, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -54,7 +55,7 @@ class VLLMRolloutEngine(RolloutEngine):
         model: path (or hub id) of a Hugging Face causal LM directory with its tokenizer.
         dtype: "float32", "bfloat16" or "auto".
         max_context: model window (default: the model config's).
-        seed: engine seed; ``generate(seed=s)`` seeds each request as ``s * 1_000_003 + i``
+        seed: engine seed; ``generate(seed=s)`` seeds request i with ``seeds.engine_request(s, i)``
             (vLLM's per-request generators), so a row's sample does not depend on the batch.
         **engine_kwargs: passed to ``vllm.LLM`` (e.g. ``gpu_memory_utilization``,
             ``enforce_eager``, ``tensor_parallel_size``).
@@ -103,7 +104,7 @@ class VLLMRolloutEngine(RolloutEngine):
         window = self._max_context
         kept = [list(p[-(window - 1):]) for p in prompts]
         requests = [{"prompt_token_ids": ids} for ids in kept]
-        sampling = [self.sampling_params(params, None if seed is None else seed * 1_000_003 + i)
+        sampling = [self.sampling_params(params, None if seed is None else seeds.engine_request(seed, i))
                     for i in range(len(kept))]
         outputs = self.llm.generate(requests, sampling, use_tqdm=False)
         return [self.to_generation(out, params, len(ids), len(p) - len(ids))

@@ -38,9 +38,21 @@ world-readable files, reach the network and, as root without a ``nobody``-capabl
 interpreter, act as root.  Use a VM for hostile code at scale.
 """
 
-from .isolation import SandboxConfig, SandboxUnavailable, resolve as resolve_isolation
-from .judge import (BadResult, CodeTest, Verdict, as_text, check_shape, judge_output, parse_report,
-                    run_tests, same_function_output, same_stdout, same_value)
+from .isolation import SandboxConfig, SandboxUnavailable
+from .isolation import resolve as resolve_isolation
+from .judge import (
+                    BadResult,
+                    CodeTest,
+                    Verdict,
+                    as_text,
+                    check_shape,
+                    judge_output,
+                    parse_report,
+                    run_tests,
+                    same_function_output,
+                    same_stdout,
+                    same_value,
+)
 from .process import RunResult, SandboxLimits, _runner, run_python
 
 __all__ = ["BadResult", "CodeTest", "RunResult", "SandboxConfig", "SandboxLimits",

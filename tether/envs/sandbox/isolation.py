@@ -70,7 +70,7 @@ def _probe() -> str | None:
         return _probe_once()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _probe_once() -> str | None:
     """None when a bubblewrap sandbox runs here, else why not (one phrase)."""
     if sys.platform != "linux":
@@ -125,7 +125,7 @@ def _root_userns() -> int:
         return _new_root_userns()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _new_root_userns() -> int:
     """An open fd of a user namespace mapping uid/gid 0 and 65534 to themselves (root
     only): bubblewrap mounts as its root, the child then drops to 65534.  A helper
@@ -152,7 +152,7 @@ def _new_root_userns() -> int:
         helper.wait()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _seccomp_bytes() -> bytes | None:
     return seccomp_program()
 
@@ -162,7 +162,7 @@ def interpreter() -> str:
     return os.path.realpath(sys.executable)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _system_binds() -> tuple[str, ...]:
     """Read-only binds of the system and the Python prefix (what the interpreter needs)."""
     args: list[str] = ["--ro-bind", "/usr", "/usr"]

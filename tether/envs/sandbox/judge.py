@@ -21,9 +21,10 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from .process import SandboxLimits, run_python
 

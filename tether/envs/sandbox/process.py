@@ -15,8 +15,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from .bootstrap import BOOTSTRAP
 from .isolation import NOBODY, bwrap_command, close_fds, resolve
@@ -56,7 +57,7 @@ class RunResult:
         return self.status == "ok"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _runner() -> tuple[str, int | None]:
     """Isolation ``none``: the interpreter to run and the uid to run it as (None:
     unchanged).  As root, prefer an interpreter of our Python version that ``nobody``

@@ -1,0 +1,163 @@
+"""What may import what (docs/architecture.md), enforced.
+
+- The pure core (``algos``, ``diagnostics``, ``envs``) imports no Ray, at module level or
+  inside a function.
+- ``envs`` and the run config import no torch: a config is validated, and a bad one
+  refused, without it; ``import tether`` registers the gymnasium ids without it.
+- No import cycle among Tether's modules, counting function-level imports.
+- Every name a config field accepts is a key of the registry that implements it.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+import typing
+from pathlib import Path
+
+import pytest
+
+import tether
+
+ROOT = Path(tether.__file__).resolve().parent
+PURE = ("algos", "diagnostics", "envs")
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(p): p for p in ROOT.rglob("*.py")}
+
+
+def _imports(module: str) -> list[tuple[str, list[str]]]:
+    """(imported module, names) of every import statement in ``module``, at any depth,
+    relative imports resolved."""
+    path = MODULES[module]
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out += [(alias.name, []) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            out.append((target, [alias.name for alias in node.names]))
+    return out
+
+
+def _tether_edges(module: str) -> set[str]:
+    edges = set()
+    for target, names in _imports(module):
+        for name in names or [None]:
+            if name and f"{target}.{name}" in MODULES:
+                edges.add(f"{target}.{name}")
+            elif target in MODULES:
+                edges.add(target)
+    edges.discard(module)
+    return edges
+
+
+@pytest.mark.parametrize("package", PURE)
+def test_pure_core_never_imports_ray(package):
+    offenders = [f"{module}: {target}" for module in MODULES
+                 if module.startswith(f"tether.{package}")
+                 for target, _ in _imports(module) if target.split(".")[0] == "ray"]
+    assert not offenders, offenders
+
+
+def _fresh_import(code: str) -> dict:
+    """Run ``code`` in a fresh interpreter; report which heavy packages it loaded."""
+    probe = code + "\nimport json, sys\nprint(json.dumps({m: m in sys.modules for m in " \
+                   "('torch', 'ray', 'transformers')}))"
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                            timeout=120, check=True)
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_pure_core_modules_load_without_ray():
+    modules = sorted(m for m in MODULES if m.split(".")[1:2] and m.split(".")[1] in PURE)
+    loaded = _fresh_import("import importlib\n" + "".join(
+        f"importlib.import_module({m!r})\n" for m in modules))
+    assert not loaded["ray"]
+
+
+def test_envs_and_config_load_without_torch(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("algo:\n  kl_coef: -1\n")
+    env_modules = sorted(m for m in MODULES if m.startswith("tether.envs"))
+    loaded = _fresh_import(
+        "import importlib\n" + "".join(f"importlib.import_module({m!r})\n" for m in env_modules)
+        + "from tether.platform.config import ConfigError, load_config\n"
+        + f"load_config({str(ROOT.parent / 'experiments' / 'quickstart.yaml')!r})\n"
+        + f"try:\n    load_config({str(bad)!r})\nexcept ConfigError as exc:\n"
+        + "    assert 'algo.kl_coef' in str(exc)\nelse:\n    raise SystemExit('accepted')\n")
+    assert not loaded["torch"] and not loaded["ray"] and not loaded["transformers"]
+
+
+def test_import_tether_registers_the_envs_without_torch():
+    loaded = _fresh_import("import gymnasium, tether\n"
+                           "env = gymnasium.make('tether/FrozenLake-v0').unwrapped\n"
+                           "assert type(env).__name__ == 'FrozenLakeEnv'\n")
+    assert not loaded["torch"] and not loaded["ray"]
+
+
+def test_no_import_cycles():
+    graph = {module: _tether_edges(module) for module in MODULES}
+    # Tarjan's strongly connected components: a component of two or more is a cycle.
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for module in graph:
+        if module not in index:
+            visit(module)
+    assert not cycles, cycles
+
+
+def _choices(model, field: str) -> set[str]:
+    annotation = model.model_fields[field].annotation
+    literal = next(a for a in (annotation, *typing.get_args(annotation))
+                   if typing.get_origin(a) is typing.Literal)
+    return set(typing.get_args(literal))
+
+
+def test_config_choices_are_the_registries():
+    from tether.algos.advantages import ADVANTAGE_ESTIMATORS
+    from tether.algos.filters import FILTER_STRATEGIES, LOSS_SCALINGS
+    from tether.algos.losses import AGGREGATION_MODES, KL_ESTIMATORS
+    from tether.algos.presets import PRESETS
+    from tether.algos.settings import AlgoConfig, FilterConfig
+
+    assert _choices(AlgoConfig, "advantage") == set(ADVANTAGE_ESTIMATORS)
+    assert _choices(AlgoConfig, "loss_agg") == set(AGGREGATION_MODES)
+    assert _choices(AlgoConfig, "kl_estimator") == set(KL_ESTIMATORS)
+    assert _choices(AlgoConfig, "preset") == set(PRESETS)
+    assert _choices(FilterConfig, "strategy") == set(FILTER_STRATEGIES)
+    assert _choices(FilterConfig, "loss_scaling") == set(LOSS_SCALINGS)
