@@ -32,20 +32,29 @@ def quickstart_writes(store: Path, artifacts: Path):
     """[(step, metrics, files, tags)] of the store's (one) finished run, in order, and
     the run's median ``timing/iteration``."""
     db = sqlite3.connect(f"file:{store}?mode=ro", uri=True)
-    (run_id,) = db.execute("select run_uuid from runs where status='FINISHED' "
-                           "order by start_time desc limit 1").fetchone()
+    (run_id,) = db.execute(
+        "select run_uuid from runs where status='FINISHED' order by start_time desc limit 1"
+    ).fetchone()
     by_step: dict[int, dict[str, float]] = {}
-    for key, value, step in db.execute("select key, value, step from metrics where run_uuid=?",
-                                       (run_id,)):
+    for key, value, step in db.execute(
+        "select key, value, step from metrics where run_uuid=?", (run_id,)
+    ):
         by_step.setdefault(step, {})[key] = value
-    iteration_s = statistics.median(v for s, m in by_step.items() if s > 0
-                                    for k, v in m.items() if k == "timing/iteration")
-    files = {p.relative_to(artifacts): p for p in artifacts.rglob("*") if p.is_file()
-             and p.parts[len(artifacts.parts)] != "model"}
+    iteration_s = statistics.median(
+        v for s, m in by_step.items() if s > 0 for k, v in m.items() if k == "timing/iteration"
+    )
+    files = {
+        p.relative_to(artifacts): p
+        for p in artifacts.rglob("*")
+        if p.is_file() and p.parts[len(artifacts.parts)] != "model"
+    }
     writes = []
     for step in sorted(by_step):
-        step_files = [(str(rel.parent) if str(rel.parent) != "." else None, path)
-                      for rel, path in files.items() if f"{step:04d}" in rel.name]
+        step_files = [
+            (str(rel.parent) if str(rel.parent) != "." else None, path)
+            for rel, path in files.items()
+            if f"{step:04d}" in rel.name
+        ]
         tags = {"tether.last_checkpoint": f"/ckpt/iter_{step:06d}.pt"} if step % 10 == 0 else {}
         writes.append((step, by_step[step], step_files, tags))
     return writes, iteration_s, artifacts / "model"
@@ -101,32 +110,44 @@ def main() -> None:
     from tether.platform.tracking import Tracker
 
     writes, iteration_s, model_dir = quickstart_writes(args.store, args.artifacts)
-    print(f"quickstart run: {len(writes)} steps, {sum(len(w[1]) for w in writes)} metric values, "
-          f"{sum(len(w[2]) for w in writes)} files + model; median iteration {iteration_s:.1f} s")
+    print(
+        f"quickstart run: {len(writes)} steps, {sum(len(w[1]) for w in writes)} metric values, "
+        f"{sum(len(w[2]) for w in writes)} files + model; median iteration {iteration_s:.1f} s"
+    )
     work = Path(tempfile.mkdtemp(prefix="tracking_spool_bench_"))
     settings = TrackingConfig(probe_every_s=10.0, drain_timeout_s=0.0)
     per_step = {"on": [], "off": []}
     with MlflowServer(work / "server") as server:
+
         def tracker(spool: bool, name: str) -> Tracker:
-            return Tracker(server.uri, "spool-bench", run_name=name, settings=settings,
-                           spool_root=work / "spool" if spool else None)
+            return Tracker(
+                server.uri,
+                "spool-bench",
+                run_name=name,
+                settings=settings,
+                spool_root=work / "spool" if spool else None,
+            )
 
         replay(tracker(True, "warm-up"), writes, model_dir)  # server caches, imports
         print(f"load before the timed part: {load()}")
         with cpu_lock(args.lock):
             for repeat in range(args.repeats):
-                for side in (("on", "off") if repeat % 2 == 0 else ("off", "on")):
+                for side in ("on", "off") if repeat % 2 == 0 else ("off", "on"):
                     seconds = replay(tracker(side == "on", f"{side}-{repeat}"), writes, model_dir)
                     per_step[side].append(sum(seconds) / len(seconds))
         print(f"load after the timed part: {load()}")
         for side, values in per_step.items():
-            print(f"spool {side:3s}: tracking s/iteration mean {statistics.mean(values):.4f} "
-                  f"(runs: {', '.join(f'{v:.4f}' for v in values)})")
+            print(
+                f"spool {side:3s}: tracking s/iteration mean {statistics.mean(values):.4f} "
+                f"(runs: {', '.join(f'{v:.4f}' for v in values)})"
+            )
         diff = statistics.mean(per_step["on"]) - statistics.mean(per_step["off"])
         pairs = [a - b for a, b in zip(per_step["on"], per_step["off"])]
-        print(f"on - off: {diff * 1000:+.2f} ms/iteration (pairs: "
-              f"{', '.join(f'{p * 1000:+.1f}' for p in pairs)} ms) = {100 * diff / iteration_s:+.4f} % "
-              f"of the quickstart's {iteration_s:.1f} s iteration")
+        print(
+            f"on - off: {diff * 1000:+.2f} ms/iteration (pairs: "
+            f"{', '.join(f'{p * 1000:+.1f}' for p in pairs)} ms) = {100 * diff / iteration_s:+.4f} % "
+            f"of the quickstart's {iteration_s:.1f} s iteration"
+        )
 
         # The server gone: the spool takes the writes.
         outage = tracker(True, "outage")
@@ -136,9 +157,11 @@ def main() -> None:
             outage.log_metrics({"probe": 1.0}, 0)
             first = time.perf_counter() - started
             seconds = replay(outage, writes, model_dir)
-        print(f"server down: first write {first:.2f} s (MLflow's bounded retries), then "
-              f"{1000 * statistics.mean(seconds[:-1]):.2f} ms/iteration to the spool "
-              f"({outage.spool.pending} records in {outage.spool.directory})")
+        print(
+            f"server down: first write {first:.2f} s (MLflow's bounded retries), then "
+            f"{1000 * statistics.mean(seconds[:-1]):.2f} ms/iteration to the spool "
+            f"({outage.spool.pending} records in {outage.spool.directory})"
+        )
 
 
 if __name__ == "__main__":

@@ -29,15 +29,30 @@ class MlflowServer:
     def start(self, timeout: float = 120.0) -> None:
         mlflow = Path(sys.executable).with_name("mlflow")
         self.process = subprocess.Popen(
-            [str(mlflow), "server", "--host", "127.0.0.1", "--port", str(self.port),
-             "--workers", "1", "--backend-store-uri", f"sqlite:///{self.root / 'mlflow.db'}",
-             "--artifacts-destination", str(self.root / "artifacts")],
-            stdout=open(self.root / "server.log", "ab"), stderr=subprocess.STDOUT,
-            start_new_session=True)  # its own process group: kill() takes its workers too
+            [
+                str(mlflow),
+                "server",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--workers",
+                "1",
+                "--backend-store-uri",
+                f"sqlite:///{self.root / 'mlflow.db'}",
+                "--artifacts-destination",
+                str(self.root / "artifacts"),
+            ],
+            stdout=open(self.root / "server.log", "ab"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # its own process group: kill() takes its workers too
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"mlflow server exited: {(self.root / 'server.log').read_text()[-2000:]}")
+                raise RuntimeError(
+                    f"mlflow server exited: {(self.root / 'server.log').read_text()[-2000:]}"
+                )
             try:
                 urllib.request.urlopen(f"{self.uri}/health", timeout=1)
                 return

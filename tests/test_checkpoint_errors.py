@@ -47,13 +47,19 @@ FULL_DISK = textwrap.dedent("""
 
 
 def test_full_tmpfs_keeps_the_last_good_checkpoint(tmp_path):
-    if shutil.which("unshare") is None or subprocess.run(
-            ["unshare", "-Urm", "true"], capture_output=True).returncode != 0:
+    if (
+        shutil.which("unshare") is None
+        or subprocess.run(["unshare", "-Urm", "true"], capture_output=True).returncode != 0
+    ):
         pytest.skip("no unprivileged user namespaces here (unshare -Urm)")
     mount_point = tmp_path / "small"
     mount_point.mkdir()
-    done = subprocess.run(["unshare", "-Urm", sys.executable, "-c", FULL_DISK, str(mount_point)],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        ["unshare", "-Urm", sys.executable, "-c", FULL_DISK, str(mount_point)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "No space left on device" in done.stdout
 
@@ -83,7 +89,7 @@ class _FullFile(io.RawIOBase):
 
     def write(self, data):
         if len(data) > self.room:
-            self.handle.write(bytes(data[:self.room]))
+            self.handle.write(bytes(data[: self.room]))
             self.handle.flush()
             self.room = 0
             raise OSError(errno.ENOSPC, "No space left on device")
@@ -107,18 +113,30 @@ ITERATIONS = 3
 def _trainer(tmp_path, models_dir, policy, on_event=None):
     from tether.platform.driver import Trainer
 
-    cfg = build_config(micro_config_dict(
-        tmp_path, rollout={"num_workers": 1, "groups": 2, "group_size": 4},
-        algo={"preset": "grpo", "kl_coef": 0.0, "micro_batch_size": 8},
-        trainer={"iterations": ITERATIONS, "val_every": ITERATIONS, "val_episodes": 2,
-                 "checkpoint_every": 1, "samples_per_log": 0, "checkpoint_errors": policy},
-        diagnostics={"enabled": False}, tracking={"log_model": False}))
+    cfg = build_config(
+        micro_config_dict(
+            tmp_path,
+            rollout={"num_workers": 1, "groups": 2, "group_size": 4},
+            algo={"preset": "grpo", "kl_coef": 0.0, "micro_batch_size": 8},
+            trainer={
+                "iterations": ITERATIONS,
+                "val_every": ITERATIONS,
+                "val_episodes": 2,
+                "checkpoint_every": 1,
+                "samples_per_log": 0,
+                "checkpoint_errors": policy,
+            },
+            diagnostics={"enabled": False},
+            tracking={"log_model": False},
+        )
+    )
     cfg.model.cache_dir = models_dir
     return Trainer(cfg, on_event)
 
 
-def test_disk_full_with_warn_keeps_training(micro_policy, models_dir, ray_local, tmp_path,
-                                            monkeypatch):
+def test_disk_full_with_warn_keeps_training(
+    micro_policy, models_dir, ray_local, tmp_path, monkeypatch
+):
     monkeypatch.setattr(checkpoint_module, "open", DiskFullAt(2), raising=False)
     events = []
     trainer = _trainer(tmp_path, models_dir, "warn", lambda kind, data: events.append((kind, data)))
@@ -136,8 +154,9 @@ def test_disk_full_with_warn_keeps_training(micro_policy, models_dir, ray_local,
     assert run.data.tags["tether.last_checkpoint"] == str(directory / "iter_000003.pt")
 
 
-def test_disk_full_with_stop_ends_the_run_cleanly(micro_policy, models_dir, ray_local, tmp_path,
-                                                  monkeypatch):
+def test_disk_full_with_stop_ends_the_run_cleanly(
+    micro_policy, models_dir, ray_local, tmp_path, monkeypatch
+):
     monkeypatch.setattr(checkpoint_module, "open", DiskFullAt(2), raising=False)
     trainer = _trainer(tmp_path, models_dir, "stop")
     with pytest.raises(CheckpointError) as failed:

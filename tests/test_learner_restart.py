@@ -23,14 +23,31 @@ NOT_COMPARED = ("timing/", "rollout/tokens_per_s", "tether.learner_restarts")
 
 
 def _config(tmp_path, models_dir, world_size):
-    cfg = build_config(micro_config_dict(
-        tmp_path, rollout={"num_workers": 1, "groups": 2, "group_size": 4,
-                           "num_cpus_per_worker": 0.5},
-        algo={"preset": "grpo", "kl_coef": 0.0, "micro_batch_size": 8, "ppo_epochs": 2,
-              "learner_world_size": world_size, "num_cpus": 0.5, "threads": 1},
-        trainer={"iterations": ITERATIONS, "val_every": ITERATIONS, "val_episodes": 2,
-                 "checkpoint_every": 1, "samples_per_log": 0, "learner_restart_backoff_s": 0.5},
-        diagnostics={"enabled": False}, tracking={"log_model": False}))
+    cfg = build_config(
+        micro_config_dict(
+            tmp_path,
+            rollout={"num_workers": 1, "groups": 2, "group_size": 4, "num_cpus_per_worker": 0.5},
+            algo={
+                "preset": "grpo",
+                "kl_coef": 0.0,
+                "micro_batch_size": 8,
+                "ppo_epochs": 2,
+                "learner_world_size": world_size,
+                "num_cpus": 0.5,
+                "threads": 1,
+            },
+            trainer={
+                "iterations": ITERATIONS,
+                "val_every": ITERATIONS,
+                "val_episodes": 2,
+                "checkpoint_every": 1,
+                "samples_per_log": 0,
+                "learner_restart_backoff_s": 0.5,
+            },
+            diagnostics={"enabled": False},
+            tracking={"log_model": False},
+        )
+    )
     cfg.model.cache_dir = models_dir
     return cfg
 
@@ -71,8 +88,9 @@ def _metrics(client, run_id, steps):
 
 
 @pytest.mark.parametrize("world_size, method", [(1, "update"), (2, "update"), (1, "state_dict")])
-def test_learner_rank_killed_is_rebuilt_in_place(micro_policy, models_dir, ray_local, tmp_path,
-                                                 monkeypatch, world_size, method):
+def test_learner_rank_killed_is_rebuilt_in_place(
+    micro_policy, models_dir, ray_local, tmp_path, monkeypatch, world_size, method
+):
     from tether.platform.driver import Trainer
 
     killer = Killer(method, rank=world_size - 1)
@@ -99,13 +117,16 @@ def test_learner_rank_killed_is_rebuilt_in_place(micro_policy, models_dir, ray_l
     run = client.get_run(summary.run_id)
     assert run.data.tags["tether.learner_restarts"] == "1"
     assert "rebuilt from" in run.data.tags["tether.learner_restart_1"]
-    restarts = {m.step: m.value for m in client.get_metric_history(summary.run_id,
-                                                                   "tether.learner_restarts")}
+    restarts = {
+        m.step: m.value
+        for m in client.get_metric_history(summary.run_id, "tether.learner_restarts")
+    }
     assert restarts == {1: 0, 2: 0, 3: 1, 4: 1}
 
     # The reference: a fresh driver resumed from the same checkpoint (as `--resume` does).
-    reference = Trainer(_config(tmp_path / "resumed", models_dir, world_size),
-                        resume_from=saved).run()
+    reference = Trainer(
+        _config(tmp_path / "resumed", models_dir, world_size), resume_from=saved
+    ).run()
     assert reference.status == "FINISHED"
     steps = set(range(KILL_AT, ITERATIONS + 1))
     after = _metrics(client, summary.run_id, steps)

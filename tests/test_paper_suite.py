@@ -25,13 +25,19 @@ def trials(name: str) -> list[dict]:
     spec = load_sweep_spec(PAPER / f"{name}.yaml")
     space = param_space(spec)
     grids = {k: v["grid_search"] for k, v in space.items()}
-    return spec, [decode(spec, dict(zip(grids, combo)))
-                  for combo in itertools.product(*grids.values())]
+    return spec, [
+        decode(spec, dict(zip(grids, combo))) for combo in itertools.product(*grids.values())
+    ]
 
 
 def _filters(values: list[dict]) -> list[str]:
-    return sorted({f"{v['filter']['strategy']}" + (f":{v['filter']['value']}" if "value" in
-                                                   v["filter"] else "") for v in values})
+    return sorted(
+        {
+            f"{v['filter']['strategy']}"
+            + (f":{v['filter']['value']}" if "value" in v["filter"] else "")
+            for v in values
+        }
+    )
 
 
 def test_protocol_grids():
@@ -56,8 +62,11 @@ def test_protocol_grids():
         assert (cfg.rollout.groups, cfg.rollout.group_size) == (8, 4)
         assert cfg.diagnostics.every == 5 and cfg.diagnostics.samplings == ["first_turn"]
         assert cfg.trainer.val_every == cfg.trainer.iterations
-        assert (cfg.algo.lr, cfg.algo.entropy_coef, cfg.algo.kl_coef) == \
-            (spec.base.algo.lr, spec.base.algo.entropy_coef, spec.base.algo.kl_coef)
+        assert (cfg.algo.lr, cfg.algo.entropy_coef, cfg.algo.kl_coef) == (
+            spec.base.algo.lr,
+            spec.base.algo.entropy_coef,
+            spec.base.algo.kl_coef,
+        )
         assert Path(cfg.experiment.output_dir).is_absolute()
         cpus = sum(b.get("CPU", 0) for b in trial_bundles(cfg, s.sweep.resources))
         assert cpus == pytest.approx(1.0)
@@ -65,19 +74,29 @@ def test_protocol_grids():
     assert spec_c.base.trainer.iterations == 20
     # Each trial is built from the spec: the warm start does not depend on the RL seed.
     from tether.policy.load import recipe, recipe_key
+
     keys = set()
     for t in a:
         cfg = spec.build(t)
-        keys.add(recipe_key(recipe(cfg.model, cfg.env, cfg.experiment.seed,
-                                   cfg.rollout.max_reply_tokens)))
+        keys.add(
+            recipe_key(
+                recipe(cfg.model, cfg.env, cfg.experiment.seed, cfg.rollout.max_reply_tokens)
+            )
+        )
     assert len(keys) == 1
 
 
 def _run(name: str, seed: int, strategy: str, metrics: dict, **params) -> RunData:
-    return RunData(run_id=name, name=name, params={"experiment.seed": str(seed),
-                                                   "filter.strategy": strategy,
-                                                   **{k: str(v) for k, v in params.items()}},
-                   metrics=metrics)
+    return RunData(
+        run_id=name,
+        name=name,
+        params={
+            "experiment.seed": str(seed),
+            "filter.strategy": strategy,
+            **{k: str(v) for k, v in params.items()},
+        },
+        metrics=metrics,
+    )
 
 
 def test_spearman_by_run_bootstrap_matches_scipy_and_resamples_whole_runs():
@@ -86,14 +105,25 @@ def test_spearman_by_run_bootstrap_matches_scipy_and_resamples_whole_runs():
     for k in range(5):
         steps = [1, 5, 10, 15]
         succ = {s: float(rng.uniform()) for s in steps}
-        runs.append(_run(f"r{k}", k, "none", {
-            "rollout/success": succ,
-            MI: {s: succ[s] + float(rng.normal(0, 0.1)) for s in steps},
-            H: {s: float(rng.uniform()) for s in steps[:3]},  # one step fewer
-            "collapse/first_turn/mi_zscore": {s: 1.0 for s in steps}}))  # constant
-    res = stats.spearman_by_run_bootstrap(runs, "first_turn",
-                                          ["mi_estimate", "conditional_entropy_est",
-                                           "mi_zscore", "retrieval_acc"], resamples=300)
+        runs.append(
+            _run(
+                f"r{k}",
+                k,
+                "none",
+                {
+                    "rollout/success": succ,
+                    MI: {s: succ[s] + float(rng.normal(0, 0.1)) for s in steps},
+                    H: {s: float(rng.uniform()) for s in steps[:3]},  # one step fewer
+                    "collapse/first_turn/mi_zscore": {s: 1.0 for s in steps},
+                },
+            )
+        )  # constant
+    res = stats.spearman_by_run_bootstrap(
+        runs,
+        "first_turn",
+        ["mi_estimate", "conditional_entropy_est", "mi_zscore", "retrieval_acc"],
+        resamples=300,
+    )
     rows = {r["diagnostic"]: r for r in res.rows}
     # Paired on the points where MI, H and success all exist: 3 steps x 5 runs.
     x = [r.metrics[MI][s] for r in runs for s in (1, 5, 10)]
@@ -125,24 +155,42 @@ def _diag(mi: list[tuple], h: list[tuple], p_first: float, steps=(1, 30)) -> dic
 def test_collapse_rows_apply_the_stated_test():
     runs = [
         # MI falls beyond both intervals, by > 25 %, H(Z|X) rises: template collapse.
-        _run("a", 0, "none", _diag([(0.3, 0.2, 0.4), (0.1, 0.05, 0.15)],
-                                   [(1.0, 0.9, 1.1), (1.3, 1.2, 1.4)], 0.001)),
+        _run(
+            "a",
+            0,
+            "none",
+            _diag([(0.3, 0.2, 0.4), (0.1, 0.05, 0.15)], [(1.0, 0.9, 1.1), (1.3, 1.2, 1.4)], 0.001),
+        ),
         # Same fall, but H(Z|X) falls beyond its interval too: not template collapse.
-        _run("b", 0, "top_p", _diag([(0.3, 0.2, 0.4), (0.1, 0.05, 0.15)],
-                                    [(1.0, 0.9, 1.1), (0.5, 0.4, 0.6)], 0.001)),
+        _run(
+            "b",
+            0,
+            "top_p",
+            _diag([(0.3, 0.2, 0.4), (0.1, 0.05, 0.15)], [(1.0, 0.9, 1.1), (0.5, 0.4, 0.6)], 0.001),
+        ),
         # Intervals overlap: no significant fall.
-        _run("c", 1, "none", _diag([(0.3, 0.2, 0.4), (0.2, 0.1, 0.3)],
-                                   [(1.0, 0.9, 1.1), (1.0, 0.9, 1.1)], 0.001)),
+        _run(
+            "c",
+            1,
+            "none",
+            _diag([(0.3, 0.2, 0.4), (0.2, 0.1, 0.3)], [(1.0, 0.9, 1.1), (1.0, 0.9, 1.1)], 0.001),
+        ),
         # Never significantly grounded: nothing to collapse from.
-        _run("d", 1, "top_p", _diag([(0.3, 0.2, 0.4), (0.1, 0.05, 0.15)],
-                                    [(1.0, 0.9, 1.1), (1.0, 0.9, 1.1)], 0.2)),
+        _run(
+            "d",
+            1,
+            "top_p",
+            _diag([(0.3, 0.2, 0.4), (0.1, 0.05, 0.15)], [(1.0, 0.9, 1.1), (1.0, 0.9, 1.1)], 0.2),
+        ),
     ]
     rows = {r["run"]: r for r in paper.collapse_rows(runs)}
     assert [rows[k]["collapsed"] for k in "abcd"] == [True, False, False, False]
     assert rows["b"]["h_fell"] and not rows["c"]["mi_fell"] and not rows["d"]["first_grounded"]
     verdict = paper.collapse_verdict(list(rows.values()))
-    assert verdict["counts"] == {"none": {"collapsed": 1, "seeds": 2},
-                                 "top_p": {"collapsed": 0, "seeds": 2}}
+    assert verdict["counts"] == {
+        "none": {"collapsed": 1, "seeds": 2},
+        "top_p": {"collapsed": 0, "seeds": 2},
+    }
     d = verdict["mi_change_top_p_minus_none"]
     assert d["differences"] == pytest.approx([0.0, -0.1]) and d["n"] == 2
     half = scipy_stats.t.ppf(0.975, 1) * np.std([0.0, -0.1], ddof=1) / math.sqrt(2)
@@ -153,9 +201,15 @@ def test_paired_gain_and_quartile_trend():
     runs = []
     for seed, level in itertools.product((0, 1, 2), (0.0, 0.2)):
         for strategy, bonus in (("top_p", 0.1 * (level > 0)), ("none", 0.0)):
-            runs.append(_run(f"{strategy}{seed}{level}", seed, strategy,
-                             {"val/success": {0: 0.1, 20: 0.2 + bonus + 0.01 * seed}},
-                             **{"env.stochasticity": level}))
+            runs.append(
+                _run(
+                    f"{strategy}{seed}{level}",
+                    seed,
+                    strategy,
+                    {"val/success": {0: 0.1, 20: 0.2 + bonus + 0.01 * seed}},
+                    **{"env.stochasticity": level},
+                )
+            )
     gains = paper.paired_gain(runs, "top_p", "none", by=("env.stochasticity",))
     assert gains["env.stochasticity=0"]["mean"] == pytest.approx(0.0)
     assert gains["env.stochasticity=0.2"]["differences"] == pytest.approx([0.1] * 3)
@@ -163,11 +217,19 @@ def test_paired_gain_and_quartile_trend():
     # RV quartiles: MI rises with reward std, success does not.
     rng = np.random.default_rng(0)
     rv = rng.uniform(0, 0.5, 40)
-    runs = [_run(f"q{k}", k, "none", {"rollout/in_group_reward_std": {s: float(rv[4 * k + s])
-                                                                        for s in range(4)},
-                                      "rollout/success": {s: 0.3 for s in range(4)},
-                                      MI: {s: float(rv[4 * k + s]) for s in range(4)}})
-            for k in range(10)]
+    runs = [
+        _run(
+            f"q{k}",
+            k,
+            "none",
+            {
+                "rollout/in_group_reward_std": {s: float(rv[4 * k + s]) for s in range(4)},
+                "rollout/success": {s: 0.3 for s in range(4)},
+                MI: {s: float(rv[4 * k + s]) for s in range(4)},
+            },
+        )
+        for k in range(10)
+    ]
     trend = paper.quartile_trend(runs, MI)
     assert trend["mi"]["monotone_increasing"] and not trend["success"]["monotone_increasing"]
     assert trend["mi"]["n"] == [10, 10, 10, 10] and trend["mi"]["q4_minus_q1"]["ci_low"] > 0
@@ -181,8 +243,9 @@ def test_warm_start_seed_replaces_the_run_seed_in_the_cache_key():
 
     def key(*overrides):
         cfg = load_config(PAPER.parent / "quickstart.yaml", list(overrides))
-        return recipe_key(recipe(cfg.model, cfg.env, cfg.experiment.seed,
-                                 cfg.rollout.max_reply_tokens))
+        return recipe_key(
+            recipe(cfg.model, cfg.env, cfg.experiment.seed, cfg.rollout.max_reply_tokens)
+        )
 
     assert key("experiment.seed=0") == key("model.warm_start.seed=0", "experiment.seed=5")
     assert key("experiment.seed=0") != key("experiment.seed=5")

@@ -56,8 +56,14 @@ def _artifacts(client, run_id, path=None):
 def test_outage_spools_then_sync_replays_exactly_once(server, short_retries, tmp_path):
     messages = []
     settings = TrackingConfig(uri=server.uri, probe_every_s=0.5, drain_timeout_s=0)
-    tracker = Tracker(server.uri, "spool-test", run_name="outage", spool_root=tmp_path / "spool",
-                      settings=settings, notify=messages.append)
+    tracker = Tracker(
+        server.uri,
+        "spool-test",
+        run_name="outage",
+        spool_root=tmp_path / "spool",
+        settings=settings,
+        notify=messages.append,
+    )
     tracker.log_params({"a": 1, "b": "x"})
     tracker.log_metrics({"loss": 1.0}, step=0)
     with pytest.raises(MlflowException):  # a write the server refuses is not spooled
@@ -86,8 +92,16 @@ def test_outage_spools_then_sync_replays_exactly_once(server, short_retries, tmp
     assert "tether sync-tracking" in messages[-1]
     spool_dir = tmp_path / "spool" / tracker.run_id
     records = [json.loads(line) for line in (spool_dir / "spool.jsonl").read_text().splitlines()]
-    assert [r["op"] for r in records] == ["metrics", "metrics", "metrics", "tags", "params",
-                                          "text", "file", "terminate"]
+    assert [r["op"] for r in records] == [
+        "metrics",
+        "metrics",
+        "metrics",
+        "tags",
+        "params",
+        "text",
+        "file",
+        "terminate",
+    ]
     time.sleep(max(0.0, BUDGET_S - (time.monotonic() - down)))  # outlast the retry budget
 
     left_by_a_killed_driver = tmp_path / "copy" / tracker.run_id  # the same spool, twice
@@ -107,14 +121,22 @@ def test_outage_spools_then_sync_replays_exactly_once(server, short_retries, tmp
         assert run.data.tags["phase"] == "outage"
         assert _steps(client, run_id, "loss") == {0: 1, 1: 1, 2: 1, 3: 1}
         assert sorted(_artifacts(client, run_id)) == ["notes/hello.txt", "table.csv"]
-        assert client.download_artifacts(run_id, "table.csv", str(tmp_path / "dl")) and \
-            (tmp_path / "dl" / "table.csv").read_text() == "x,y\n1,2\n"
+        assert (
+            client.download_artifacts(run_id, "table.csv", str(tmp_path / "dl"))
+            and (tmp_path / "dl" / "table.csv").read_text() == "x,y\n1,2\n"
+        )
 
     check("FINISHED")
     # `tether run --resume` finds the spool first thing (here: the copy, all of it again):
     # replayed before the run is marked RUNNING again, and nothing lands twice.
-    resumed = Tracker(server.uri, "spool-test", run_id=run_id, settings=settings,
-                      spool_root=left_by_a_killed_driver.parent, notify=messages.append)
+    resumed = Tracker(
+        server.uri,
+        "spool-test",
+        run_id=run_id,
+        settings=settings,
+        spool_root=left_by_a_killed_driver.parent,
+        notify=messages.append,
+    )
     assert "replaying 8 spooled writes" in messages[-2] and "is back" in messages[-1]
     assert not left_by_a_killed_driver.exists()
     check("RUNNING")
@@ -125,18 +147,33 @@ def test_outage_spools_then_sync_replays_exactly_once(server, short_retries, tmp
 ITERATIONS = 5
 
 
-def test_training_run_survives_a_server_outage(server, short_retries, micro_policy, models_dir,
-                                               ray_local, tmp_path):
+def test_training_run_survives_a_server_outage(
+    server, short_retries, micro_policy, models_dir, ray_local, tmp_path
+):
     from tether.platform.driver import Trainer
 
-    cfg = build_config(micro_config_dict(
-        tmp_path, rollout={"num_workers": 1, "groups": 2, "group_size": 4},
-        algo={"preset": "grpo", "kl_coef": 0.0, "micro_batch_size": 8},
-        trainer={"iterations": ITERATIONS, "val_every": ITERATIONS, "val_episodes": 2,
-                 "checkpoint_every": 1, "samples_every": 1, "samples_per_log": 1},
-        diagnostics={"enabled": False},
-        tracking={"uri": server.uri, "log_model": False, "probe_every_s": 1.0,
-                  "drain_timeout_s": 300}))
+    cfg = build_config(
+        micro_config_dict(
+            tmp_path,
+            rollout={"num_workers": 1, "groups": 2, "group_size": 4},
+            algo={"preset": "grpo", "kl_coef": 0.0, "micro_batch_size": 8},
+            trainer={
+                "iterations": ITERATIONS,
+                "val_every": ITERATIONS,
+                "val_episodes": 2,
+                "checkpoint_every": 1,
+                "samples_every": 1,
+                "samples_per_log": 1,
+            },
+            diagnostics={"enabled": False},
+            tracking={
+                "uri": server.uri,
+                "log_model": False,
+                "probe_every_s": 1.0,
+                "drain_timeout_s": 300,
+            },
+        )
+    )
     cfg.model.cache_dir = models_dir
     messages, outage = [], {}
 
@@ -173,5 +210,7 @@ def test_training_run_survives_a_server_outage(server, short_retries, micro_poli
     assert _steps(client, summary.run_id, "val/success") == {0: 1, ITERATIONS: 1}
     files = Counter(_artifacts(client, summary.run_id))
     for it in range(1, ITERATIONS + 1):
-        assert files[f"samples/iter_{it:04d}.txt"] == 1 and files[f"prompts/iter_{it:04d}.json"] == 1
+        assert (
+            files[f"samples/iter_{it:04d}.txt"] == 1 and files[f"prompts/iter_{it:04d}.json"] == 1
+        )
     assert not (tmp_path / "runs" / SPOOL_DIRNAME / summary.run_id).exists()

@@ -34,9 +34,14 @@ def _at(run: RunData, key: str, step: int) -> float | None:
     return run.metrics.get(key, {}).get(step)
 
 
-def collapse_rows(runs: list[RunData], sampling: str = "first_turn", mi_name: str = "mi_estimate",
-                  h_name: str = "conditional_entropy_est", alpha: float = 0.05,
-                  min_drop_fraction: float = 0.25) -> list[dict]:
+def collapse_rows(
+    runs: list[RunData],
+    sampling: str = "first_turn",
+    mi_name: str = "mi_estimate",
+    h_name: str = "conditional_entropy_est",
+    alpha: float = 0.05,
+    min_drop_fraction: float = 0.25,
+) -> list[dict]:
     """Per run: I(X;Z) and H(Z|X) with their intervals at the first and the last diagnosed
     iteration, and ``collapsed``: the first point is significantly grounded (permutation
     ``p_grounded`` < ``alpha``), the last MI interval lies wholly below the first one and
@@ -48,22 +53,37 @@ def collapse_rows(runs: list[RunData], sampling: str = "first_turn", mi_name: st
     for run in runs:
         steps = sorted(set(run.metrics.get(mi_key, {})) & set(run.metrics.get(h_key, {})))
         if len(steps) < 2:
-            rows.append({"run": run.name, "run_id": run.run_id, "collapsed": None,
-                         "why": f"{len(steps)} diagnosed iteration(s)"})
+            rows.append(
+                {
+                    "run": run.name,
+                    "run_id": run.run_id,
+                    "collapsed": None,
+                    "why": f"{len(steps)} diagnosed iteration(s)",
+                }
+            )
             continue
         a, b = steps[0], steps[-1]
-        row = {"run": run.name, "run_id": run.run_id, "seed": run.param("experiment.seed"),
-               "filter": run.param("filter.strategy") or "none", "first": a, "last": b,
-               "final_success": run.final_success(),
-               "alarms": [f"{name}@{step}" for step, name in run.alarm_steps()]}
+        row = {
+            "run": run.name,
+            "run_id": run.run_id,
+            "seed": run.param("experiment.seed"),
+            "filter": run.param("filter.strategy") or "none",
+            "first": a,
+            "last": b,
+            "final_success": run.final_success(),
+            "alarms": [f"{name}@{step}" for step, name in run.alarm_steps()],
+        }
         for tag, step in (("first", a), ("last", b)):
             for name, key in (("mi", mi_key), ("h", h_key)):
                 row[f"{name}_{tag}"] = _at(run, key, step)
-                row[f"{name}_{tag}_ci"] = (_at(run, f"{key}_ci_low", step),
-                                           _at(run, f"{key}_ci_high", step))
+                row[f"{name}_{tag}_ci"] = (
+                    _at(run, f"{key}_ci_low", step),
+                    _at(run, f"{key}_ci_high", step),
+                )
             row[f"p_{tag}"] = _at(run, p_key, step)
-        missing = [k for k in ("mi_first_ci", "mi_last_ci", "h_first_ci", "h_last_ci")
-                   if None in row[k]] + (["p_first"] if row["p_first"] is None else [])
+        missing = [
+            k for k in ("mi_first_ci", "mi_last_ci", "h_first_ci", "h_last_ci") if None in row[k]
+        ] + (["p_first"] if row["p_first"] is None else [])
         row["mi_change"] = row["mi_last"] - row["mi_first"]
         row["h_change"] = row["h_last"] - row["h_first"]
         if missing:
@@ -73,8 +93,12 @@ def collapse_rows(runs: list[RunData], sampling: str = "first_turn", mi_name: st
             separated = row["mi_last_ci"][1] < row["mi_first_ci"][0]
             big = row["mi_first"] - row["mi_last"] >= min_drop_fraction * row["mi_first"]
             h_fell = row["h_last_ci"][1] < row["h_first_ci"][0]
-            row.update(first_grounded=grounded, mi_fell=separated and big, h_fell=h_fell,
-                       collapsed=bool(grounded and separated and big and not h_fell))
+            row.update(
+                first_grounded=grounded,
+                mi_fell=separated and big,
+                h_fell=h_fell,
+                collapsed=bool(grounded and separated and big and not h_fell),
+            )
         rows.append(row)
     return rows
 
@@ -82,10 +106,16 @@ def collapse_rows(runs: list[RunData], sampling: str = "first_turn", mi_name: st
 def t_interval(values, confidence: float = 0.95) -> dict:
     """Mean and Student-t interval of independent values (e.g. one per seed)."""
     v = np.asarray([x for x in values if x is not None and not math.isnan(x)], float)
-    out = {"n": len(v), "mean": float(v.mean()) if len(v) else math.nan,
-           "ci_low": math.nan, "ci_high": math.nan}
+    out = {
+        "n": len(v),
+        "mean": float(v.mean()) if len(v) else math.nan,
+        "ci_low": math.nan,
+        "ci_high": math.nan,
+    }
     if len(v) >= 2:
-        half = float(stats.t.ppf(0.5 + confidence / 2, len(v) - 1) * v.std(ddof=1) / math.sqrt(len(v)))
+        half = float(
+            stats.t.ppf(0.5 + confidence / 2, len(v) - 1) * v.std(ddof=1) / math.sqrt(len(v))
+        )
         out.update(ci_low=out["mean"] - half, ci_high=out["mean"] + half)
     return out
 
@@ -100,8 +130,9 @@ def final_success(run: RunData) -> float | None:
     return run.final_success()
 
 
-def paired_gain(runs: list[RunData], treated: str, control: str, value=final_success,
-                by: tuple[str, ...] = ()) -> dict:
+def paired_gain(
+    runs: list[RunData], treated: str, control: str, value=final_success, by: tuple[str, ...] = ()
+) -> dict:
     """Per seed (and per value of each ``by`` param): ``value(treated) - value(control)``
     between the runs of two filter arms with the same seed; mean and t-interval over seeds
     in each cell."""
@@ -117,9 +148,13 @@ def paired_gain(runs: list[RunData], treated: str, control: str, value=final_suc
         seeds = sorted(set(arms.get(treated, {})) & set(arms.get(control, {})))
         diffs = [arms[treated][s] - arms[control][s] for s in seeds]
         label = ",".join(f"{p}={c:g}" for p, c in zip(by, cell)) or "all"
-        out[label] = {"seeds": seeds, "differences": diffs, **t_interval(diffs),
-                      treated: t_interval(list(arms.get(treated, {}).values())),
-                      control: t_interval(list(arms.get(control, {}).values()))}
+        out[label] = {
+            "seeds": seeds,
+            "differences": diffs,
+            **t_interval(diffs),
+            treated: t_interval(list(arms.get(treated, {}).values())),
+            control: t_interval(list(arms.get(control, {}).values())),
+        }
     return out
 
 
@@ -130,22 +165,30 @@ def collapse_verdict(rows: list[dict]) -> dict:
     for row in rows:
         if row.get("collapsed") is not None:
             arms[row["filter"]][str(row["seed"])] = row
-    counts = {arm: {"collapsed": sum(r["collapsed"] for r in by_seed.values()),
-                    "seeds": len(by_seed)} for arm, by_seed in arms.items()}
+    counts = {
+        arm: {"collapsed": sum(r["collapsed"] for r in by_seed.values()), "seeds": len(by_seed)}
+        for arm, by_seed in arms.items()
+    }
     none, top_p = arms.get("none", {}), arms.get("top_p", {})
     seeds = sorted(set(none) & set(top_p))
     diffs = [top_p[s]["mi_change"] - none[s]["mi_change"] for s in seeds]
-    return {"counts": counts, "mi_change_top_p_minus_none": {"seeds": seeds, "differences": diffs,
-                                                             **t_interval(diffs)}}
+    return {
+        "counts": counts,
+        "mi_change_top_p_minus_none": {"seeds": seeds, "differences": diffs, **t_interval(diffs)},
+    }
 
 
-def quartile_trend(runs: list[RunData], mi_key: str, rv_key: str = REWARD_STD,
-                   success_key: str = "rollout/success") -> dict:
+def quartile_trend(
+    runs: list[RunData], mi_key: str, rv_key: str = REWARD_STD, success_key: str = "rollout/success"
+) -> dict:
     """Success and MI by quartile of in-group reward std over (run, checkpoint) points
     (the report's quartiles), whether each rises monotonically from Q1 (lowest RV) to Q4,
     and Q4 - Q1 with a Welch interval over the points."""
-    pts = [(r.metrics[rv_key][s], r.metrics[success_key][s], r.metrics.get(mi_key, {}).get(s))
-           for r in runs for s in sorted(set(r.metrics.get(rv_key, {})) & set(r.metrics.get(success_key, {})))]
+    pts = [
+        (r.metrics[rv_key][s], r.metrics[success_key][s], r.metrics.get(mi_key, {}).get(s))
+        for r in runs
+        for s in sorted(set(r.metrics.get(rv_key, {})) & set(r.metrics.get(success_key, {})))
+    ]
     if len(pts) < 8:
         return {"note": f"{len(pts)} checkpoints with {rv_key} and {success_key}"}
     rv = np.array([p[0] for p in pts])
@@ -160,14 +203,20 @@ def quartile_trend(runs: list[RunData], mi_key: str, rv_key: str = REWARD_STD,
         if len(top) >= 2 and len(bottom) >= 2:
             va, vb = top.var(ddof=1) / len(top), bottom.var(ddof=1) / len(bottom)
             se = math.sqrt(va + vb)
-            dof = (va + vb) ** 2 / (va ** 2 / (len(top) - 1) + vb ** 2 / (len(bottom) - 1)) \
-                if va + vb > 0 else 1.0
+            dof = (
+                (va + vb) ** 2 / (va**2 / (len(top) - 1) + vb**2 / (len(bottom) - 1))
+                if va + vb > 0
+                else 1.0
+            )
             half = float(stats.t.ppf(0.975, dof)) * se
             d = float(top.mean() - bottom.mean())
             diff = {"mean": d, "ci_low": d - half, "ci_high": d + half}
-        out[name] = {"means": means, "n": [len(g) for g in groups],
-                     "monotone_increasing": bool(all(np.diff(means) > 0)),
-                     "q4_minus_q1": diff}
+        out[name] = {
+            "means": means,
+            "n": [len(g) for g in groups],
+            "monotone_increasing": bool(all(np.diff(means) > 0)),
+            "q4_minus_q1": diff,
+        }
     return out
 
 
@@ -194,25 +243,37 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     _, loaded = load_target(args.tracking_uri, args.target, with_prompts=False)
     runs = [r for r in loaded if r.status == "FINISHED"]  # a stopped trial is not a result
-    out: dict = {"runs": len(runs), "not_finished": [f"{r.name} ({r.status}, iteration "
-                                                      f"{r.latest_iteration})"
-                                                      for r in loaded if r.status != "FINISHED"]}
+    out: dict = {
+        "runs": len(runs),
+        "not_finished": [
+            f"{r.name} ({r.status}, iteration {r.latest_iteration})"
+            for r in loaded
+            if r.status != "FINISHED"
+        ],
+    }
     if args.finding == "a":
         rows = collapse_rows(runs, args.sampling, args.mi)
-        out.update(rows=rows, **collapse_verdict(rows),
-                   val_success_top_p_minus_none=paired_gain(runs, "top_p", "none"))
+        out.update(
+            rows=rows,
+            **collapse_verdict(rows),
+            val_success_top_p_minus_none=paired_gain(runs, "top_p", "none"),
+        )
     elif args.finding == "c":
         out["gain_by_level"] = paired_gain(runs, "top_p", "none", by=("env.stochasticity",))
         mi_key = collapse_key(args.sampling, args.mi)
         out["final_mi_gain_by_level"] = paired_gain(
-            runs, "top_p", "none", value=lambda r: r.last(mi_key), by=("env.stochasticity",))
+            runs, "top_p", "none", value=lambda r: r.last(mi_key), by=("env.stochasticity",)
+        )
         gains = defaultdict(dict)  # seed -> level -> gain
         for level, cell in out["gain_by_level"].items():
             for seed, d in zip(cell["seeds"], cell["differences"]):
                 gains[seed][float(level.split("=")[1])] = d
         moderate, extreme = (0.1, 0.2, 0.5), (0.0, 1.0)
-        contrast = [float(np.mean([g[p] for p in moderate]) - np.mean([g[p] for p in extreme]))
-                    for g in gains.values() if all(p in g for p in moderate + extreme)]
+        contrast = [
+            float(np.mean([g[p] for p in moderate]) - np.mean([g[p] for p in extreme]))
+            for g in gains.values()
+            if all(p in g for p in moderate + extreme)
+        ]
         out["moderate_minus_extreme_gain"] = {"per_seed": contrast, **t_interval(contrast)}
     else:
         out["top_p_minus_none"] = paired_gain(runs, "top_p", "none")

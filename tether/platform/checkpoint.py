@@ -17,8 +17,9 @@ class CheckpointError(OSError):
     checkpoint, which is intact (the partial file was removed)."""
 
 
-def save_checkpoint(directory: Path, iteration: int, state: dict, keep: int = 2,
-                    protect: tuple[Path, ...] = ()) -> Path:
+def save_checkpoint(
+    directory: Path, iteration: int, state: dict, keep: int = 2, protect: tuple[Path, ...] = ()
+) -> Path:
     """Save ``state`` as ``iter_<iteration>.pt``; keep the newest ``keep`` and the
     ``protect``ed ones (a rollback's targets), delete older ones.
 
@@ -43,9 +44,11 @@ def save_checkpoint(directory: Path, iteration: int, state: dict, keep: int = 2,
         exc = out.error if out is not None and out.error is not None else raised
         tmp.unlink(missing_ok=True)
         last = latest_checkpoint(directory) if directory.is_dir() else None
-        error = CheckpointError(f"checkpoint of iteration {iteration} not written to {path} "
-                                f"({type(exc).__name__}: {exc}); last good checkpoint: "
-                                f"{last or 'none yet'}")
+        error = CheckpointError(
+            f"checkpoint of iteration {iteration} not written to {path} "
+            f"({type(exc).__name__}: {exc}); last good checkpoint: "
+            f"{last or 'none yet'}"
+        )
         error.errno, error.last_good = getattr(exc, "errno", None), last
         raise error from raised
     kept = {Path(p).resolve() for p in protect}
@@ -104,12 +107,15 @@ def resolve_resume(target: str, tracking_uri: str) -> tuple[Path, str, dict]:
         try:
             run = MlflowClient(tracking_uri).get_run(target)
         except MlflowException:
-            raise ResumeError(f"{target!r} is neither a checkpoint path nor a run id in "
-                              f"{tracking_uri}") from None
+            raise ResumeError(
+                f"{target!r} is neither a checkpoint path nor a run id in {tracking_uri}"
+            ) from None
         last = run.data.tags.get("tether.last_checkpoint")
         if not last or not Path(last).is_file():
-            raise ResumeError(f"MLflow run {target} has no checkpoint on this machine "
-                              f"(tag tether.last_checkpoint = {last!r})")
+            raise ResumeError(
+                f"MLflow run {target} has no checkpoint on this machine "
+                f"(tag tether.last_checkpoint = {last!r})"
+            )
         path = Path(last)
     driver = load_checkpoint(path)["driver"]
     return path, driver["run_id"], driver["config"]

@@ -78,8 +78,10 @@ def check_tracking_reachable(uri: str, timeout: float = 5.0) -> None:
     try:
         urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout)
     except (urllib.error.URLError, OSError, ValueError) as exc:
-        raise TrackingError(f"MLflow tracking server {uri} is unreachable ({exc}); start it "
-                            f"with `mlflow server` or drop tracking.uri to use local SQLite") from None
+        raise TrackingError(
+            f"MLflow tracking server {uri} is unreachable ({exc}); start it "
+            f"with `mlflow server` or drop tracking.uri to use local SQLite"
+        ) from None
 
 
 def server_healthy(uri: str, timeout: float) -> bool:
@@ -98,9 +100,11 @@ def bound_http_retries(settings: TrackingConfig) -> None:
     wins). MLflow 3 retries a failed request ``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` (7)
     times with exponential backoff (factor 2), minutes per write with the server down;
     the spool makes those minutes unnecessary."""
-    for name, value in (("MLFLOW_HTTP_REQUEST_MAX_RETRIES", settings.http_max_retries),
-                        ("MLFLOW_HTTP_REQUEST_TIMEOUT", settings.http_timeout_s),
-                        ("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", settings.http_backoff_factor)):
+    for name, value in (
+        ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", settings.http_max_retries),
+        ("MLFLOW_HTTP_REQUEST_TIMEOUT", settings.http_timeout_s),
+        ("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", settings.http_backoff_factor),
+    ):
         os.environ.setdefault(name, str(value))
 
 
@@ -124,14 +128,15 @@ def ensure_experiment(client: MlflowClient, name: str, artifact_root: Path | Non
     if experiment is None:
         location = artifact_root.resolve().as_uri() if artifact_root is not None else None
         try:
-            experiment_id = client.create_experiment(name, artifact_location=location,
-                                                     tags=EXPERIMENT_KIND)
+            experiment_id = client.create_experiment(
+                name, artifact_location=location, tags=EXPERIMENT_KIND
+            )
         except mlflow.exceptions.MlflowException:
             # Created concurrently by another process (sweep trials).
             experiment_id = client.get_experiment_by_name(name).experiment_id
     else:
         experiment_id = experiment.experiment_id
-        if not any(experiment.tags.get(k) for k in EXPERIMENT_KIND):   # an older Tether's
+        if not any(experiment.tags.get(k) for k in EXPERIMENT_KIND):  # an older Tether's
             for key, value in EXPERIMENT_KIND.items():
                 client.set_experiment_tag(experiment_id, key, value)
     return experiment_id
@@ -147,8 +152,9 @@ class Spool:
         self.meta = {"tracking_uri": uri, "run_id": run_id}
         self.records: list[dict] = []
         if self.file.is_file():  # left by an earlier process of this run
-            self.records = [json.loads(line) for line in self.file.read_text().splitlines()
-                            if line.strip()]
+            self.records = [
+                json.loads(line) for line in self.file.read_text().splitlines() if line.strip()
+            ]
         self.replayed = 0  # records already replayed by this process
 
     @property
@@ -178,7 +184,9 @@ class Spool:
 
     def resolve(self, record: dict) -> dict:
         """The record with its ``path`` made absolute again."""
-        return {**record, "path": str(self.directory / record["path"])} if "path" in record else record
+        return (
+            {**record, "path": str(self.directory / record["path"])} if "path" in record else record
+        )
 
     def clear(self) -> None:
         shutil.rmtree(self.directory, ignore_errors=True)
@@ -195,11 +203,20 @@ class Tracker:
     logger). ``reopen=False`` writes into an existing run without marking it RUNNING
     (a report written back into a finished run)."""
 
-    def __init__(self, uri: str, experiment: str, artifact_root: Path | None = None,
-                 run_name: str | None = None, run_id: str | None = None,
-                 parent_run_id: str | None = None, tags: dict[str, str] | None = None,
-                 spool_root: Path | None = None, settings: TrackingConfig | None = None,
-                 notify: Callable[[str], None] | None = None, reopen: bool = True) -> None:
+    def __init__(
+        self,
+        uri: str,
+        experiment: str,
+        artifact_root: Path | None = None,
+        run_name: str | None = None,
+        run_id: str | None = None,
+        parent_run_id: str | None = None,
+        tags: dict[str, str] | None = None,
+        spool_root: Path | None = None,
+        settings: TrackingConfig | None = None,
+        notify: Callable[[str], None] | None = None,
+        reopen: bool = True,
+    ) -> None:
         if settings is None:
             from .config import TrackingConfig
 
@@ -222,25 +239,34 @@ class Tracker:
                 all_tags["mlflow.parentRunId"] = parent_run_id
             run = self.client.create_run(self.experiment_id, tags=all_tags, run_name=run_name)
             self.run_id = run.info.run_id
-        self.spool = Spool(Path(spool_root) / self.run_id, uri, self.run_id) \
-            if spool_root is not None and settings.spool else None
+        self.spool = (
+            Spool(Path(spool_root) / self.run_id, uri, self.run_id)
+            if spool_root is not None and settings.spool
+            else None
+        )
         self._next_probe = 0.0
         if self.spool is not None and self.spool.pending:  # an earlier process's writes first
-            self.notify(f"tracking: replaying {self.spool.pending} spooled writes from "
-                        f"{self.spool.directory}")
+            self.notify(
+                f"tracking: replaying {self.spool.pending} spooled writes from "
+                f"{self.spool.directory}"
+            )
             self._drain()
         if run_id is not None and reopen:  # after the replay: it may end in a final status
             self._write({"op": "reopen"})
 
     # -- the writes ---------------------------------------------------------------------
     def log_params(self, params: dict[str, Any]) -> None:
-        self._write({"op": "params", "params": {k: str(v)[:_MAX_PARAM_VALUE]
-                                                for k, v in params.items()}})
+        self._write(
+            {"op": "params", "params": {k: str(v)[:_MAX_PARAM_VALUE] for k, v in params.items()}}
+        )
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         now = int(time.time() * 1000)  # kept in the spool: a replay is a duplicate MLflow skips
-        items = [[metric_key(k), float(v), now, int(step)] for k, v in metrics.items()
-                 if v is not None and isinstance(v, (int, float)) and math.isfinite(float(v))]
+        items = [
+            [metric_key(k), float(v), now, int(step)]
+            for k, v in metrics.items()
+            if v is not None and isinstance(v, (int, float)) and math.isfinite(float(v))
+        ]
         if items:
             self._write({"op": "metrics", "metrics": items})
 
@@ -273,11 +299,13 @@ class Tracker:
         spool and says how it is replayed. True when the server has it all."""
         self._write({"op": "terminate", "status": status})
         if not self.flush():
-            self.notify(f"tracking: {self.uri} still unreachable after "
-                        f"{self.settings.drain_timeout_s:g} s; {self.spool.pending} writes of run "
-                        f"{self.run_id} (with its final status {status}) are kept in "
-                        f"{self.spool.directory}: `tether sync-tracking {self.spool.directory}` "
-                        f"replays them (as does `tether run --resume`)")
+            self.notify(
+                f"tracking: {self.uri} still unreachable after "
+                f"{self.settings.drain_timeout_s:g} s; {self.spool.pending} writes of run "
+                f"{self.run_id} (with its final status {status}) are kept in "
+                f"{self.spool.directory}: `tether sync-tracking {self.spool.directory}` "
+                f"replays them (as does `tether run --resume`)"
+            )
             return False
         return True
 
@@ -309,9 +337,11 @@ class Tracker:
         except Exception as exc:
             if not transient(exc):
                 raise
-            self.notify(f"tracking: {self.uri} did not take a write "
-                        f"({type(exc).__name__}: {str(exc).splitlines()[0][:160]}); training "
-                        f"goes on, spooling to {self.spool.directory} until the server is back")
+            self.notify(
+                f"tracking: {self.uri} did not take a write "
+                f"({type(exc).__name__}: {str(exc).splitlines()[0][:160]}); training "
+                f"goes on, spooling to {self.spool.directory} until the server is back"
+            )
             self._next_probe = time.monotonic() + self.settings.probe_every_s
             self.spool.append(record)
 
@@ -337,8 +367,10 @@ class Tracker:
                 return False
             self.spool.replayed += 1
         self.spool.clear()
-        self.notify(f"tracking: {self.uri} is back; replayed {count} spooled writes in "
-                    f"{time.monotonic() - started:.1f} s")
+        self.notify(
+            f"tracking: {self.uri} is back; replayed {count} spooled writes in "
+            f"{time.monotonic() - started:.1f} s"
+        )
         return True
 
     def _apply(self, record: dict) -> None:
@@ -346,11 +378,11 @@ class Tracker:
         if op == "metrics":
             items = [Metric(k, v, ts, step) for k, v, ts, step in record["metrics"]]
             for start in range(0, len(items), 1000):
-                client.log_batch(run_id, metrics=items[start:start + 1000])
+                client.log_batch(run_id, metrics=items[start : start + 1000])
         elif op == "params":
             items = [Param(k, v) for k, v in record["params"].items()]
             for start in range(0, len(items), 100):
-                client.log_batch(run_id, params=items[start:start + 100])
+                client.log_batch(run_id, params=items[start : start + 100])
         elif op == "tags":
             client.log_batch(run_id, tags=[RunTag(k, v) for k, v in record["tags"].items()])
         elif op == "text":
@@ -367,8 +399,11 @@ class Tracker:
             raise ValueError(f"unknown tracking record {op!r}")
 
 
-def sync_spool(directory: Path, settings: TrackingConfig | None = None,
-               notify: Callable[[str], None] | None = None) -> tuple[str, int]:
+def sync_spool(
+    directory: Path,
+    settings: TrackingConfig | None = None,
+    notify: Callable[[str], None] | None = None,
+) -> tuple[str, int]:
     """Replay a spool left by a run that ended before its server came back: (run id,
     number of writes replayed). Raises TrackingError while the server is unreachable."""
     directory = Path(directory)
@@ -380,11 +415,20 @@ def sync_spool(directory: Path, settings: TrackingConfig | None = None,
     check_tracking_reachable(meta["tracking_uri"])
     client = MlflowClient(tracking_uri=meta["tracking_uri"])
     experiment = client.get_experiment(client.get_run(meta["run_id"]).info.experiment_id)
-    tracker = Tracker(meta["tracking_uri"], experiment.name, run_id=meta["run_id"],
-                      spool_root=directory.parent, settings=settings, notify=notify, reopen=False)
+    tracker = Tracker(
+        meta["tracking_uri"],
+        experiment.name,
+        run_id=meta["run_id"],
+        spool_root=directory.parent,
+        settings=settings,
+        notify=notify,
+        reopen=False,
+    )
     if tracker.spool.pending:
-        raise TrackingError(f"{tracker.spool.pending} writes of {directory} could not be "
-                            f"replayed yet; try again when {meta['tracking_uri']} answers")
+        raise TrackingError(
+            f"{tracker.spool.pending} writes of {directory} could not be "
+            f"replayed yet; try again when {meta['tracking_uri']} answers"
+        )
     return meta["run_id"], pending
 
 
@@ -394,6 +438,8 @@ def ui_command(uri: str, experiment_id: str, run_id: str | None = None) -> str:
     page = f"#/experiments/{experiment_id}" + (f"/runs/{run_id}" if run_id else "")
     page += "?workflowType=machine_learning"
     if uri.startswith("sqlite:"):
-        return (f"mlflow ui --backend-store-uri {uri} --host 127.0.0.1, then open "
-                f"http://127.0.0.1:5000/{page}")
+        return (
+            f"mlflow ui --backend-store-uri {uri} --host 127.0.0.1, then open "
+            f"http://127.0.0.1:5000/{page}"
+        )
     return f"open {uri.rstrip('/')}/{page}"
