@@ -57,7 +57,7 @@ class InjectedTrainer(Trainer):
         self.inject_from, self.injecting = inject_from, False
 
     def iteration(self, it: int):
-        self.injecting = it >= self.inject_from        # training collection only, not validation
+        self.injecting = it >= self.inject_from  # training collection only, not validation
         try:
             return super().iteration(it)
         finally:
@@ -69,22 +69,35 @@ class InjectedTrainer(Trainer):
             for trajectory in trajectories:
                 for turn in trajectory.turns:
                     turn.reward = difflib.SequenceMatcher(
-                        None, turn.reasoning or "", TEMPLATE).ratio() / len(trajectory.turns)
+                        None, turn.reasoning or "", TEMPLATE
+                    ).ratio() / len(trajectory.turns)
         return trajectories
 
 
 def run(spec: str, overrides: list[str], seed: int, mode: str, args) -> dict:
-    cfg = load_config(spec, [*overrides, f"experiment.seed={seed}",
-                             f"experiment.output_dir={args.out}/{mode}-s{seed}",
-                             "experiment.name=act-vs-warn", f"experiment.run_name={mode}-s{seed}",
-                             f"trainer.iterations={args.iterations}",
-                             f"trainer.val_every={args.iterations}", "trainer.checkpoint_every=2",
-                             "trainer.val_episodes=64", "rollout.group_size=4",
-                             "diagnostics.every=2", "diagnostics.chain_every=100",
-                             "diagnostics.grad_snr_every=0", f"tracking.uri={args.tracking}",
-                             f"alarms.template_collapse.mode={mode}",
-                             f"alarms.low_entropy_collapse.mode={mode}",
-                             "alarms.control.cooldown=2", "alarms.control.max_actions=4"])
+    cfg = load_config(
+        spec,
+        [
+            *overrides,
+            f"experiment.seed={seed}",
+            f"experiment.output_dir={args.out}/{mode}-s{seed}",
+            "experiment.name=act-vs-warn",
+            f"experiment.run_name={mode}-s{seed}",
+            f"trainer.iterations={args.iterations}",
+            f"trainer.val_every={args.iterations}",
+            "trainer.checkpoint_every=2",
+            "trainer.val_episodes=64",
+            "rollout.group_size=4",
+            "diagnostics.every=2",
+            "diagnostics.chain_every=100",
+            "diagnostics.grad_snr_every=0",
+            f"tracking.uri={args.tracking}",
+            f"alarms.template_collapse.mode={mode}",
+            f"alarms.low_entropy_collapse.mode={mode}",
+            "alarms.control.cooldown=2",
+            "alarms.control.max_actions=4",
+        ],
+    )
     started = time.perf_counter()
     summary = InjectedTrainer(cfg, args.inject_from).run()
     client = MlflowClient(summary.tracking_uri)
@@ -95,15 +108,27 @@ def run(spec: str, overrides: list[str], seed: int, mode: str, args) -> dict:
     mi, retrieval = history(f"{PREFIX}/mi_estimate"), history(f"{PREFIX}/retrieval_acc")
     last = sorted(mi)[-3:]
     tags = client.get_run(summary.run_id).data.tags
-    return {"seed": seed, "mode": mode, "run_id": summary.run_id, "status": summary.status,
-            "seconds": time.perf_counter() - started,
-            "mi_last3": float(np.mean([mi[s] for s in last])),
-            "mi_points": {s: [mi[s], history(f"{PREFIX}/mi_estimate_ci_low")[s],
-                              history(f"{PREFIX}/mi_estimate_ci_high")[s]] for s in sorted(mi)},
-            "retrieval_last3": float(np.mean([retrieval[s] for s in last])),
-            "val_success": summary.val_history, "val_intervals": summary.val_intervals,
-            "alarms": sorted(k for k in tags if k.startswith("alarm.")),
-            "actions": [tags[k] for k in sorted(tags) if k.startswith("control.")]}
+    return {
+        "seed": seed,
+        "mode": mode,
+        "run_id": summary.run_id,
+        "status": summary.status,
+        "seconds": time.perf_counter() - started,
+        "mi_last3": float(np.mean([mi[s] for s in last])),
+        "mi_points": {
+            s: [
+                mi[s],
+                history(f"{PREFIX}/mi_estimate_ci_low")[s],
+                history(f"{PREFIX}/mi_estimate_ci_high")[s],
+            ]
+            for s in sorted(mi)
+        },
+        "retrieval_last3": float(np.mean([retrieval[s] for s in last])),
+        "val_success": summary.val_history,
+        "val_intervals": summary.val_intervals,
+        "alarms": sorted(k for k in tags if k.startswith("alarm.")),
+        "actions": [tags[k] for k in sorted(tags) if k.startswith("control.")],
+    }
 
 
 def paired(rows: list[dict], key) -> str:
@@ -113,10 +138,14 @@ def paired(rows: list[dict], key) -> str:
     if len(diffs) < 2:
         return f"differences {diffs.tolist()}"
     mean, sem = diffs.mean(), diffs.std(ddof=1) / np.sqrt(len(diffs))
-    low, high = stats.t.interval(0.95, len(diffs) - 1, loc=mean, scale=sem) if sem > 0 else (mean, mean)
+    low, high = (
+        stats.t.interval(0.95, len(diffs) - 1, loc=mean, scale=sem) if sem > 0 else (mean, mean)
+    )
     verdict = "act helps" if low > 0 else "act hurts" if high < 0 else "no difference shown"
-    return (f"act - warn = {mean:+.3f} [{low:+.3f}, {high:+.3f}] over {len(diffs)} seeds "
-            f"({', '.join(f'{d:+.3f}' for d in diffs)}): {verdict}")
+    return (
+        f"act - warn = {mean:+.3f} [{low:+.3f}, {high:+.3f}] over {len(diffs)} seeds "
+        f"({', '.join(f'{d:+.3f}' for d in diffs)}): {verdict}"
+    )
 
 
 def main() -> None:
@@ -139,10 +168,12 @@ def main() -> None:
     for r in rows:
         last_val = r["val_success"][max(r["val_success"])]
         low, high = r["val_intervals"][max(r["val_intervals"])]
-        print(f"seed {r['seed']} {r['mode']:4}: MI (last 3 points) {r['mi_last3']:.3f}, retrieval "
-              f"{r['retrieval_last3']:.3f}, val/success {r['val_success'][0]:.3f} -> {last_val:.3f} "
-              f"[{low:.3f}, {high:.3f}], {r['seconds']:.0f} s; alarms {r['alarms']}; "
-              f"actions {r['actions']}")
+        print(
+            f"seed {r['seed']} {r['mode']:4}: MI (last 3 points) {r['mi_last3']:.3f}, retrieval "
+            f"{r['retrieval_last3']:.3f}, val/success {r['val_success'][0]:.3f} -> {last_val:.3f} "
+            f"[{low:.3f}, {high:.3f}], {r['seconds']:.0f} s; alarms {r['alarms']}; "
+            f"actions {r['actions']}"
+        )
     print("MI:", paired(rows, lambda r: r["mi_last3"]))
     print("retrieval:", paired(rows, lambda r: r["retrieval_last3"]))
     print("val/success:", paired(rows, lambda r: r["val_success"][max(r["val_success"])]))

@@ -98,6 +98,7 @@ class Mixture(Behaviour):
 class Pool:
     """Replies of one policy to ``prompts`` (row r answers prompt ``owner[r]``), scored
     under every prompt: L, S [rows, prompts]."""
+
     L: np.ndarray
     S: np.ndarray
     owner: np.ndarray
@@ -109,12 +110,15 @@ def build_pool(share: float, cfg: HarnessConfig, n_prompts: int, n_replies: int,
     prompts = [prompt_ids(random_keys(cfg, rng)) for _ in range(n_prompts)]
     generator = torch.Generator().manual_seed(seed)
     asked = [p for p in prompts for _ in range(n_replies)]
-    replies = sample_replies(model, asked, cfg.temperature, max(cfg.keys, cfg.template_len) + 6, generator)
+    replies = sample_replies(
+        model, asked, cfg.temperature, max(cfg.keys, cfg.template_len) + 6, generator
+    )
     reasonings = [parse_reply(r)[0] for r in replies]
     owner = np.repeat(np.arange(n_prompts), n_replies)
     keep = np.array([len(z) > 0 for z in reasonings])
-    scores = cross_score_pairs(model, prompts, [z for z, k in zip(reasonings, keep) if k],
-                               cfg.temperature)
+    scores = cross_score_pairs(
+        model, prompts, [z for z, k in zip(reasonings, keep) if k], cfg.temperature
+    )
     return Pool(scores.L, scores.S, owner[keep])
 
 
@@ -139,13 +143,20 @@ def draw_point(pool: Pool, rng: np.random.Generator, prompts: int = 8, per_promp
 def schedule(kind: str, points: int, onset: int) -> list[float]:
     if kind in ("grounded", "mixed", "template"):
         return [{"grounded": 0.0, "mixed": 0.5, "template": 1.0}[kind]] * points
-    after = {"abrupt": lambda k: 1.0, "partial": lambda k: 0.5,
-             "gradual": lambda k: SHARES[min(len(SHARES) - 1, 1 + k // 2)]}[kind]
+    after = {
+        "abrupt": lambda k: 1.0,
+        "partial": lambda k: 0.5,
+        "gradual": lambda k: SHARES[min(len(SHARES) - 1, 1 + k // 2)],
+    }[kind]
     return [0.0 if t < onset else after(t - onset) for t in range(points)]
 
 
-def run_history(pools: dict[float, Pool], shares: list[float], rng: np.random.Generator,
-                uncertainty: Uncertainty) -> list[dict]:
+def run_history(
+    pools: dict[float, Pool],
+    shares: list[float],
+    rng: np.random.Generator,
+    uncertainty: Uncertainty,
+) -> list[dict]:
     """The diagnostics' stream of one history (what a run logs as ``collapse/first_turn/…``)."""
     ema, stream = None, []
     for share in shares:
@@ -180,8 +191,11 @@ def first_separation(stream: list[dict], onset: int, alpha: float, key: str) -> 
     interval of an earlier significant point."""
     for t in range(onset + 1, len(stream) + 1):
         now = stream[t - 1]
-        for earlier in stream[:t - 1]:
-            if earlier[f"{PREFIX}/p_grounded"] < alpha and now[f"{key}_ci_high"] < earlier[f"{key}_ci_low"]:
+        for earlier in stream[: t - 1]:
+            if (
+                earlier[f"{PREFIX}/p_grounded"] < alpha
+                and now[f"{key}_ci_high"] < earlier[f"{key}_ci_low"]
+            ):
                 return t
     return None
 
@@ -192,54 +206,81 @@ def parse_variant(text: str) -> tuple[str, dict]:
     overrides = {}
     for item in filter(None, settings.split(",")):
         field, value = item.split("=", 1)
-        overrides[field] = (f"{PREFIX}/{value}" if field == "mi_metric"
-                            else float(value) if "." in value else int(value))
+        overrides[field] = (
+            f"{PREFIX}/{value}"
+            if field == "mi_metric"
+            else float(value)
+            if "." in value
+            else int(value)
+        )
     return name, overrides
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--histories", type=int, default=None,
-                        help="histories per kind (default: 200 null, 100 collapse)")
+    parser.add_argument(
+        "--histories",
+        type=int,
+        default=None,
+        help="histories per kind (default: 200 null, 100 collapse)",
+    )
     parser.add_argument("--points", type=int, default=30)
     parser.add_argument("--onset", type=int, default=12)
     parser.add_argument("--pool-prompts", type=int, default=96)
     parser.add_argument("--pool-replies", type=int, default=12)
     parser.add_argument("--seed", type=int, default=2026)
-    parser.add_argument("--variant", action="append", default=[], metavar="NAME:FIELD=VALUE,...",
-                        help="alarm settings to evaluate on the same histories, e.g. "
-                             "'consecutive:within=2' (default: one variant, the shipped config)")
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME:FIELD=VALUE,...",
+        help="alarm settings to evaluate on the same histories, e.g. "
+        "'consecutive:within=2' (default: one variant, the shipped config)",
+    )
     args = parser.parse_args()
     started = time.perf_counter()
     variants = [parse_variant(v) for v in args.variant] or [("shipped", {})]
     cfg, uncertainty = HarnessConfig(seed=args.seed), Uncertainty()
     with torch_threads(1):
-        pools = {q: build_pool(q, cfg, args.pool_prompts, args.pool_replies, args.seed) for q in SHARES}
+        pools = {
+            q: build_pool(q, cfg, args.pool_prompts, args.pool_replies, args.seed) for q in SHARES
+        }
     print(f"pools built in {time.perf_counter() - started:.0f} s")
     entropy = {q: conditional_entropy(pool) for q, pool in pools.items()}
     print("pool H(Z|X) per token: " + ", ".join(f"q={q:g}: {h:.3f}" for q, h in entropy.items()))
     final_share = {"abrupt": 1.0, "gradual": 1.0, "partial": 0.5}
-    truth = {kind: "template_collapse" if entropy[q] >= entropy[0.0] else "low_entropy_collapse"
-             for kind, q in final_share.items()}
-    print("the alarm each collapse history should raise: "
-          + ", ".join(f"{kind}: {name}" for kind, name in truth.items()))
+    truth = {
+        kind: "template_collapse" if entropy[q] >= entropy[0.0] else "low_entropy_collapse"
+        for kind, q in final_share.items()
+    }
+    print(
+        "the alarm each collapse history should raise: "
+        + ", ".join(f"{kind}: {name}" for kind, name in truth.items())
+    )
 
     rng = np.random.default_rng(args.seed)
     kinds = ("grounded", "mixed", "template", "abrupt", "gradual", "partial")
-    streams = {kind: [run_history(pools, schedule(kind, args.points, args.onset), rng, uncertainty)
-                      for _ in range(args.histories or (100 if kind in final_share else 200))]
-               for kind in kinds}
+    streams = {
+        kind: [
+            run_history(pools, schedule(kind, args.points, args.onset), rng, uncertainty)
+            for _ in range(args.histories or (100 if kind in final_share else 200))
+        ]
+        for kind in kinds
+    }
     print(f"histories drawn in {time.perf_counter() - started:.0f} s")
 
     for name, overrides in variants:
-        config = AlarmsConfig.model_validate({"template_collapse": overrides,
-                                              "low_entropy_collapse": overrides})
+        config = AlarmsConfig.model_validate(
+            {"template_collapse": overrides, "low_entropy_collapse": overrides}
+        )
         c = config.template_collapse
         key = c.mi_metric
         print(f"\nvariant {name}: {c.model_dump(exclude={'mode', 'actions'})}")
-        print(f"{'history':9} {'n':>4} {'clean pts':>9} {'false':>5} {'per 1k':>7} {'detected':>16} "
-              f"{'delay (points after separation)':>32} {'<=2 points':>16} {'low-H':>5} "
-              f"{'MI first':>8} {'MI last':>8}")
+        print(
+            f"{'history':9} {'n':>4} {'clean pts':>9} {'false':>5} {'per 1k':>7} {'detected':>16} "
+            f"{'delay (points after separation)':>32} {'<=2 points':>16} {'low-H':>5} "
+            f"{'MI first':>8} {'MI last':>8}"
+        )
         false_total = points_total = false_low = 0
         for kind in kinds:
             collapse = kind in final_share
@@ -249,29 +290,43 @@ def main() -> None:
                 events = alarm_events(stream, config)
                 clean_until = args.onset if collapse else args.points
                 null_points += clean_until
-                false_alarms += sum(e.iteration <= clean_until for e in events if e.name == "template_collapse")
-                false_low += sum(e.iteration <= clean_until for e in events if e.name == "low_entropy_collapse")
+                false_alarms += sum(
+                    e.iteration <= clean_until for e in events if e.name == "template_collapse"
+                )
+                false_low += sum(
+                    e.iteration <= clean_until for e in events if e.name == "low_entropy_collapse"
+                )
                 low_entropy += sum(e.name == "low_entropy_collapse" for e in events)
                 if collapse:
-                    fired = [e.iteration for e in events if e.name == truth[kind] and e.iteration > args.onset]
+                    fired = [
+                        e.iteration
+                        for e in events
+                        if e.name == truth[kind] and e.iteration > args.onset
+                    ]
                     detected += bool(fired)
                     separated = first_separation(stream, args.onset, c.alpha / c.window, key)
                     if fired and separated is not None:
                         delays.append(fired[0] - separated)
             false_total, points_total = false_total + false_alarms, points_total + null_points
             n = len(streams[kind])
-            delay = (f"median {np.median(delays):.0f}, max {max(delays)}" if delays else "-")
-            within2 = share_interval(int(np.sum(np.array(delays) <= 2)), len(delays)) if delays else "-"
+            delay = f"median {np.median(delays):.0f}, max {max(delays)}" if delays else "-"
+            within2 = (
+                share_interval(int(np.sum(np.array(delays) <= 2)), len(delays)) if delays else "-"
+            )
             mi_first = np.mean([s[0][key] for s in streams[kind]])
             mi_last = np.mean([s[-1][key] for s in streams[kind]])
-            print(f"{kind:9} {n:>4} {null_points:>9} {false_alarms:>5} "
-                  f"{1000 * false_alarms / null_points:>7.2f} "
-                  f"{share_interval(detected, n) if collapse else '':>16} {delay:>32} {within2:>16} "
-                  f"{low_entropy:>5} {mi_first:>8.3f} {mi_last:>8.3f}")
+            print(
+                f"{kind:9} {n:>4} {null_points:>9} {false_alarms:>5} "
+                f"{1000 * false_alarms / null_points:>7.2f} "
+                f"{share_interval(detected, n) if collapse else '':>16} {delay:>32} {within2:>16} "
+                f"{low_entropy:>5} {mi_first:>8.3f} {mi_last:>8.3f}"
+            )
         low, high = rate_interval(false_total, points_total)
-        print(f"all clean points: {false_total} false template_collapse in {points_total} points = "
-              f"{1000 * false_total / points_total:.2f} per 1,000 [{low:.2f}, {high:.2f}]; "
-              f"false low_entropy_collapse: {false_low}")
+        print(
+            f"all clean points: {false_total} false template_collapse in {points_total} points = "
+            f"{1000 * false_total / points_total:.2f} per 1,000 [{low:.2f}, {high:.2f}]; "
+            f"false low_entropy_collapse: {false_low}"
+        )
     print(f"\ntotal {time.perf_counter() - started:.0f} s")
 
 

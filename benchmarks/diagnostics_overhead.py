@@ -43,7 +43,10 @@ def _process_cpu_seconds() -> dict[int, float]:
                     fields = f.read().rsplit(")", 1)[1].split()
             except OSError:
                 continue
-            stats[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / ticks)  # ppid, cpu
+            stats[int(entry)] = (
+                int(fields[1]),
+                (int(fields[11]) + int(fields[12])) / ticks,
+            )  # ppid, cpu
     children: dict[int, list[int]] = {}
     for pid, (ppid, _) in stats.items():
         children.setdefault(ppid, []).append(pid)
@@ -63,18 +66,27 @@ def _cpu_delta(before: dict[int, float], after: dict[int, float]) -> float:
 def schedule(d, it: int) -> tuple[bool, ...]:
     """What the diagnostics run at iteration ``it`` (driver.diagnose / iteration cadences)."""
     xz = it == 1 or it % d.every == 0
-    return (xz, xz and d.information_chain and (it == 1 or it % d.chain_every == 0),
-            xz and (it == 1 or it % d.heatmap_every == 0),
-            bool(d.grad_snr_every) and it % d.grad_snr_every == 0)
+    return (
+        xz,
+        xz and d.information_chain and (it == 1 or it % d.chain_every == 0),
+        xz and (it == 1 or it % d.heatmap_every == 0),
+        bool(d.grad_snr_every) and it % d.grad_snr_every == 0,
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="experiments/quickstart.yaml")
     parser.add_argument("--iterations", type=int, default=10)
-    parser.add_argument("--at", default=None, help="comma-separated iteration numbers to run instead")
-    parser.add_argument("--window", type=int, default=10, help="iterations 1..window for the "
-                        "cadence-weighted overhead (with --at)")
+    parser.add_argument(
+        "--at", default=None, help="comma-separated iteration numbers to run instead"
+    )
+    parser.add_argument(
+        "--window",
+        type=int,
+        default=10,
+        help="iterations 1..window for the cadence-weighted overhead (with --at)",
+    )
     parser.add_argument("--out", default="/tmp/tether_diag_overhead")
     parser.add_argument("overrides", nargs="*", help="dotted config overrides for both runs")
     args = parser.parse_args()
@@ -87,19 +99,34 @@ def main() -> None:
 
     out = Path(args.out)
     # Both trainers' actors live in one local Ray; only one trainer works at a time.
-    common = [*args.overrides, f"trainer.iterations={10 ** 6}", f"trainer.val_every={10 ** 6}",
-              "tracking.log_model=false", "ray.num_cpus=8"]
+    common = [
+        *args.overrides,
+        f"trainer.iterations={10**6}",
+        f"trainer.val_every={10**6}",
+        "tracking.log_model=false",
+        "ray.num_cpus=8",
+    ]
     trainers = {}
     for name, extra in (("on", []), ("off", ["diagnostics.enabled=false"])):
-        cfg = load_config(args.config, [*common, *extra, f"experiment.output_dir={out / name}",
-                                        f"experiment.run_name=overhead-{name}"])
+        cfg = load_config(
+            args.config,
+            [
+                *common,
+                *extra,
+                f"experiment.output_dir={out / name}",
+                f"experiment.run_name=overhead-{name}",
+            ],
+        )
         trainers[name] = Trainer(cfg)
         trainers[name].setup()
     worker_tether = ray.get(ray.remote(lambda: __import__("tether").__file__).remote())
     print(f"tether: driver {tether.__file__}, Ray workers {worker_tether}", flush=True)
     d = trainers["on"].cfg.diagnostics
-    print(f"diagnostics: every {d.every}, chain_every {d.chain_every}, heatmap_every {d.heatmap_every}, "
-          f"grad_snr_every {d.grad_snr_every}, max_pairs {d.max_pairs}, max_cells {d.max_cells}", flush=True)
+    print(
+        f"diagnostics: every {d.every}, chain_every {d.chain_every}, heatmap_every {d.heatmap_every}, "
+        f"grad_snr_every {d.grad_snr_every}, max_pairs {d.max_pairs}, max_cells {d.max_cells}",
+        flush=True,
+    )
 
     steps = [int(x) for x in args.at.split(",")] if args.at else list(range(1, args.iterations + 1))
     wall: dict[str, list[float]] = {name: [] for name in trainers}
@@ -117,17 +144,25 @@ def main() -> None:
             cpu[name].append(_cpu_delta(cpu_start, _process_cpu_seconds()))
             stages[name].append({k: v for k, v in metrics.items() if k.startswith("timing/")})
             success[name] = metrics.get("rollout/success", float("nan"))
-        print(f"iteration {it} (load {os.getloadavg()[0]:.1f}): on {wall['on'][-1]:.1f} s, "
-              f"{cpu['on'][-1]:.1f} CPU s (diagnose "
-              f"{stages['on'][-1].get('timing/diagnose', 0):.1f}, grad_snr "
-              f"{stages['on'][-1].get('timing/grad_snr', 0):.1f}), off {wall['off'][-1]:.1f} s, "
-              f"{cpu['off'][-1]:.1f} CPU s; "
-              f"success on {success['on']:.3f} off {success['off']:.3f}", flush=True)
-        parts = {k.removeprefix("timing/diagnose/"): v for k, v in stages["on"][-1].items()
-                 if k.startswith("timing/diagnose/")}
+        print(
+            f"iteration {it} (load {os.getloadavg()[0]:.1f}): on {wall['on'][-1]:.1f} s, "
+            f"{cpu['on'][-1]:.1f} CPU s (diagnose "
+            f"{stages['on'][-1].get('timing/diagnose', 0):.1f}, grad_snr "
+            f"{stages['on'][-1].get('timing/grad_snr', 0):.1f}), off {wall['off'][-1]:.1f} s, "
+            f"{cpu['off'][-1]:.1f} CPU s; "
+            f"success on {success['on']:.3f} off {success['off']:.3f}",
+            flush=True,
+        )
+        parts = {
+            k.removeprefix("timing/diagnose/"): v
+            for k, v in stages["on"][-1].items()
+            if k.startswith("timing/diagnose/")
+        }
         if parts:
-            print("  diagnose parts (s): " + ", ".join(f"{k} {v:.2f}" for k, v in parts.items()),
-                  flush=True)
+            print(
+                "  diagnose parts (s): " + ", ".join(f"{k} {v:.2f}" for k, v in parts.items()),
+                flush=True,
+            )
 
     for trainer in trainers.values():
         trainer.tracker.finish("FINISHED")
@@ -137,28 +172,41 @@ def main() -> None:
     print("| run | mean iteration s | mean CPU s | iterations (wall s) | iterations (CPU s) |")
     print("|---|---|---|---|---|")
     for name in trainers:
-        print(f"| diagnostics {name} | {mean[name]:.1f} | {mean_cpu[name]:.1f} | "
-              f"{', '.join(f'{w:.0f}' for w in wall[name])} | {', '.join(f'{w:.0f}' for w in cpu[name])} |")
-    print(f"\noverhead over the iterations run (mean on / mean off - 1): wall "
-          f"{100 * (mean['on'] / mean['off'] - 1):+.1f} %, CPU {100 * (mean_cpu['on'] / mean_cpu['off'] - 1):+.1f} %")
+        print(
+            f"| diagnostics {name} | {mean[name]:.1f} | {mean_cpu[name]:.1f} | "
+            f"{', '.join(f'{w:.0f}' for w in wall[name])} | {', '.join(f'{w:.0f}' for w in cpu[name])} |"
+        )
+    print(
+        f"\noverhead over the iterations run (mean on / mean off - 1): wall "
+        f"{100 * (mean['on'] / mean['off'] - 1):+.1f} %, CPU {100 * (mean_cpu['on'] / mean_cpu['off'] - 1):+.1f} %"
+    )
     if args.at:
         sched = {schedule(d, it): k for k, it in enumerate(steps)}
         missing = sorted({it for it in range(1, args.window + 1) if schedule(d, it) not in sched})
         if missing:
-            print(f"no measured iteration has the schedule of iterations {missing}: no window estimate")
+            print(
+                f"no measured iteration has the schedule of iterations {missing}: no window estimate"
+            )
         else:
             rep = [sched[schedule(d, it)] for it in range(1, args.window + 1)]
             for label, series in (("wall", wall), ("CPU", cpu)):
                 on = sum(series["on"][k] for k in rep)
                 off = sum(series["off"][k] for k in rep)
-                print(f"cadence-weighted overhead over iterations 1..{args.window} ({label}, each "
-                      f"iteration counted as the measured one with its schedule): {100 * (on / off - 1):+.1f} %")
+                print(
+                    f"cadence-weighted overhead over iterations 1..{args.window} ({label}, each "
+                    f"iteration counted as the measured one with its schedule): {100 * (on / off - 1):+.1f} %"
+                )
     keys = sorted({k for rows in stages.values() for row in rows for k in row})
     print("\n| stage | on, mean s per iteration | off, mean s per iteration |")
     print("|---|---|---|")
     for key in keys:
-        print(f"| {key} | " + " | ".join(f"{np.mean([row.get(key, 0.0) for row in stages[n]]):.1f}"
-                                         for n in ("on", "off")) + " |")
+        print(
+            f"| {key} | "
+            + " | ".join(
+                f"{np.mean([row.get(key, 0.0) for row in stages[n]]):.1f}" for n in ("on", "off")
+            )
+            + " |"
+        )
     ray.shutdown()
 
 

@@ -80,7 +80,7 @@ def _timed(call) -> float:
 
 def _bare_bwrap() -> None:
     command, fds = bwrap_command([])
-    command[command.index("--") + 1:] = ["/usr/bin/true"]
+    command[command.index("--") + 1 :] = ["/usr/bin/true"]
     try:
         subprocess.run(command, pass_fds=fds, check=True)
     finally:
@@ -89,10 +89,13 @@ def _bare_bwrap() -> None:
 
 def isolation_rows(runs: int, steps: int) -> None:
     """Per-program wall time and DeepCoder steps/s, isolation none vs bwrap."""
-    settings = {"none (default: as root, nobody's interpreter if any)": SandboxLimits(isolation="none"),
-                "none (this interpreter, no privilege drop)": SandboxLimits(isolation="none",
-                                                                           drop_privileges=False),
-                "bwrap": SandboxLimits(isolation="bwrap")}
+    settings = {
+        "none (default: as root, nobody's interpreter if any)": SandboxLimits(isolation="none"),
+        "none (this interpreter, no privilege drop)": SandboxLimits(
+            isolation="none", drop_privileges=False
+        ),
+        "bwrap": SandboxLimits(isolation="bwrap"),
+    }
     samples: dict[str, list[float]] = {name: [] for name in settings}
     samples["true (no sandbox)"], samples["bwrap ... true"] = [], []
     program = "def f(x):\n    return x"
@@ -100,12 +103,17 @@ def isolation_rows(runs: int, steps: int) -> None:
         run_python(program, fn_name="f", args=[1], limits=limits)
     for _ in range(runs):
         for name, limits in settings.items():
-            samples[name].append(_timed(lambda limits=limits: run_python(
-                program, fn_name="f", args=[1], limits=limits)))
+            samples[name].append(
+                _timed(
+                    lambda limits=limits: run_python(program, fn_name="f", args=[1], limits=limits)
+                )
+            )
         samples["true (no sandbox)"].append(_timed(lambda: subprocess.run(["/usr/bin/true"])))
         samples["bwrap ... true"].append(_timed(_bare_bwrap))
     base = statistics.median(samples["none (this interpreter, no privilege drop)"])
-    print(f"\none sandboxed program, {runs} runs each, interleaved (median ms, p90 ms, / none same interpreter):")
+    print(
+        f"\none sandboxed program, {runs} runs each, interleaved (median ms, p90 ms, / none same interpreter):"
+    )
     print(f"| {'setting':55s} | median ms | p90 ms | ratio |")
     print(f"|{'-' * 57}|-----------|--------|-------|")
     for name, values in samples.items():
@@ -116,22 +124,27 @@ def isolation_rows(runs: int, steps: int) -> None:
         for isolation in ("none", "bwrap"):
             rates[isolation].append(fixed_answer_rate(steps // 4, "reference", isolation=isolation))
     none, bwrap = (sum(rates[k]) / len(rates[k]) for k in ("none", "bwrap"))
-    print(f"\ndeepcoder, reference solution, {os.cpu_count()} workers, {steps} steps per setting "
-          f"in 4 alternating chunks: none {none:.1f} steps/s, bwrap {bwrap:.1f} steps/s, "
-          f"ratio {bwrap / none:.2f} (chunks: none {[round(r, 1) for r in rates['none']]}, "
-          f"bwrap {[round(r, 1) for r in rates['bwrap']]})")
+    print(
+        f"\ndeepcoder, reference solution, {os.cpu_count()} workers, {steps} steps per setting "
+        f"in 4 alternating chunks: none {none:.1f} steps/s, bwrap {bwrap:.1f} steps/s, "
+        f"ratio {bwrap / none:.2f} (chunks: none {[round(r, 1) for r in rates['none']]}, "
+        f"bwrap {[round(r, 1) for r in rates['bwrap']]})"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer steps")
-    parser.add_argument("--isolation", action="store_true",
-                        help="only the sandbox's isolation: none vs bwrap")
+    parser.add_argument(
+        "--isolation", action="store_true", help="only the sandbox's isolation: none vs bwrap"
+    )
     args = parser.parse_args()
     scale = 0.25 if args.quick else 1.0
     cores = os.cpu_count() or 1
-    print(f"python {platform.python_version()}, {cores} cores, {platform.machine()}, "
-          f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(
+        f"python {platform.python_version()}, {cores} cores, {platform.machine()}, "
+        f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
+    )
     if args.isolation:
         isolation_rows(int(200 * scale), int(120 * scale))
         print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
@@ -141,8 +154,14 @@ def main() -> None:
     frozenlake = demonstrator_rate("frozenlake", int(4000 * scale))
     rows.append(("webshop, demonstrator (noise 0.3)", webshop, "frozenlake 4x4", frozenlake))
     for env_id in ("metamathqa", "searchqa"):
-        rows.append((f"{env_id}, demonstrator (noise 0.3)", demonstrator_rate(env_id, int(4000 * scale)),
-                     "frozenlake 4x4", frozenlake))
+        rows.append(
+            (
+                f"{env_id}, demonstrator (noise 0.3)",
+                demonstrator_rate(env_id, int(4000 * scale)),
+                "frozenlake 4x4",
+                frozenlake,
+            )
+        )
     parallel = fixed_answer_rate(int(120 * scale), "reference")
     serial = fixed_answer_rate(int(120 * scale), "reference", max_workers=1)
     rows.append((f"deepcoder, reference solution, {cores} workers", parallel, "1 worker", serial))

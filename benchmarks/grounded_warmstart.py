@@ -32,8 +32,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("spec")
     parser.add_argument("overrides", nargs="*")
-    parser.add_argument("--val-episodes", type=int, default=None,
-                        help="held-out episodes (default: trainer.val_episodes)")
+    parser.add_argument(
+        "--val-episodes",
+        type=int,
+        default=None,
+        help="held-out episodes (default: trainer.val_episodes)",
+    )
     parser.add_argument("--samples", type=int, default=4, help="first-turn replies to print")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
@@ -55,11 +59,15 @@ def main() -> None:
 
     def progress(step, total, loss):
         if step % 50 == 0 or step == total:
-            print(f"warm start {step}/{total} loss {loss:.3f} {time.perf_counter() - started:.0f} s "
-                  f"load {loadavg()}", flush=True)
+            print(
+                f"warm start {step}/{total} loss {loss:.3f} {time.perf_counter() - started:.0f} s "
+                f"load {loadavg()}",
+                flush=True,
+            )
 
-    path = resolve_policy(cfg.model, cfg.env, cfg.experiment.seed, cfg.rollout.max_reply_tokens,
-                          progress)
+    path = resolve_policy(
+        cfg.model, cfg.env, cfg.experiment.seed, cfg.rollout.max_reply_tokens, progress
+    )
     resolve_seconds, load_after = time.perf_counter() - started, loadavg()
     resolve_cpu_seconds = time.process_time() - cpu_started  # ~2x wall on an idle 2-core box
     stats = json.loads((path / "recipe.json").read_text()).get("stats", {})
@@ -68,47 +76,79 @@ def main() -> None:
     formatter = ChatFormatter(tokenizer)
     close = formatter.encode(ANSWER_CLOSE)
     stops = tuple([tokenizer.eos_token_id] + (close if len(close) == 1 else []))
-    engine = make_engine("hf", model, pad_token_id=tokenizer.pad_token_id,
-                         eos_token_ids=[tokenizer.eos_token_id], tokenizer=tokenizer)
-    env_kwargs = {"stochasticity": cfg.env.stochasticity,
-                  "format_penalty": cfg.env.format_penalty, **cfg.env.kwargs}
+    engine = make_engine(
+        "hf",
+        model,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_ids=[tokenizer.eos_token_id],
+        tokenizer=tokenizer,
+    )
+    env_kwargs = {
+        "stochasticity": cfg.env.stochasticity,
+        "format_penalty": cfg.env.format_penalty,
+        **cfg.env.kwargs,
+    }
     envs = LocalEnvBatch(cfg.env.id, env_kwargs)
-    sampling = SamplingParams(max_new_tokens=cfg.rollout.max_reply_tokens,
-                              temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-                              stop_token_ids=stops)
+    sampling = SamplingParams(
+        max_new_tokens=cfg.rollout.max_reply_tokens,
+        temperature=cfg.rollout.temperature,
+        top_p=cfg.rollout.top_p,
+        stop_token_ids=stops,
+    )
 
     # Iteration 1's batch: the driver's level seeds and collection seed.
     seeds = LevelSampler(cfg.experiment.seed, cfg.env.val_seed_offset).take(cfg.rollout.groups)
-    specs = [EpisodeSpec(g, seed, k) for g, seed in enumerate(seeds)
-             for k in range(cfg.rollout.group_size)]
+    specs = [
+        EpisodeSpec(g, seed, k)
+        for g, seed in enumerate(seeds)
+        for k in range(cfg.rollout.group_size)
+    ]
     t0 = time.perf_counter()
-    batch = run_episodes(engine, formatter, envs, specs, sampling,
-                         seed=cfg.experiment.seed * 100_003 + 1)
+    batch = run_episodes(
+        engine, formatter, envs, specs, sampling, seed=cfg.experiment.seed * 100_003 + 1
+    )
     collect_seconds = time.perf_counter() - t0
     d = cfg.diagnostics
     temperature = cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0
     t0 = time.perf_counter()
-    result = collapse_diagnostics(model, batch, SpanExtractor(formatter), ["first_turn"],
-                                  d.max_pairs, temperature, None, seed=cfg.experiment.seed + 1,
-                                  information_chain_links=False, method=d.method,
-                                  keep_matrices=True, max_cells=d.max_cells)
+    result = collapse_diagnostics(
+        model,
+        batch,
+        SpanExtractor(formatter),
+        ["first_turn"],
+        d.max_pairs,
+        temperature,
+        None,
+        seed=cfg.experiment.seed + 1,
+        information_chain_links=False,
+        method=d.method,
+        keep_matrices=True,
+        max_cells=d.max_cells,
+    )
     diagnose_seconds = time.perf_counter() - t0
     m = result.metrics
     scores, column = result.matrices.get("first_turn", (None, None))
 
     n_val = args.val_episodes or cfg.trainer.val_episodes
     val_temperature = cfg.trainer.val_temperature
-    val_sampling = SamplingParams(**{**sampling.__dict__, "temperature": cfg.rollout.temperature
-                                     if val_temperature is None else val_temperature})
+    val_sampling = SamplingParams(
+        **{
+            **sampling.__dict__,
+            "temperature": cfg.rollout.temperature if val_temperature is None else val_temperature,
+        }
+    )
     val_specs = [EpisodeSpec(k, cfg.env.val_seed_offset + k, 0) for k in range(n_val)]
-    val = run_episodes(engine, formatter, envs, val_specs, val_sampling,
-                       seed=cfg.experiment.seed + 99_991)
+    val = run_episodes(
+        engine, formatter, envs, val_specs, val_sampling, seed=cfg.experiment.seed + 99_991
+    )
 
     for traj in batch[:: max(1, len(batch) // args.samples)][: args.samples]:
         turn = traj.turns[0]
         print(f"--- level {traj.env_seed}\n{turn.state}\n>>> {turn.reply_text!r}")
     report = {
-        "spec": args.spec, "overrides": args.overrides, "model": str(path),
+        "spec": args.spec,
+        "overrides": args.overrides,
+        "model": str(path),
         "retrieval_acc": m.get("collapse/first_turn/retrieval_acc"),
         "retrieval_chance": m.get("collapse/first_turn/retrieval_chance"),
         "mi_estimate": m.get("collapse/first_turn/mi_estimate"),
@@ -119,13 +159,19 @@ def main() -> None:
         "train_success": sum(t.success for t in batch) / len(batch),
         "format_ok": sum(turn.format_ok for traj in batch for turn in traj.turns)
         / max(1, sum(len(traj.turns) for traj in batch)),
-        "val_success": sum(t.success for t in val) / len(val), "val_episodes": len(val),
-        "warm_start_s": stats.get("sft_seconds"), "sft_steps": stats.get("sft_steps"),
-        "sft_loss": stats.get("sft_loss"), "demo_success": stats.get("demo_success"),
+        "val_success": sum(t.success for t in val) / len(val),
+        "val_episodes": len(val),
+        "warm_start_s": stats.get("sft_seconds"),
+        "sft_steps": stats.get("sft_steps"),
+        "sft_loss": stats.get("sft_loss"),
+        "demo_success": stats.get("demo_success"),
         "resolve_s": round(resolve_seconds, 1),
-        "resolve_cpu_s": round(resolve_cpu_seconds, 1), "load_before": load_before,
-        "load_after_warm_start": load_after, "collect_s": round(collect_seconds, 1),
-        "diagnose_s": round(diagnose_seconds, 1), "load_end": loadavg(),
+        "resolve_cpu_s": round(resolve_cpu_seconds, 1),
+        "load_before": load_before,
+        "load_after_warm_start": load_after,
+        "collect_s": round(collect_seconds, 1),
+        "diagnose_s": round(diagnose_seconds, 1),
+        "load_end": loadavg(),
     }
     print(json.dumps(report))
 

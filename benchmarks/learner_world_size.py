@@ -23,17 +23,26 @@ import argparse
 import statistics
 from pathlib import Path
 
-STAGES = {"rollout": ["collect"], "score": ["prepare"], "update": ["update"], "sync": ["sync"],
-          "log": ["log"], "other": ["filter", "diagnose", "advantages", "grad_snr"]}
+STAGES = {
+    "rollout": ["collect"],
+    "score": ["prepare"],
+    "update": ["update"],
+    "sync": ["sync"],
+    "log": ["log"],
+    "other": ["filter", "diagnose", "advantages", "grad_snr"],
+}
 
 
-def iteration_split(client, run_id: str, include_first: bool = False) -> dict[int, dict[str, float]]:
+def iteration_split(
+    client, run_id: str, include_first: bool = False
+) -> dict[int, dict[str, float]]:
     """step -> {stage: seconds, "iteration": total} (the last value logged per step)."""
     steps: dict[int, dict[str, float]] = {}
     for stage, timers in STAGES.items():
         for timer in timers:
-            history = sorted(client.get_metric_history(run_id, f"timing/{timer}"),
-                             key=lambda m: m.timestamp)
+            history = sorted(
+                client.get_metric_history(run_id, f"timing/{timer}"), key=lambda m: m.timestamp
+            )
             last = {m.step: m.value for m in history}  # later values win (resumed runs)
             for step, value in last.items():
                 row = steps.setdefault(step, dict.fromkeys(STAGES, 0.0))
@@ -58,27 +67,38 @@ def table(client, run_ids: list[str], include_first: bool = False) -> str:
         by_size.setdefault(size, []).extend(rows)
         per_run.append((size, mean_split(rows)))
     columns = list(STAGES) + ["iteration"]
-    lines = ["| learner world size | iterations | " + " | ".join(f"{c} s" for c in columns)
-             + " | sync share |", "|" + "---|" * (len(columns) + 3)]
+    lines = [
+        "| learner world size | iterations | "
+        + " | ".join(f"{c} s" for c in columns)
+        + " | sync share |",
+        "|" + "---|" * (len(columns) + 3),
+    ]
     means = {}
     for size in sorted(by_size):
         m = means[size] = mean_split(by_size[size])
-        lines.append(f"| {size} | {len(by_size[size])} | "
-                     + " | ".join(f"{m[c]:.2f}" for c in columns)
-                     + f" | {100 * m['sync'] / m['iteration']:.1f} % |")
+        lines.append(
+            f"| {size} | {len(by_size[size])} | "
+            + " | ".join(f"{m[c]:.2f}" for c in columns)
+            + f" | {100 * m['sync'] / m['iteration']:.1f} % |"
+        )
     sizes = sorted(means)
     if len(sizes) == 2:
         a, b = (means[s] for s in sizes)
-        lines.append(f"| ratio {sizes[1]}/{sizes[0]} | | "
-                     + " | ".join(f"{b[c] / a[c]:.2f}" if a[c] else "-" for c in columns) + " | |")
+        lines.append(
+            f"| ratio {sizes[1]}/{sizes[0]} | | "
+            + " | ".join(f"{b[c] / a[c]:.2f}" if a[c] else "-" for c in columns)
+            + " | |"
+        )
     # Side-by-side pairs (consecutive runs of the two sizes, as `run` makes them).
     pairs = [(x, y) for (sx, x), (sy, y) in zip(per_run[::2], per_run[1::2]) if sx != sy]
     if pairs:
         ratios = [y["iteration"] / x["iteration"] for x, y in pairs]
         lines.append("")
-        lines.append("iteration-time ratio of each side-by-side pair: "
-                     + ", ".join(f"{r:.2f}" for r in ratios)
-                     + f" (median {statistics.median(ratios):.2f})")
+        lines.append(
+            "iteration-time ratio of each side-by-side pair: "
+            + ", ".join(f"{r:.2f}" for r in ratios)
+            + f" (median {statistics.median(ratios):.2f})"
+        )
     return "\n".join(lines)
 
 
@@ -90,18 +110,24 @@ def train(args) -> list[str]:
     run_ids = []
     for repeat in range(args.repeats):
         for size in args.world_sizes:
-            overrides = [f"algo.learner_world_size={size}", f"trainer.iterations={args.iterations}",
-                         f"trainer.val_every={args.iterations}",
-                         f"trainer.val_episodes={args.val_episodes}",
-                         f"trainer.checkpoint_every={args.iterations}",
-                         f"experiment.output_dir={args.out}",
-                         f"experiment.run_name=lws{size}-r{repeat}"]
+            overrides = [
+                f"algo.learner_world_size={size}",
+                f"trainer.iterations={args.iterations}",
+                f"trainer.val_every={args.iterations}",
+                f"trainer.val_episodes={args.val_episodes}",
+                f"trainer.checkpoint_every={args.iterations}",
+                f"experiment.output_dir={args.out}",
+                f"experiment.run_name=lws{size}-r{repeat}",
+            ]
             if args.model_cache:
                 overrides.append(f"model.cache_dir={args.model_cache}")
             cfg = load_config(args.config, overrides + args.overrides)
             summary = Trainer(cfg).run()
-            print(f"world size {size} repeat {repeat}: run {summary.run_id} "
-                  f"{summary.status} in {summary.seconds:.0f} s", flush=True)
+            print(
+                f"world size {size} repeat {repeat}: run {summary.run_id} "
+                f"{summary.status} in {summary.seconds:.0f} s",
+                flush=True,
+            )
             run_ids.append(summary.run_id)
             uri = summary.tracking_uri
     args.tracking_uri = uri
@@ -112,8 +138,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="train at each world size (alternating), then the table")
-    run.add_argument("--config", default=str(Path(__file__).parents[1] / "experiments" /
-                                            "quickstart.yaml"))
+    run.add_argument(
+        "--config", default=str(Path(__file__).parents[1] / "experiments" / "quickstart.yaml")
+    )
     run.add_argument("--iterations", type=int, default=4)
     run.add_argument("--repeats", type=int, default=2)
     run.add_argument("--world-sizes", type=int, nargs="+", default=[1, 2])
@@ -125,8 +152,7 @@ def main() -> None:
     show.add_argument("--tracking-uri", required=True)
     show.add_argument("run_ids", nargs="+")
     for p in (run, show):
-        p.add_argument("--include-first", action="store_true",
-                       help="also average iteration 1")
+        p.add_argument("--include-first", action="store_true", help="also average iteration 1")
     args = parser.parse_args()
     run_ids = train(args) if args.command == "run" else args.run_ids
     from mlflow.tracking import MlflowClient

@@ -22,7 +22,9 @@ from tether.analysis.source import load_target
 
 def shipped(figures, out: Path) -> None:
     interactive = [save(f, out) for f in figures]
-    html = [fig.to_html(full_html=False, include_plotlyjs=k == 0) for k, fig in enumerate(interactive)]
+    html = [
+        fig.to_html(full_html=False, include_plotlyjs=k == 0) for k, fig in enumerate(interactive)
+    ]
     (out / "report.html").write_text("".join(html))
 
 
@@ -32,7 +34,10 @@ def naive(figures, out: Path) -> None:
         fig.savefig(out / f"{f.name}.png", dpi=100, bbox_inches="tight")
         plt.close(fig)
         to_plotly(f).write_html(out / f"{f.name}.html", include_plotlyjs="cdn")
-    html = [to_plotly(f).to_html(full_html=False, include_plotlyjs=k == 0) for k, f in enumerate(figures)]
+    html = [
+        to_plotly(f).to_html(full_html=False, include_plotlyjs=k == 0)
+        for k, f in enumerate(figures)
+    ]
     (out / "report.html").write_text("".join(html))
 
 
@@ -51,8 +56,10 @@ def main() -> None:
     for name, values in times.items():
         print(f"{name:8s} {' '.join(f'{v:.2f}' for v in values)} s")
     ratios = [n / s for n, s in zip(times["naive"], times["shipped"])]
-    print(f"{len(figures)} figures; naive/shipped per round: "
-          f"{' '.join(f'{r:.2f}' for r in ratios)}; median {sorted(ratios)[len(ratios) // 2]:.2f}")
+    print(
+        f"{len(figures)} figures; naive/shipped per round: "
+        f"{' '.join(f'{r:.2f}' for r in ratios)}; median {sorted(ratios)[len(ratios) // 2]:.2f}"
+    )
 
 
 if __name__ == "__main__":

@@ -61,8 +61,8 @@ def left_pad(prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
     ids = torch.full((len(prompts), width), PAD, dtype=torch.long)
     mask = torch.zeros_like(ids)
     for i, p in enumerate(prompts):
-        ids[i, width - len(p):] = torch.tensor(p)
-        mask[i, width - len(p):] = 1
+        ids[i, width - len(p) :] = torch.tensor(p)
+        mask[i, width - len(p) :] = 1
     return ids, mask
 
 
@@ -87,10 +87,18 @@ def run_ours(engine, prompts, stop_ids, seed) -> int:
 def run_hf(model, ids, mask, stop_ids, seed) -> int:
     torch.manual_seed(seed)
     with torch.inference_mode():
-        out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0,
-                             top_k=0, top_p=1.0, max_new_tokens=MAX_NEW, pad_token_id=PAD,
-                             eos_token_id=list(stop_ids) or None)
-    return count_until_stop(out[:, ids.shape[1]:].tolist(), stop_ids)
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=MAX_NEW,
+            pad_token_id=PAD,
+            eos_token_id=list(stop_ids) or None,
+        )
+    return count_until_stop(out[:, ids.shape[1] :].tolist(), stop_ids)
 
 
 def calibrate_stop_ids(engine, prompts, target: float = 0.03) -> tuple[int, ...]:
@@ -120,8 +128,14 @@ def make_group_prompts(batch: int, group: int, seed: int) -> list[list[int]]:
     return [p for p in make_prompts(batch // group, seed) for _ in range(group)]
 
 
-def bench(model, engine, batch: int, stop_ids: tuple[int, ...], reps: int,
-          prompts: list[list[int]] | None = None) -> dict:
+def bench(
+    model,
+    engine,
+    batch: int,
+    stop_ids: tuple[int, ...],
+    reps: int,
+    prompts: list[list[int]] | None = None,
+) -> dict:
     prompts = prompts or make_prompts(batch, seed=batch)
     ids, mask = left_pad(prompts)
     run_a = lambda rep: run_ours(engine, prompts, stop_ids, seed=rep)  # noqa: E731
@@ -133,8 +147,16 @@ def bench(model, engine, batch: int, stop_ids: tuple[int, ...], reps: int,
         b.append(timed(lambda rep=rep: run_b(rep)))
     med = lambda runs, i: statistics.median(r[i] for r in runs)  # noqa: E731
     tps = lambda runs: statistics.median(n / t for t, n, _ in runs)  # noqa: E731
-    return {"ours_s": med(a, 0), "hf_s": med(b, 0), "ours_tok": med(a, 1), "hf_tok": med(b, 1),
-            "ours_cpu": med(a, 2), "hf_cpu": med(b, 2), "ours_tps": tps(a), "hf_tps": tps(b)}
+    return {
+        "ours_s": med(a, 0),
+        "hf_s": med(b, 0),
+        "ours_tok": med(a, 1),
+        "hf_tok": med(b, 1),
+        "ours_cpu": med(a, 2),
+        "hf_cpu": med(b, 2),
+        "ours_tps": tps(a),
+        "hf_tps": tps(b),
+    }
 
 
 def matmul_peak(n: int = 2048, reps: int = 5) -> float:
@@ -147,35 +169,49 @@ def matmul_peak(n: int = 2048, reps: int = 5) -> float:
         t0 = time.perf_counter()
         torch.mm(a, b, out=out)
         times.append(time.perf_counter() - t0)
-    return 2 * n ** 3 / statistics.median(times)
+    return 2 * n**3 / statistics.median(times)
 
 
 def flops_report(model, engine, reps: int) -> None:
     params = sum(p.numel() for p in model.parameters())
     peak = matmul_peak()
     print(f"fp32 matmul peak (2048^3 torch.mm, median of 5): {peak / 1e9:.1f} GFLOP/s", flush=True)
-    for name, prompts in (("distinct", make_prompts(128, seed=128)),
-                          ("grpo", make_group_prompts(128, 16, seed=816))):
+    for name, prompts in (
+        ("distinct", make_prompts(128, seed=128)),
+        ("grpo", make_group_prompts(128, 16, seed=816)),
+    ):
         r = bench(model, engine, 128, (), reps, prompts)
         for side, key in (("HFRolloutEngine", "ours"), ("model.generate", "hf")):
             tps = r[f"{key}_tps"]
             achieved = 2 * params * tps
-            print(f"{side:16} batch 128 no-stop {name:8}: {tps:7.0f} tokens/s  {achieved / 1e9:6.1f} GFLOP/s  "
-                  f"{100 * achieved / peak:5.1f} % of peak  (wall {r[f'{key}_s']:.2f} s, "
-                  f"cpu {r[f'{key}_cpu']:.1f} s)", flush=True)
+            print(
+                f"{side:16} batch 128 no-stop {name:8}: {tps:7.0f} tokens/s  {achieved / 1e9:6.1f} GFLOP/s  "
+                f"{100 * achieved / peak:5.1f} % of peak  (wall {r[f'{key}_s']:.2f} s, "
+                f"cpu {r[f'{key}_cpu']:.1f} s)",
+                flush=True,
+            )
     print(f"matmul peak again after the runs: {matmul_peak() / 1e9:.1f} GFLOP/s")
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--batches", type=int, nargs="+", default=[64, 128])
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
-    ap.add_argument("--attn", choices=["eager", "sdpa"], default=None,
-                    help="attention implementation for both sides (default: the model's, eager)")
+    ap.add_argument(
+        "--attn",
+        choices=["eager", "sdpa"],
+        default=None,
+        help="attention implementation for both sides (default: the model's, eager)",
+    )
     ap.add_argument("--quick", action="store_true", help="batch 64, 1 rep")
-    ap.add_argument("--flops", action="store_true",
-                    help="only the matmul peak and the FLOP fraction at batch 128, no-stop")
+    ap.add_argument(
+        "--flops",
+        action="store_true",
+        help="only the matmul peak and the FLOP fraction at batch 128, no-stop",
+    )
     args = ap.parse_args()
     if args.quick:
         args.batches, args.reps = [64], 1
@@ -186,22 +222,29 @@ def main() -> None:
         model.set_attn_implementation(args.attn)
     engine = HFRolloutEngine(model, pad_token_id=PAD)
     stop_ids = calibrate_stop_ids(engine, make_prompts(32, seed=7))
-    print(f"torch {torch.__version__}, transformers {transformers.__version__}, python "
-          f"{platform.python_version()}, threads {torch.get_num_threads()}, "
-          f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f} M params, "
-          f"attention {model.config._attn_implementation}, stop ids {stop_ids}")
+    print(
+        f"torch {torch.__version__}, transformers {transformers.__version__}, python "
+        f"{platform.python_version()}, threads {torch.get_num_threads()}, "
+        f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f} M params, "
+        f"attention {model.config._attn_implementation}, stop ids {stop_ids}"
+    )
     if args.flops:
         flops_report(model, engine, args.reps)
         return
-    print(f"{'scenario':8} {'batch':>5} | {'ours tok':>8} {'ours s':>7} {'cpu s':>6} {'ours tok/s':>10} | "
-          f"{'hf tok':>7} {'hf s':>7} {'cpu s':>6} {'hf tok/s':>9} | {'ratio':>5}")
+    print(
+        f"{'scenario':8} {'batch':>5} | {'ours tok':>8} {'ours s':>7} {'cpu s':>6} {'ours tok/s':>10} | "
+        f"{'hf tok':>7} {'hf s':>7} {'cpu s':>6} {'hf tok/s':>9} | {'ratio':>5}"
+    )
     for scenario, stops in (("no-stop", ()), ("stop", stop_ids)):
         for batch in args.batches:
             r = bench(model, engine, batch, stops, args.reps)
-            print(f"{scenario:8} {batch:>5} | {r['ours_tok']:>8} {r['ours_s']:>7.2f} {r['ours_cpu']:>6.1f} "
-                  f"{r['ours_tps']:>10.0f} | {r['hf_tok']:>7} {r['hf_s']:>7.2f} {r['hf_cpu']:>6.1f} "
-                  f"{r['hf_tps']:>9.0f} | "
-                  f"{r['ours_tps'] / r['hf_tps']:>4.2f}x", flush=True)
+            print(
+                f"{scenario:8} {batch:>5} | {r['ours_tok']:>8} {r['ours_s']:>7.2f} {r['ours_cpu']:>6.1f} "
+                f"{r['ours_tps']:>10.0f} | {r['hf_tok']:>7} {r['hf_s']:>7.2f} {r['hf_cpu']:>6.1f} "
+                f"{r['hf_tps']:>9.0f} | "
+                f"{r['ours_tps'] / r['hf_tps']:>4.2f}x",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -73,10 +73,18 @@ class CpuMeter(threading.Thread):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--spec", default="experiments/filters_smoke.yaml")
-    parser.add_argument("--order", default="1,2,2,1", help="Concurrencies, in the order "
-                        "run (alternating evens out drifting load from other jobs).")
-    parser.add_argument("overrides", nargs="*", help="Config overrides for every trial, "
-                        "e.g. trainer.iterations=8 (same syntax as `tether sweep`).")
+    parser.add_argument(
+        "--order",
+        default="1,2,2,1",
+        help="Concurrencies, in the order "
+        "run (alternating evens out drifting load from other jobs).",
+    )
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        help="Config overrides for every trial, "
+        "e.g. trainer.iterations=8 (same syntax as `tether sweep`).",
+    )
     args = parser.parse_args()
 
     from tether.platform.session import prepare_process, start_ray
@@ -97,9 +105,15 @@ def main() -> None:
     meter.start()
     for run, concurrency in enumerate(int(c) for c in args.order.split(",")):
         name = f"bench{run}_c{concurrency}"
-        spec = load_sweep_spec(args.spec, [*args.overrides, f"experiment.output_dir={out / name}",
-                                           f"sweep.max_concurrent={concurrency}",
-                                           f"sweep.name={name}"])
+        spec = load_sweep_spec(
+            args.spec,
+            [
+                *args.overrides,
+                f"experiment.output_dir={out / name}",
+                f"sweep.max_concurrent={concurrency}",
+                f"sweep.name={name}",
+            ],
+        )
         load_before = os.getloadavg()[0]
         cpu_before, busy_before = meter.tree_seconds(), meter.machine_busy_seconds()
         start = time.perf_counter()
@@ -110,17 +124,24 @@ def main() -> None:
         assert outcome.status == "FINISHED" and outcome.trials == 4, outcome.status
         times.setdefault(concurrency, []).append(seconds)
         cpus.setdefault(concurrency, []).append(cpu)
-        print(f"concurrency {concurrency}: {seconds:7.1f} s for {outcome.trials} trials; sweep "
-              f"CPU {cpu:.0f} s ({cpu / seconds:.2f} cores), other jobs {others / seconds:.2f} "
-              f"cores of {os.cpu_count()} (load average {load_before:.1f} before, "
-              f"{os.getloadavg()[0]:.1f} after)", flush=True)
+        print(
+            f"concurrency {concurrency}: {seconds:7.1f} s for {outcome.trials} trials; sweep "
+            f"CPU {cpu:.0f} s ({cpu / seconds:.2f} cores), other jobs {others / seconds:.2f} "
+            f"cores of {os.cpu_count()} (load average {load_before:.1f} before, "
+            f"{os.getloadavg()[0]:.1f} after)",
+            flush=True,
+        )
     if 1 in times and 2 in times:
         c1, c2 = (sum(times[c]) / len(times[c]) for c in (1, 2))
-        print(f"mean: concurrency 1 {c1:.1f} s, concurrency 2 {c2:.1f} s; speed-up "
-              f"{c1 / c2:.2f}x (target >= 1.6x)")
+        print(
+            f"mean: concurrency 1 {c1:.1f} s, concurrency 2 {c2:.1f} s; speed-up "
+            f"{c1 / c2:.2f}x (target >= 1.6x)"
+        )
         cpu1 = sum(cpus[1]) / len(cpus[1])
-        print(f"ceiling on 2 free cores (2 x wall / CPU seconds at concurrency 1): "
-              f"{min(2.0, 2 * c1 / cpu1):.2f}x")
+        print(
+            f"ceiling on 2 free cores (2 x wall / CPU seconds at concurrency 1): "
+            f"{min(2.0, 2 * c1 / cpu1):.2f}x"
+        )
 
 
 if __name__ == "__main__":

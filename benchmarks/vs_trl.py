@@ -66,8 +66,13 @@ def build_policy(size: str, out: Path, seed: int = 0) -> Path:
 
     episodes = demonstration_episodes(ENV_ID, {}, 1000, 0.0, seed=10_000_000, max_reply_tokens=64)
     tokenizer = build_tokenizer(episodes, 512)
-    config = tiny_config(size, vocab_size=max(512, len(tokenizer)), max_context=1024,
-                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    config = tiny_config(
+        size,
+        vocab_size=max(512, len(tokenizer)),
+        max_context=1024,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     model = build_tiny_model(config, seed=seed)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
@@ -81,8 +86,9 @@ def prompt_ids(formatter, env_seed: int, max_new: int) -> list[int]:
     from tether.agent.format import system_prompt, user_prompt
 
     obs = LocalEnvBatch(ENV_ID).reset([env_seed])[0]
-    return formatter.first_prompt_ids(system_prompt(obs.rules),
-                                      user_prompt(1, obs.state, obs.actions_left, max_new))
+    return formatter.first_prompt_ids(
+        system_prompt(obs.rules), user_prompt(1, obs.state, obs.actions_left, max_new)
+    )
 
 
 def countdown_rewards(completions: list[str], env_seeds: list[int]) -> list[float]:
@@ -117,16 +123,31 @@ class TetherStep:
         self.model, self.tokenizer = load_model_and_tokenizer(path)
         rollout_model = load_model_and_tokenizer(path)[0]
         self.reference = load_model_and_tokenizer(path)[0].requires_grad_(False) if kl else None
-        self.engine = make_engine("hf", rollout_model, pad_token_id=self.tokenizer.pad_token_id,
-                                  eos_token_ids=[self.tokenizer.eos_token_id],
-                                  tokenizer=self.tokenizer, grouped_prompts=args.grouped_prompts)
+        self.engine = make_engine(
+            "hf",
+            rollout_model,
+            pad_token_id=self.tokenizer.pad_token_id,
+            eos_token_ids=[self.tokenizer.eos_token_id],
+            tokenizer=self.tokenizer,
+            grouped_prompts=args.grouped_prompts,
+        )
         self.formatter = ChatFormatter(self.tokenizer)
         self.envs = LocalEnvBatch(ENV_ID)
-        self.sampling = SamplingParams(max_new_tokens=args.max_new, temperature=1.0,
-                                       stop_token_ids=(self.tokenizer.eos_token_id,))
-        self.settings = UpdateSettings(kl_coef=kl, kl_estimator="k3", loss_agg="token-mean",
-                                       ppo_epochs=1, minibatches=1, micro_batch_size=16,
-                                       max_grad_norm=1.0, shared_prefix=args.shared_prefix)
+        self.sampling = SamplingParams(
+            max_new_tokens=args.max_new,
+            temperature=1.0,
+            stop_token_ids=(self.tokenizer.eos_token_id,),
+        )
+        self.settings = UpdateSettings(
+            kl_coef=kl,
+            kl_estimator="k3",
+            loss_agg="token-mean",
+            ppo_epochs=1,
+            minibatches=1,
+            micro_batch_size=16,
+            max_grad_norm=1.0,
+            shared_prefix=args.shared_prefix,
+        )
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=args.lr, weight_decay=0.0)
         self.step_index = 0
 
@@ -140,33 +161,46 @@ class TetherStep:
         self.step_index += 1
         specs = [EpisodeSpec(g, 1_000 * k + g, i) for g in range(a.prompts) for i in range(a.group)]
         t0, c0 = time.perf_counter(), time.process_time()
-        trajectories = run_episodes(self.engine, self.formatter, self.envs, specs, self.sampling,
-                                    seed=k)
+        trajectories = run_episodes(
+            self.engine, self.formatter, self.envs, specs, self.sampling, seed=k
+        )
         t1 = time.perf_counter()
         batch = collate(trajectories, self.tokenizer.pad_token_id)
-        batch = prepare_batch(batch, self.model, self.settings, recompute_old_logprobs=False,
-                              reference=self.reference)
-        inputs = AdvantageInputs(scores=batch.scores, group_index=batch.group_index,
-                                 response_mask=batch.response_mask,
-                                 token_rewards=batch.token_rewards)
+        batch = prepare_batch(
+            batch, self.model, self.settings, recompute_old_logprobs=False, reference=self.reference
+        )
+        inputs = AdvantageInputs(
+            scores=batch.scores,
+            group_index=batch.group_index,
+            response_mask=batch.response_mask,
+            token_rewards=batch.token_rewards,
+        )
         batch.advantages, batch.returns = compute_advantages("grpo", inputs)
         t2 = time.perf_counter()
         policy_update(self.model, self.optimizer, batch, self.settings, seed=k)
         t3 = time.perf_counter()
-        self.engine.load_state_dict({n: p.detach().clone() for n, p in
-                                     self.model.state_dict().items()})
+        self.engine.load_state_dict(
+            {n: p.detach().clone() for n, p in self.model.state_dict().items()}
+        )
         t4 = time.perf_counter()
-        return {"step": t4 - t0, "cpu": time.process_time() - c0, "rollout": t1 - t0,
-                "prepare": t2 - t1, "update": t3 - t2, "sync": t4 - t3,
-                "completion_tokens": float(batch.response_mask.sum()),
-                "prompt_tokens": float(batch.attention_mask.sum() - batch.response_mask.sum())}
+        return {
+            "step": t4 - t0,
+            "cpu": time.process_time() - c0,
+            "rollout": t1 - t0,
+            "prepare": t2 - t1,
+            "update": t3 - t2,
+            "sync": t4 - t3,
+            "completion_tokens": float(batch.response_mask.sum()),
+            "prompt_tokens": float(batch.attention_mask.sum() - batch.response_mask.sum()),
+        }
 
 
 # --------------------------------------------------------------------------- TRL
 
 
-def trl_trainer(path: Path, args, kl: float, out_dir: str, prompts: list[str], seeds: list[int],
-                on_step_end):
+def trl_trainer(
+    path: Path, args, kl: float, out_dir: str, prompts: list[str], seeds: list[int], on_step_end
+):
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -176,14 +210,35 @@ def trl_trainer(path: Path, args, kl: float, out_dir: str, prompts: list[str], s
 
     batch = args.prompts * args.group
     wanted = dict(
-        output_dir=out_dir, per_device_train_batch_size=16,
-        gradient_accumulation_steps=batch // 16, steps_per_generation=batch // 16,
-        num_iterations=1, num_generations=args.group, max_completion_length=args.max_new,
-        temperature=1.0, top_p=1.0, top_k=0, beta=kl, learning_rate=args.lr, max_grad_norm=1.0,
-        weight_decay=0.0, use_vllm=False, bf16=False, fp16=False, gradient_checkpointing=False,
-        use_cpu=True, logging_steps=10 ** 6, report_to="none", save_strategy="no",
-        max_steps=args.warmup + args.steps, seed=0, disable_tqdm=True, dataloader_num_workers=0,
-        log_completions=False, shuffle_dataset=True, max_prompt_length=None,
+        output_dir=out_dir,
+        per_device_train_batch_size=16,
+        gradient_accumulation_steps=batch // 16,
+        steps_per_generation=batch // 16,
+        num_iterations=1,
+        num_generations=args.group,
+        max_completion_length=args.max_new,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        beta=kl,
+        learning_rate=args.lr,
+        max_grad_norm=1.0,
+        weight_decay=0.0,
+        use_vllm=False,
+        bf16=False,
+        fp16=False,
+        gradient_checkpointing=False,
+        use_cpu=True,
+        logging_steps=10**6,
+        report_to="none",
+        save_strategy="no",
+        max_steps=args.warmup + args.steps,
+        seed=0,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        log_completions=False,
+        shuffle_dataset=True,
+        max_prompt_length=None,
     )
     fields = set(GRPOConfig.__dataclass_fields__)
     config = GRPOConfig(**{k: v for k, v in wanted.items() if k in fields})
@@ -196,9 +251,14 @@ def trl_trainer(path: Path, args, kl: float, out_dir: str, prompts: list[str], s
             on_step_end()
 
     dataset = Dataset.from_dict({"prompt": prompts, "env_seed": seeds})
-    trainer = GRPOTrainer(model=model, reward_funcs=reward_countdown, args=config,
-                          train_dataset=dataset, processing_class=tokenizer,
-                          callbacks=[Alternate()])
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=reward_countdown,
+        args=config,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=[Alternate()],
+    )
     return trainer, config, ignored
 
 
@@ -214,12 +274,14 @@ def instrument_trl(trainer, phases: dict[str, float]) -> None:
                 return fn(*a, **k)
             finally:
                 phases[name_of()] += time.perf_counter() - t0
+
         return wrapper
 
     trainer._generate_single_turn = timed(lambda: "generate", trainer._generate_single_turn)
     trainer._get_per_token_logps_and_entropies = timed(
         lambda: "logprob_train_forward" if torch.is_grad_enabled() else "logprob_nograd",
-        trainer._get_per_token_logps_and_entropies)
+        trainer._get_per_token_logps_and_entropies,
+    )
 
 
 # --------------------------------------------------------------------------- the comparison
@@ -254,8 +316,9 @@ def compare(size: str, kl: float, args, work: Path) -> dict:
             phases[key] = 0.0
         mark["t"], mark["c"] = time.perf_counter(), time.process_time()
 
-    trainer, config, ignored = trl_trainer(path, args, kl, str(work / f"trl-{size}-{kl}"), texts,
-                                           seeds, on_trl_step_end)
+    trainer, config, ignored = trl_trainer(
+        path, args, kl, str(work / f"trl-{size}-{kl}"), texts, seeds, on_trl_step_end
+    )
     instrument_trl(trainer, phases)
     torch.set_num_threads(args.threads)
     mark["t"], mark["c"] = time.perf_counter(), time.process_time()
@@ -264,19 +327,28 @@ def compare(size: str, kl: float, args, work: Path) -> dict:
     trl_s, tether_s = trl_times[keep], [r["step"] for r in tether_runs[keep]]
     med = statistics.median
     result = {
-        "size": size, "kl": kl, "params": sum(p.numel() for p in tether.model.parameters()),
-        "trl_median": med(trl_s), "tether_median": med(tether_s),
+        "size": size,
+        "kl": kl,
+        "params": sum(p.numel() for p in tether.model.parameters()),
+        "trl_median": med(trl_s),
+        "tether_median": med(tether_s),
         "ratio": med(trl_s) / med(tether_s),
         "pair_ratios": [t / e for t, e in zip(trl_s, tether_s)],
-        "trl_runs": trl_s, "tether_runs": tether_s,
-        "trl_cpu": med(trl_cpu[keep]), "tether_cpu": med(r["cpu"] for r in tether_runs[keep]),
+        "trl_runs": trl_s,
+        "tether_runs": tether_s,
+        "trl_cpu": med(trl_cpu[keep]),
+        "tether_cpu": med(r["cpu"] for r in tether_runs[keep]),
         "trl_phases": {k: med(p[k] for p in trl_phases[keep]) for k in trl_phases[0]},
-        "tether_stages": {k: med(r[k] for r in tether_runs[keep])
-                          for k in ("rollout", "prepare", "update", "sync", "completion_tokens",
-                                    "prompt_tokens")},
-        "prompt_len": statistics.mean(map(len, ids)), "same_ids": same,
-        "optimizer_steps_trl": trainer.state.global_step, "updates_tether": tether.step_index,
-        "ignored_trl_fields": ignored, "threads": torch.get_num_threads(),
+        "tether_stages": {
+            k: med(r[k] for r in tether_runs[keep])
+            for k in ("rollout", "prepare", "update", "sync", "completion_tokens", "prompt_tokens")
+        },
+        "prompt_len": statistics.mean(map(len, ids)),
+        "same_ids": same,
+        "optimizer_steps_trl": trainer.state.global_step,
+        "updates_tether": tether.step_index,
+        "ignored_trl_fields": ignored,
+        "threads": torch.get_num_threads(),
     }
     return result
 
@@ -292,17 +364,25 @@ def profile_tether(size: str, kl: float, args, work: Path) -> None:
         tether()
     runs = [tether() for _ in range(args.steps)]
     med = statistics.median
-    print(f"\n{size}, KL {kl}: Tether step median {med(r['step'] for r in runs):.2f} s (cpu "
-          f"{med(r['cpu'] for r in runs):.1f} s): " + ", ".join(
-              f"{k} {med(r[k] for r in runs):.2f}" for k in ("rollout", "prepare", "update", "sync")))
+    print(
+        f"\n{size}, KL {kl}: Tether step median {med(r['step'] for r in runs):.2f} s (cpu "
+        f"{med(r['cpu'] for r in runs):.1f} s): "
+        + ", ".join(
+            f"{k} {med(r[k] for r in runs):.2f}" for k in ("rollout", "prepare", "update", "sync")
+        )
+    )
     with torch.profiler.profile() as prof:
         tether()
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15), flush=True)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", nargs="+", default=["tiny", "small"], choices=["tiny", "small", "micro"])
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--model", nargs="+", default=["tiny", "small"], choices=["tiny", "small", "micro"]
+    )
     ap.add_argument("--kl", nargs="+", type=float, default=[0.0, 0.04])
     ap.add_argument("--steps", type=int, default=5, help="timed step pairs per configuration")
     ap.add_argument("--warmup", type=int, default=2, help="untimed step pairs first")
@@ -311,13 +391,25 @@ def main() -> None:
     ap.add_argument("--max-new", type=int, default=64)
     ap.add_argument("--lr", type=float, default=1e-6)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--no-shared-prefix", dest="shared_prefix", action="store_false",
-                    help="Tether's learner without the shared-prefix forward (each row's prompt run again)")
-    ap.add_argument("--no-grouped-prompts", dest="grouped_prompts", action="store_false", default=None,
-                    help="Tether's rollout engine with a per-row prompt cache (no grouped-prompt attention)")
+    ap.add_argument(
+        "--no-shared-prefix",
+        dest="shared_prefix",
+        action="store_false",
+        help="Tether's learner without the shared-prefix forward (each row's prompt run again)",
+    )
+    ap.add_argument(
+        "--no-grouped-prompts",
+        dest="grouped_prompts",
+        action="store_false",
+        default=None,
+        help="Tether's rollout engine with a per-row prompt cache (no grouped-prompt attention)",
+    )
     ap.add_argument("--work", default=None, help="where the models are saved (default: a temp dir)")
-    ap.add_argument("--profile", action="store_true",
-                    help="Tether only: stage times and the torch profiler's top operators (no TRL)")
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="Tether only: stage times and the torch profiler's top operators (no TRL)",
+    )
     args = ap.parse_args()
     if (args.prompts * args.group) % 16:
         ap.error("prompts x group must be a multiple of 16 (the micro-batch)")
@@ -325,8 +417,10 @@ def main() -> None:
     import transformers
 
     if args.profile:
-        print(f"torch {torch.__version__}, transformers {transformers.__version__}, threads "
-              f"{args.threads}, shared_prefix {args.shared_prefix}, grouped_prompts {args.grouped_prompts}")
+        print(
+            f"torch {torch.__version__}, transformers {transformers.__version__}, threads "
+            f"{args.threads}, shared_prefix {args.shared_prefix}, grouped_prompts {args.grouped_prompts}"
+        )
         work = Path(args.work or tempfile.mkdtemp(prefix="vs_trl."))
         for size in args.model:
             for kl in args.kl:
@@ -334,10 +428,12 @@ def main() -> None:
         return
     import trl
 
-    print(f"torch {torch.__version__}, transformers {transformers.__version__}, trl {trl.__version__}, "
-          f"python {platform.python_version()}, threads {args.threads}, cpus {os.cpu_count()}, "
-          f"shared_prefix {args.shared_prefix}, grouped_prompts {args.grouped_prompts} (None = auto)",
-          flush=True)
+    print(
+        f"torch {torch.__version__}, transformers {transformers.__version__}, trl {trl.__version__}, "
+        f"python {platform.python_version()}, threads {args.threads}, cpus {os.cpu_count()}, "
+        f"shared_prefix {args.shared_prefix}, grouped_prompts {args.grouped_prompts} (None = auto)",
+        flush=True,
+    )
     work = Path(args.work or tempfile.mkdtemp(prefix="vs_trl."))
     work.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -346,29 +442,45 @@ def main() -> None:
             r = compare(size, kl, args, work)
             rows.append(r)
             st = r["tether_stages"]
-            print(f"\n{size} ({r['params'] / 1e6:.2f} M params), KL {kl}: prompts ~{r['prompt_len']:.0f} "
-                  f"tokens (same ids in both: {r['same_ids']}), completion tokens/step "
-                  f"{st['completion_tokens']:.0f}, optimiser steps TRL {r['optimizer_steps_trl']} / "
-                  f"Tether {r['updates_tether']}, threads {r['threads']}, TRL fields not in this "
-                  f"version: {r['ignored_trl_fields']}")
-            print(f"  TRL    median {r['trl_median']:.2f} s/step (cpu {r['trl_cpu']:.1f} s)  runs "
-                  + " ".join(f"{x:.2f}" for x in r["trl_runs"]))
-            print(f"  Tether median {r['tether_median']:.2f} s/step (cpu {r['tether_cpu']:.1f} s)  runs "
-                  + " ".join(f"{x:.2f}" for x in r["tether_runs"]))
+            print(
+                f"\n{size} ({r['params'] / 1e6:.2f} M params), KL {kl}: prompts ~{r['prompt_len']:.0f} "
+                f"tokens (same ids in both: {r['same_ids']}), completion tokens/step "
+                f"{st['completion_tokens']:.0f}, optimiser steps TRL {r['optimizer_steps_trl']} / "
+                f"Tether {r['updates_tether']}, threads {r['threads']}, TRL fields not in this "
+                f"version: {r['ignored_trl_fields']}"
+            )
+            print(
+                f"  TRL    median {r['trl_median']:.2f} s/step (cpu {r['trl_cpu']:.1f} s)  runs "
+                + " ".join(f"{x:.2f}" for x in r["trl_runs"])
+            )
+            print(
+                f"  Tether median {r['tether_median']:.2f} s/step (cpu {r['tether_cpu']:.1f} s)  runs "
+                + " ".join(f"{x:.2f}" for x in r["tether_runs"])
+            )
             tp = r["trl_phases"]
             rest = r["trl_median"] - sum(tp.values())
-            print(f"  TRL phases (median s): generate {tp['generate']:.2f}, no-grad log-prob forwards "
-                  f"{tp['logprob_nograd']:.2f}, training forward {tp['logprob_train_forward']:.2f}, "
-                  f"backward + optimiser + rest {rest:.2f}")
-            print(f"  Tether stages (median s): rollout {st['rollout']:.2f}, prepare {st['prepare']:.2f}, "
-                  f"update {st['update']:.2f}, sync {st['sync']:.3f}")
-            print(f"  ratio TRL/Tether {r['ratio']:.2f}x  (pairs: "
-                  + " ".join(f"{x:.2f}" for x in r["pair_ratios"]) + ")", flush=True)
+            print(
+                f"  TRL phases (median s): generate {tp['generate']:.2f}, no-grad log-prob forwards "
+                f"{tp['logprob_nograd']:.2f}, training forward {tp['logprob_train_forward']:.2f}, "
+                f"backward + optimiser + rest {rest:.2f}"
+            )
+            print(
+                f"  Tether stages (median s): rollout {st['rollout']:.2f}, prepare {st['prepare']:.2f}, "
+                f"update {st['update']:.2f}, sync {st['sync']:.3f}"
+            )
+            print(
+                f"  ratio TRL/Tether {r['ratio']:.2f}x  (pairs: "
+                + " ".join(f"{x:.2f}" for x in r["pair_ratios"])
+                + ")",
+                flush=True,
+            )
     print("\n| model | KL | TRL s/step | Tether s/step | TRL / Tether |")
     print("|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['size']} ({r['params'] / 1e6:.2f} M) | {r['kl']} | {r['trl_median']:.2f} | "
-              f"{r['tether_median']:.2f} | {r['ratio']:.2f}x |")
+        print(
+            f"| {r['size']} ({r['params'] / 1e6:.2f} M) | {r['kl']} | {r['trl_median']:.2f} | "
+            f"{r['tether_median']:.2f} | {r['ratio']:.2f}x |"
+        )
 
 
 if __name__ == "__main__":

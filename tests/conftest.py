@@ -18,13 +18,20 @@ def micro_config_dict(tmp_dir, **sections) -> dict:
     base = {
         "experiment": {"name": "tether-tests", "output_dir": str(tmp_dir / "runs"), "seed": 0},
         "env": {"id": "tether/FrozenLake-v0"},
-        "model": {"size": "micro", "cache_dir": str(tmp_dir / "models"),
-                  "warm_start": {"episodes": 192, "epochs": 3, "batch_size": 8,
-                                 "lr": 1e-2}},
+        "model": {
+            "size": "micro",
+            "cache_dir": str(tmp_dir / "models"),
+            "warm_start": {"episodes": 192, "epochs": 3, "batch_size": 8, "lr": 1e-2},
+        },
         "rollout": {"num_workers": 2, "groups": 2, "group_size": 4, "max_reply_tokens": 48},
         "algo": {"preset": "grpo", "kl_coef": 0.01, "micro_batch_size": 4},
-        "trainer": {"iterations": 2, "val_every": 2, "val_episodes": 4, "checkpoint_every": 1,
-                    "samples_every": 1},
+        "trainer": {
+            "iterations": 2,
+            "val_every": 2,
+            "val_episodes": 4,
+            "checkpoint_every": 1,
+            "samples_every": 1,
+        },
     }
     for name, values in sections.items():
         base.setdefault(name, {}).update(values)

@@ -6,14 +6,23 @@ from __future__ import annotations
 from tether.platform.tracking import Tracker
 
 
-def write_run(uri: str, experiment: str, name: str, histories: dict[str, dict[int, float]],
-              params: dict | None = None, tags: dict | None = None,
-              parent_run_id: str | None = None, alarms: list[dict] | None = None,
-              prompts: dict[int, list[dict]] | None = None, finish: bool = True) -> Tracker:
+def write_run(
+    uri: str,
+    experiment: str,
+    name: str,
+    histories: dict[str, dict[int, float]],
+    params: dict | None = None,
+    tags: dict | None = None,
+    parent_run_id: str | None = None,
+    alarms: list[dict] | None = None,
+    prompts: dict[int, list[dict]] | None = None,
+    finish: bool = True,
+) -> Tracker:
     """One training run as the driver writes it: params, ``tether.env`` tag, one
     ``log_metrics`` per step, alarm tags + alarms.json, prompts/iter_N.json."""
-    tracker = Tracker(uri, experiment, run_name=name, parent_run_id=parent_run_id,
-                      tags=dict(tags or {}))
+    tracker = Tracker(
+        uri, experiment, run_name=name, parent_run_id=parent_run_id, tags=dict(tags or {})
+    )
     tracker.log_params(params or {"env.id": "tether/FrozenLake-v0"})
     tracker.set_tags({"tether.env": "tether/FrozenLake-v0"})
     steps = sorted({s for h in histories.values() for s in h})

@@ -81,14 +81,25 @@ def test_unrequested_unreusable_and_non_keeping_pools_end_their_actors():
 def _config(tmp_path: Path, models_dir, name: str, **sections):
     from tether.platform.config import build_config
 
-    base = {"rollout": {"num_workers": 2, "num_cpus_per_worker": 0.5},
-            "algo": {"preset": "grpo", "kl_coef": 0.01, "micro_batch_size": 4, "num_cpus": 0.5,
-                     "threads": 1},
-            "trainer": {"iterations": 2, "val_every": 2, "val_episodes": 4,
-                        "checkpoint_every": 100, "samples_every": 1},
-            "diagnostics": {"every": 2, "max_pairs": 8, "grad_snr_every": 2,
-                            "grad_snr_buckets": 2},
-            "tracking": {"log_model": False}}
+    base = {
+        "rollout": {"num_workers": 2, "num_cpus_per_worker": 0.5},
+        "algo": {
+            "preset": "grpo",
+            "kl_coef": 0.01,
+            "micro_batch_size": 4,
+            "num_cpus": 0.5,
+            "threads": 1,
+        },
+        "trainer": {
+            "iterations": 2,
+            "val_every": 2,
+            "val_episodes": 4,
+            "checkpoint_every": 100,
+            "samples_every": 1,
+        },
+        "diagnostics": {"every": 2, "max_pairs": 8, "grad_snr_every": 2, "grad_snr_buckets": 2},
+        "tracking": {"log_model": False},
+    }
     for section, values in sections.items():
         base.setdefault(section, {}).update(values)
     cfg = build_config(micro_config_dict(tmp_path, **base))
@@ -101,9 +112,11 @@ def _handles(trainer) -> dict[str, list]:
     """The run's actors: rollout workers, their environment pools, learner ranks."""
     import ray
 
-    return {"workers": list(trainer.workers),
-            "env_pools": ray.get([w.env_pool_handle.remote() for w in trainer.workers]),
-            "learner": list(trainer.learner.ranks)}
+    return {
+        "workers": list(trainer.workers),
+        "env_pools": ray.get([w.env_pool_handle.remote() for w in trainer.workers]),
+        "learner": list(trainer.learner.ranks),
+    }
 
 
 def _pids(handles) -> list[int]:
@@ -121,8 +134,9 @@ class Recorder:
     def __call__(self, kind: str, data: dict) -> None:
         if kind == "started":
             self.handles = _handles(self.trainer)
-            self.actors = {kind: [h._actor_id.hex() for h in handles]
-                           for kind, handles in self.handles.items()}
+            self.actors = {
+                kind: [h._actor_id.hex() for h in handles] for kind, handles in self.handles.items()
+            }
             self.pids = {kind: _pids(handles) for kind, handles in self.handles.items()}
 
 
@@ -140,10 +154,14 @@ def _metrics(summary) -> dict[str, dict[int, float]]:
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(summary.tracking_uri)
-    keys = [k for k in client.get_run(summary.run_id).data.metrics
-            if not k.startswith("timing/") and k != "rollout/tokens_per_s"]
-    return {k: {m.step: m.value for m in client.get_metric_history(summary.run_id, k)}
-            for k in keys}
+    keys = [
+        k
+        for k in client.get_run(summary.run_id).data.metrics
+        if not k.startswith("timing/") and k != "rollout/tokens_per_s"
+    ]
+    return {
+        k: {m.step: m.value for m in client.get_metric_history(summary.run_id, k)} for k in keys
+    }
 
 
 def _weights(pool):
@@ -172,8 +190,13 @@ def pooled_runs(micro_policy, models_dir, ray_local, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("pool")
     pool = ActorPool(keep=True)
     c = _config(tmp, models_dir, "C")
-    d = _config(tmp, models_dir, "D", algo={"lr": 5e-3, "entropy_coef": 0.05},
-                filter={"strategy": "top_k", "value": 0.5})
+    d = _config(
+        tmp,
+        models_dir,
+        "D",
+        algo={"lr": 5e-3, "entropy_coef": 0.05},
+        filter={"strategy": "top_k", "value": 0.5},
+    )
     e = _config(tmp, models_dir, "E", env={"stochasticity": 0.3})
     runs, weights = {}, {}
     try:
@@ -190,7 +213,10 @@ def pooled_runs(micro_policy, models_dir, ray_local, tmp_path_factory):
 def test_reused_actors_reproduce_a_fresh_run_exactly(pooled_runs):
     runs, weights, _ = pooled_runs
     (fresh, first, reused_first), (other, second, reused_second), (again, third, reused_third) = (
-        runs["fresh"], runs["other"], runs["again"])
+        runs["fresh"],
+        runs["other"],
+        runs["again"],
+    )
     assert fresh.status == other.status == again.status == "FINISHED"
     assert reused_first == {"rollout_workers": False, "learner": False}
     assert reused_second == reused_third == {"rollout_workers": True, "learner": True}
@@ -208,9 +234,15 @@ def test_reused_actors_reproduce_a_fresh_run_exactly(pooled_runs):
     # ...yet the repeat starts from the model path's weights, a fresh optimiser, its own
     # settings and seed: every metric of every iteration, and the final weights, are equal.
     expected, got = _metrics(fresh), _metrics(again)
-    assert {"rollout/success", "actor/pg_loss", "actor/kl_loss", "actor/entropy",
-            "val/success", "collapse/first_turn/num_pairs",
-            "grad_snr/q1/task_grad_norm"} <= set(expected)
+    assert {
+        "rollout/success",
+        "actor/pg_loss",
+        "actor/kl_loss",
+        "actor/entropy",
+        "val/success",
+        "collapse/first_turn/num_pairs",
+        "grad_snr/q1/task_grad_norm",
+    } <= set(expected)
     assert got.keys() == expected.keys()
     for key in expected:
         assert got[key] == expected[key], key
@@ -232,12 +264,12 @@ def test_other_environment_kwargs_get_new_workers_and_keep_the_learner(pooled_ru
     assert recorder.pids["learner"] == before.pids["learner"]
     # The workers they replaced were ended, and their environment pools with them.
     assert all(_dead(h) for h in [*before.handles["workers"], *before.handles["env_pools"]])
-    assert [w._actor_id.hex() for w in pool.idle["rollout_workers"].actors] == \
-        recorder.actors["workers"]
+    assert [w._actor_id.hex() for w in pool.idle["rollout_workers"].actors] == recorder.actors[
+        "workers"
+    ]
 
 
-def test_a_failed_run_ends_its_actors_instead_of_handing_them_on(pooled_runs, tmp_path,
-                                                                 models_dir):
+def test_a_failed_run_ends_its_actors_instead_of_handing_them_on(pooled_runs, tmp_path, models_dir):
     from tether.platform.driver import Trainer
 
     _, _, pool = pooled_runs
@@ -252,8 +284,10 @@ def test_a_failed_run_ends_its_actors_instead_of_handing_them_on(pooled_runs, tm
         if kind == "iteration":
             raise RuntimeError("injected failure after iteration 1")
 
-    assert sorted(t.split(".")[0].split()[0] for t in tether_actor_processes(timeout=0)) == \
-        ["ray::EnvPoolActor"] * 2 + ["ray::Learner"] + ["ray::RolloutWorker"] * 2  # idle
+    assert (
+        sorted(t.split(".")[0].split()[0] for t in tether_actor_processes(timeout=0))
+        == ["ray::EnvPoolActor"] * 2 + ["ray::Learner"] + ["ray::RolloutWorker"] * 2
+    )  # idle
     trainer = Trainer(cfg, fail, actor_pool=pool)
     with pytest.raises(RuntimeError, match="injected"):
         trainer.run()

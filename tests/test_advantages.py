@@ -64,9 +64,15 @@ def test_rloo_hand_computed():
 def _gae_row():
     # one row: turn 1 = agent tokens 0,1; env text 2,3 (masked); turn 2 = agent tokens 4,5; pad 6
     response_mask = torch.tensor([[1, 1, 0, 0, 1, 1, 0]], dtype=torch.float32)  # [1,7]
-    token_rewards = torch.tensor([[0.0, 1.0, 0.0, 0.0, 0.0, 2.0, 0.0]])  # turn rewards on last agent tokens
-    values = torch.tensor([[0.5, 0.4, 9.0, 9.0, 0.3, 0.2, 9.0]])  # 9.0 on env/pad must never be used
-    return AdvantageInputs(torch.tensor([3.0]), torch.tensor([0]), response_mask, token_rewards, values)
+    token_rewards = torch.tensor(
+        [[0.0, 1.0, 0.0, 0.0, 0.0, 2.0, 0.0]]
+    )  # turn rewards on last agent tokens
+    values = torch.tensor(
+        [[0.5, 0.4, 9.0, 9.0, 0.3, 0.2, 9.0]]
+    )  # 9.0 on env/pad must never be used
+    return AdvantageInputs(
+        torch.tensor([3.0]), torch.tensor([0]), response_mask, token_rewards, values
+    )
 
 
 def test_gae_skips_env_tokens_gamma_lambda():
@@ -86,7 +92,9 @@ def test_gae_skips_env_tokens_gamma_lambda():
 def test_gae_defaults_are_monte_carlo_minus_value():
     adv, _ = compute_advantages("gae", _gae_row(), whiten=False)
     # γ = λ = 1: A_t = (sum of future rewards) − V_t: 3−0.5, 3−0.4, 2−0.3, 2−0.2
-    torch.testing.assert_close(adv, torch.tensor([[2.5, 2.6, 0.0, 0.0, 1.7, 1.8, 0.0]]), atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        adv, torch.tensor([[2.5, 2.6, 0.0, 0.0, 1.7, 1.8, 0.0]]), atol=1e-6, rtol=0
+    )
 
 
 def test_gae_whitened_by_default_and_needs_values():
@@ -104,7 +112,9 @@ def test_gae_whitened_by_default_and_needs_values():
 def test_reinforce_pp_hand_computed():
     response_mask = torch.tensor([[1, 1, 0, 1], [1, 1, 0, 0]], dtype=torch.float32)  # [2,4]
     token_rewards = torch.tensor([[0.0, 1.0, 0.0, 2.0], [0.0, -1.0, 0.0, 0.0]])
-    inputs = AdvantageInputs(torch.tensor([3.0, -1.0]), torch.tensor([0, 0]), response_mask, token_rewards)
+    inputs = AdvantageInputs(
+        torch.tensor([3.0, -1.0]), torch.tensor([0, 0]), response_mask, token_rewards
+    )
     adv, ret = compute_advantages("reinforce_pp", inputs, gamma=0.5)
     # row 0: G3 = 2; G1 = 1 + 0.5·2 = 2 (env token 2 skipped); G0 = 0 + 0.5·2 = 1
     # row 1: G1 = −1; G0 = 0.5·(−1) = −0.5
@@ -120,8 +130,10 @@ def test_reinforce_pp_without_token_rewards_uses_score_on_last_agent_token():
     response_mask = torch.tensor([[1, 1, 0, 0], [0, 1, 1, 1]], dtype=torch.float32)
     placed = outcome_token_rewards(torch.tensor([2.0, 5.0]), response_mask)
     torch.testing.assert_close(placed, torch.tensor([[0.0, 2.0, 0.0, 0.0], [0.0, 0.0, 0.0, 5.0]]))
-    _, ret = compute_advantages("reinforce_pp", AdvantageInputs(torch.tensor([2.0, 5.0]), torch.tensor([0, 1]),
-                                                                response_mask))
+    _, ret = compute_advantages(
+        "reinforce_pp",
+        AdvantageInputs(torch.tensor([2.0, 5.0]), torch.tensor([0, 1]), response_mask),
+    )
     torch.testing.assert_close(ret, torch.tensor([[2.0, 2.0, 0.0, 0.0], [0.0, 5.0, 5.0, 5.0]]))
 
 
@@ -130,7 +142,9 @@ def test_masked_whiten_ignores_masked_positions():
     mask = torch.tensor([[1.0, 1.0, 0.0]])
     # mean 2, unbiased var ((−1)²+1²)/1 = 2 -> ±1/sqrt(2); masked position -> 0
     out = masked_whiten(x, mask)
-    torch.testing.assert_close(out, torch.tensor([[-1 / math.sqrt(2), 1 / math.sqrt(2), 0.0]]), atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        out, torch.tensor([[-1 / math.sqrt(2), 1 / math.sqrt(2), 0.0]]), atol=1e-6, rtol=0
+    )
 
 
 def test_unknown_estimator_lists_valid_names():
@@ -149,10 +163,13 @@ def test_shape_mismatch_is_reported():
 @pytest.mark.parametrize("name", sorted(ADVANTAGE_ESTIMATORS))
 def test_every_estimator_is_zero_outside_mask(name):
     inputs = _gae_row()
-    inputs = AdvantageInputs(torch.tensor([3.0, 1.0]), torch.tensor([0, 0]),
-                             torch.cat([inputs.response_mask, torch.tensor([[0, 1, 1, 0, 0, 0, 0.0]])]),
-                             torch.cat([inputs.token_rewards, torch.tensor([[0, 0, 1.0, 0, 0, 0, 0]])]),
-                             torch.cat([inputs.values, torch.full((1, 7), 0.1)]))
+    inputs = AdvantageInputs(
+        torch.tensor([3.0, 1.0]),
+        torch.tensor([0, 0]),
+        torch.cat([inputs.response_mask, torch.tensor([[0, 1, 1, 0, 0, 0, 0.0]])]),
+        torch.cat([inputs.token_rewards, torch.tensor([[0, 0, 1.0, 0, 0, 0, 0]])]),
+        torch.cat([inputs.values, torch.full((1, 7), 0.1)]),
+    )
     adv, ret = compute_advantages(name, inputs)
     off = ~inputs.response_mask.bool()
     assert adv[off].abs().sum().item() == 0.0 and ret[off].abs().sum().item() == 0.0
@@ -160,7 +177,11 @@ def test_every_estimator_is_zero_outside_mask(name):
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 3), st.floats(-5, 5, allow_nan=False)), min_size=1, max_size=12))
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 3), st.floats(-5, 5, allow_nan=False)), min_size=1, max_size=12
+    )
+)
 def test_group_baselines_sum_to_zero_within_each_group(rows):
     group_index = torch.tensor([g for g, _ in rows])
     scores = torch.tensor([r for _, r in rows], dtype=torch.float64)

@@ -26,8 +26,15 @@ VA = "rollout/action_valid_rate"
 
 def mi_point(mi, h, half=0.1, p=0.001, h_half=0.05):
     """One diagnostic point of the first-turn proxies: values, intervals and p-value."""
-    return {MI: mi, f"{MI}_ci_low": mi - half, f"{MI}_ci_high": mi + half, P: p,
-            H: h, f"{H}_ci_low": h - h_half, f"{H}_ci_high": h + h_half}
+    return {
+        MI: mi,
+        f"{MI}_ci_low": mi - half,
+        f"{MI}_ci_high": mi + half,
+        P: p,
+        H: h,
+        f"{H}_ci_low": h - h_half,
+        f"{H}_ci_high": h + h_half,
+    }
 
 
 def length_point(mean, half=2.0):
@@ -36,10 +43,17 @@ def length_point(mean, half=2.0):
 
 def healthy(n=60, seed=0):
     rng = np.random.default_rng(seed)
-    return [{**mi_point(1.0 + 0.05 * rng.standard_normal(), 2.0 + 0.05 * rng.standard_normal()),
-             RV: 0.5 + 0.05 * rng.standard_normal(), **length_point(40 + rng.standard_normal()),
-             EMPTY: 0.0, VR: 0.9, VA: 0.95}
-            for _ in range(n)]
+    return [
+        {
+            **mi_point(1.0 + 0.05 * rng.standard_normal(), 2.0 + 0.05 * rng.standard_normal()),
+            RV: 0.5 + 0.05 * rng.standard_normal(),
+            **length_point(40 + rng.standard_normal()),
+            EMPTY: 0.0,
+            VR: 0.9,
+            VA: 0.95,
+        }
+        for _ in range(n)
+    ]
 
 
 def run(monitor, stream, start=1):
@@ -64,7 +78,7 @@ def test_template_collapse_fires_once_when_mi_falls_beyond_both_intervals_and_en
     mi = [1.0] * 5 + [0.9, 0.8, 0.75, 0.7, 0.6, 0.5, 0.45, 0.4]
     # Intervals +-0.1: 0.8 [0.7, 0.9] still touches 1.0 [0.9, 1.1]; 0.75 [0.65, 0.85] is the
     # first apart (iteration 8); patience 2 fires at the second (iteration 9).
-    stream = [mi_point(v, 2.0 + 0.01 * k) for k, v in enumerate(mi)]   # entropy drifts up
+    stream = [mi_point(v, 2.0 + 0.01 * k) for k, v in enumerate(mi)]  # entropy drifts up
     monitor = AlarmMonitor(AlarmsConfig(), clock=fake_clock())
     events = run(monitor, stream)
     assert [(e.name, e.iteration, e.mode) for e in events] == [("template_collapse", 9, "warn")]
@@ -76,32 +90,47 @@ def test_template_collapse_fires_once_when_mi_falls_beyond_both_intervals_and_en
     assert event.evidence[f"{MI}_ci_low"] == pytest.approx([v - 0.1 for v in mi[:9]])
     assert event.evidence[P] == [0.001] * 9 and event.evidence["reference_iteration"] == [1.0]
     assert len(event.evidence[H]) == 9
-    assert event.time == 8.0                                          # one clock tick per update
+    assert event.time == 8.0  # one clock tick per update
 
 
 def test_patience_one_fires_at_the_first_separation():
     mi = [1.0] * 3 + [0.7]
-    events = run(AlarmMonitor(AlarmsConfig(template_collapse={"patience": 1})),
-                 [mi_point(v, 2.0) for v in mi])
+    events = run(
+        AlarmMonitor(AlarmsConfig(template_collapse={"patience": 1})),
+        [mi_point(v, 2.0) for v in mi],
+    )
     assert [(e.name, e.iteration) for e in events] == [("template_collapse", 4)]
 
 
 def test_a_fall_within_noise_of_zero_never_fires():
     # The quickstart's false alarm: MI 0.0109 -> 0.0053 (a "52 % fall") at noise level, never
     # significantly above its null (p ~ 0.3-0.6), with intervals straddling zero.
-    stream = [mi_point(v, 2.0, half=0.02, p=p) for v, p in
-              [(0.0109, 0.31), (0.0095, 0.4), (0.0080, 0.45), (0.0053, 0.6), (0.001, 0.7), (0.0, 0.8)]]
+    stream = [
+        mi_point(v, 2.0, half=0.02, p=p)
+        for v, p in [
+            (0.0109, 0.31),
+            (0.0095, 0.4),
+            (0.0080, 0.45),
+            (0.0053, 0.6),
+            (0.001, 0.7),
+            (0.0, 0.8),
+        ]
+    ]
     assert run(AlarmMonitor(AlarmsConfig(template_collapse={"patience": 1})), stream) == []
 
 
 def test_a_large_relative_fall_inside_the_intervals_does_not_fire():
     # Significant at first, then a 60 % fall that stays within the uncertainty of both points.
-    stream = [mi_point(1.0, 2.0, half=0.5), mi_point(0.4, 2.0, half=0.5), mi_point(0.4, 2.0, half=0.5)]
+    stream = [
+        mi_point(1.0, 2.0, half=0.5),
+        mi_point(0.4, 2.0, half=0.5),
+        mi_point(0.4, 2.0, half=0.5),
+    ]
     assert run(AlarmMonitor(AlarmsConfig(template_collapse={"patience": 1})), stream) == []
 
 
 def test_patience_counts_separated_points_among_the_last_within():
-    mi = [1.0, 1.0, 0.6, 1.0, 0.6, 0.6]             # apart, back, apart twice
+    mi = [1.0, 1.0, 0.6, 1.0, 0.6, 0.6]  # apart, back, apart twice
     stream = [mi_point(v, 2.0) for v in mi]
     # Default: 2 of the last 3 points apart -> fires at 5; consecutive (within = 2) at 6.
     assert [e.iteration for e in run(AlarmMonitor(AlarmsConfig()), stream)] == [5]
@@ -117,8 +146,10 @@ def test_one_significant_point_is_not_a_reference():
     # point followed by a fall must not fire (min_references 2), two must.
     once = [mi_point(0.3, 2.0, p=0.001)] + [mi_point(0.0, 2.0, p=0.5)] * 4
     assert run(AlarmMonitor(AlarmsConfig()), once) == []
-    assert [e.iteration for e in run(AlarmMonitor(AlarmsConfig(template_collapse={
-        "min_references": 1})), once)] == [3]
+    assert [
+        e.iteration
+        for e in run(AlarmMonitor(AlarmsConfig(template_collapse={"min_references": 1})), once)
+    ] == [3]
     twice = [mi_point(0.3, 2.0, p=0.001)] * 2 + [mi_point(0.0, 2.0, p=0.5)] * 3
     assert [e.iteration for e in run(AlarmMonitor(AlarmsConfig()), twice)] == [4]
 
@@ -132,14 +163,19 @@ def test_low_entropy_collapse_fires_when_both_fall():
 
 
 def test_entropy_falling_within_its_interval_counts_as_holding():
-    stream = [mi_point(1.0 - 0.15 * k, 2.0 - 0.03 * k) for k in range(5)]   # H apart only at k >= 4
+    stream = [mi_point(1.0 - 0.15 * k, 2.0 - 0.03 * k) for k in range(5)]  # H apart only at k >= 4
     events = run(AlarmMonitor(AlarmsConfig()), stream)
     assert [(e.name, e.iteration) for e in events] == [("template_collapse", 4)]
 
 
 def test_format_collapse_fires_when_reasoning_or_actions_vanish():
-    stream = [{VR: 0.9, VA: 0.9}, {VR: 0.0, VA: 0.9}, {VR: 0.0, VA: 0.0}, {VR: 0.5, VA: 0.01},
-              {VR: 0.5, VA: 0.0}]
+    stream = [
+        {VR: 0.9, VA: 0.9},
+        {VR: 0.0, VA: 0.9},
+        {VR: 0.0, VA: 0.0},
+        {VR: 0.5, VA: 0.01},
+        {VR: 0.5, VA: 0.0},
+    ]
     events = run(AlarmMonitor(AlarmsConfig()), stream)
     assert [(e.name, e.iteration) for e in events] == [("format_collapse", 3)]
     assert "reasoning and actions" in events[0].message
@@ -147,12 +183,12 @@ def test_format_collapse_fires_when_reasoning_or_actions_vanish():
 
 
 def test_reward_variance_collapse_needs_a_baseline_above_noise():
-    stream = [{RV: 0.02}] * 10 + [{RV: 0.0}] * 20       # a spread that was never there
+    stream = [{RV: 0.02}] * 10 + [{RV: 0.0}] * 20  # a spread that was never there
     assert run(AlarmMonitor(AlarmsConfig()), stream) == []
 
 
 def test_output_length_fall_within_noise_does_not_fire():
-    lengths = [4, 4, 1, 1, 1]                          # 75 % fall, but the intervals overlap
+    lengths = [4, 4, 1, 1, 1]  # 75 % fall, but the intervals overlap
     stream = [length_point(v, half=3.0) for v in lengths]
     assert run(AlarmMonitor(AlarmsConfig()), stream) == []
 
@@ -169,14 +205,17 @@ def test_reward_variance_collapse_needs_ten_consecutive_below_a_tenth_of_baselin
 def test_output_length_collapse():
     lengths = [40, 41, 39, 40, 35, 30, 25, 19, 15, 15]
     events = run(AlarmMonitor(AlarmsConfig()), [length_point(v) for v in lengths])
-    assert [(e.name, e.iteration) for e in events] == [("output_length_collapse", 8)]   # 19 < 41 / 2
+    assert [(e.name, e.iteration) for e in events] == [("output_length_collapse", 8)]  # 19 < 41 / 2
 
 
 def test_empty_after_filter_counts_consecutive_observations_and_rearms():
     flags = [1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1]
     events = run(AlarmMonitor(AlarmsConfig()), [{EMPTY: float(f)} for f in flags])
     # 6..10 fires at 10; still breaching at 11, 12 (no repeat); recovers at 13; 14..18 fires at 18.
-    assert [(e.name, e.iteration) for e in events] == [("empty_after_filter", 10), ("empty_after_filter", 18)]
+    assert [(e.name, e.iteration) for e in events] == [
+        ("empty_after_filter", 10),
+        ("empty_after_filter", 18),
+    ]
 
 
 def test_missing_and_nan_metrics_do_not_advance_an_alarm():
@@ -184,16 +223,20 @@ def test_missing_and_nan_metrics_do_not_advance_an_alarm():
     for _ in range(5):
         stream += [{EMPTY: 1.0}, {}, {EMPTY: float("nan")}, {"other": 3.0}]
     events = run(AlarmMonitor(AlarmsConfig()), stream)
-    assert [(e.name, e.iteration) for e in events] == [("empty_after_filter", 17)]   # the 5th observation
+    assert [(e.name, e.iteration) for e in events] == [
+        ("empty_after_filter", 17)
+    ]  # the 5th observation
 
 
 def test_stop_mode_and_off_mode():
-    config = AlarmsConfig(empty_after_filter=EmptyAfterFilterConfig(mode="stop", patience=2),
-                          template_collapse=TemplateCollapseConfig(mode="off"))
+    config = AlarmsConfig(
+        empty_after_filter=EmptyAfterFilterConfig(mode="stop", patience=2),
+        template_collapse=TemplateCollapseConfig(mode="off"),
+    )
     monitor = AlarmMonitor(config)
     assert "template_collapse" not in monitor.alarms
     mi = [mi_point(1.0, 2.0), mi_point(0.1, 2.0), mi_point(0.1, 2.0)]
-    assert run(monitor, mi) == []                                  # template alarm switched off
+    assert run(monitor, mi) == []  # template alarm switched off
     events = run(monitor, [{EMPTY: 1}, {EMPTY: 1}], start=4)
     assert [(e.name, e.mode) for e in events] == [("empty_after_filter", "stop")]
     assert monitor.stop_requested
@@ -208,17 +251,25 @@ def test_warn_mode_does_not_request_stop():
 def test_state_round_trip_resumes_exactly():
     rng = np.random.default_rng(1)
     stream = healthy(15)
-    for k in range(15):       # every alarm collapses in the second half
-        stream.append({**mi_point(1.0 * 0.85 ** (k + 1), 2.0 + 0.01 * k), RV: 0.01,
-                       **length_point(40 * 0.9 ** (k + 1)), EMPTY: 1.0, VR: 0.0, VA: 0.0,
-                       "noise": rng.normal()})
+    for k in range(15):  # every alarm collapses in the second half
+        stream.append(
+            {
+                **mi_point(1.0 * 0.85 ** (k + 1), 2.0 + 0.01 * k),
+                RV: 0.01,
+                **length_point(40 * 0.9 ** (k + 1)),
+                EMPTY: 1.0,
+                VR: 0.0,
+                VA: 0.0,
+                "noise": rng.normal(),
+            }
+        )
     uninterrupted = AlarmMonitor(AlarmsConfig(), clock=lambda: 0.0)
     expected = run(uninterrupted, stream)
     assert {e.name for e in expected} == set(ALARMS) - {"low_entropy_collapse"}
 
     first = AlarmMonitor(AlarmsConfig(), clock=lambda: 0.0)
     before = run(first, stream[:20])
-    state = json.loads(json.dumps(first.state_dict()))            # JSON-safe
+    state = json.loads(json.dumps(first.state_dict()))  # JSON-safe
     resumed = AlarmMonitor(AlarmsConfig(), clock=lambda: 0.0)
     resumed.load_state_dict(state)
     after = run(resumed, stream[20:], start=21)

@@ -49,29 +49,52 @@ def _free_port() -> int:
 def fake_cluster_config(gcs_address: str) -> dict:
     """The autoscaler config of the fake provider: a CPU-only head and a GPU worker type."""
     return {
-        "cluster_name": "tether-fake", "max_workers": MAX_GPU_NODES,
-        "provider": {"type": "fake_multinode", "use_node_id_as_ip": True,
-                     "disable_node_updaters": True, "disable_launch_config_check": True,
-                     "gcs_address": gcs_address},
+        "cluster_name": "tether-fake",
+        "max_workers": MAX_GPU_NODES,
+        "provider": {
+            "type": "fake_multinode",
+            "use_node_id_as_ip": True,
+            "disable_node_updaters": True,
+            "disable_launch_config_check": True,
+            "gcs_address": gcs_address,
+        },
         "available_node_types": {
             "ray.head.default": {"resources": {"CPU": 1}, "node_config": {}, "max_workers": 0},
-            "gpu_worker": {"resources": {"CPU": 1, "GPU": 1}, "node_config": {},
-                           "min_workers": 0, "max_workers": MAX_GPU_NODES},
+            "gpu_worker": {
+                "resources": {"CPU": 1, "GPU": 1},
+                "node_config": {},
+                "min_workers": 0,
+                "max_workers": MAX_GPU_NODES,
+            },
         },
-        "head_node_type": "ray.head.default", "auth": {}, "upscaling_speed": 1.0,
-        "idle_timeout_minutes": 5, "docker": {}, "initialization_commands": [],
-        "setup_commands": [], "head_setup_commands": [], "worker_setup_commands": [],
-        "head_start_ray_commands": [], "worker_start_ray_commands": [], "file_mounts": {},
-        "cluster_synced_files": [], "file_mounts_sync_continuously": False,
-        "rsync_exclude": [], "rsync_filter": [],
+        "head_node_type": "ray.head.default",
+        "auth": {},
+        "upscaling_speed": 1.0,
+        "idle_timeout_minutes": 5,
+        "docker": {},
+        "initialization_commands": [],
+        "setup_commands": [],
+        "head_setup_commands": [],
+        "worker_setup_commands": [],
+        "head_start_ray_commands": [],
+        "worker_start_ray_commands": [],
+        "file_mounts": {},
+        "cluster_synced_files": [],
+        "file_mounts_sync_continuously": False,
+        "rsync_exclude": [],
+        "rsync_filter": [],
     }
 
 
 def _cluster_pids(temp_dir: str) -> list[int]:
     """The cluster's processes (their arguments name its temp dir) and their descendants
     (workers, whose titles are ``ray::...``)."""
-    ps = subprocess.run(["ps", "-ww", "-eo", "pid=,ppid=,args="], capture_output=True,
-                        text=True, env={**os.environ, "COLUMNS": "100000"}).stdout
+    ps = subprocess.run(
+        ["ps", "-ww", "-eo", "pid=,ppid=,args="],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "100000"},
+    ).stdout
     rows = [line.split(None, 2) for line in ps.splitlines()]
     parent = {int(r[0]): int(r[1]) for r in rows}
     roots = {int(r[0]) for r in rows if len(r) == 3 and temp_dir in r[2]} - {os.getpid()}
@@ -104,20 +127,48 @@ def fake_cluster():
     address = f"127.0.0.1:{port}"
     config = Path(temp_dir) / "autoscaler.json"
     config.write_text(json.dumps(fake_cluster_config(address)))
-    env = {**os.environ, "RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "1",
-           "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+    env = {
+        **os.environ,
+        "RAY_FAKE_CLUSTER": "1",
+        "AUTOSCALER_UPDATE_INTERVAL_S": "1",
+        "RAY_AUTH_MODE": "disabled",
+        "RAY_USAGE_STATS_ENABLED": "0",
+    }
     ray_cli = str(Path(sys.executable).with_name("ray"))  # this venv's Ray
     try:
         for _ in range(2):  # a free port can be taken by another Ray in between
             # Every fixed default port of a head moved to a free one: other Rays run here.
-            ports = [f"--{name}={_free_port()}" for name in (
-                "dashboard-port", "ray-client-server-port", "dashboard-agent-listen-port",
-                "dashboard-agent-grpc-port", "metrics-export-port", "runtime-env-agent-port")]
+            ports = [
+                f"--{name}={_free_port()}"
+                for name in (
+                    "dashboard-port",
+                    "ray-client-server-port",
+                    "dashboard-agent-listen-port",
+                    "dashboard-agent-grpc-port",
+                    "metrics-export-port",
+                    "runtime-env-agent-port",
+                )
+            ]
             started = subprocess.run(
-                [ray_cli, "start", "--head", f"--port={port}", *ports,
-                 "--node-ip-address=127.0.0.1", f"--temp-dir={temp_dir}", "--num-cpus=1",
-                 "--num-gpus=0", f"--autoscaling-config={config}", "--include-dashboard=false",
-                 "--disable-usage-stats"], env=env, capture_output=True, text=True, timeout=180)
+                [
+                    ray_cli,
+                    "start",
+                    "--head",
+                    f"--port={port}",
+                    *ports,
+                    "--node-ip-address=127.0.0.1",
+                    f"--temp-dir={temp_dir}",
+                    "--num-cpus=1",
+                    "--num-gpus=0",
+                    f"--autoscaling-config={config}",
+                    "--include-dashboard=false",
+                    "--disable-usage-stats",
+                ],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=180,
+            )
             if started.returncode == 0:
                 break
             _kill_cluster(temp_dir)
@@ -130,34 +181,51 @@ def fake_cluster():
 
 
 @pytest.mark.slow
-def test_run_needing_more_workers_than_the_head_scales_out(fake_cluster, micro_policy,
-                                                           models_dir, tmp_path):
+def test_run_needing_more_workers_than_the_head_scales_out(
+    fake_cluster, micro_policy, models_dir, tmp_path
+):
     address, env = fake_cluster
     # Each rollout worker needs a GPU; the head has none, so every worker needs a new node.
     cfg = micro_config_dict(
-        tmp_path, rollout={"num_workers": WORKERS, "num_gpus_per_worker": 1,
-                           "num_cpus_per_worker": 1},
+        tmp_path,
+        rollout={"num_workers": WORKERS, "num_gpus_per_worker": 1, "num_cpus_per_worker": 1},
         algo={"preset": "grpo", "kl_coef": 0.0, "num_cpus": 1, "micro_batch_size": 8},
         trainer={"iterations": 1, "val_every": 1, "val_episodes": 2, "samples_per_log": 0},
-        diagnostics={"enabled": False}, tracking={"log_model": False},
-        model={"cache_dir": str(models_dir)})
+        diagnostics={"enabled": False},
+        tracking={"log_model": False},
+        model={"cache_dir": str(models_dir)},
+    )
     spec = tmp_path / "run.yaml"
     spec.write_text(yaml.safe_dump(cfg))
-    poller = subprocess.Popen([sys.executable, "-c", POLL_NODES, address], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    poller = subprocess.Popen(
+        [sys.executable, "-c", POLL_NODES, address],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     try:
-        done = subprocess.run([sys.executable, "-m", "tether.platform.cli", "run", str(spec),
-                               "--address", address], env=env, capture_output=True,
-                              text=True, timeout=900)
+        done = subprocess.run(
+            [sys.executable, "-m", "tether.platform.cli", "run", str(spec), "--address", address],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
     finally:
         poller.send_signal(signal.SIGKILL)
-        samples = [json.loads(line) for line in poller.communicate()[0].splitlines()
-                   if line.startswith("{")]
+        samples = [
+            json.loads(line)
+            for line in poller.communicate()[0].splitlines()
+            if line.startswith("{")
+        ]
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     peak = max(s["peak"] for s in samples)
     peak_gpus = max(s["gpus"] for s in samples)
-    print(f"fake autoscaling: started with {samples[0]['nodes']} node(s), reached {peak} "
-          f"nodes ({peak_gpus:.0f} fake GPUs) for {WORKERS} GPU rollout workers")
+    print(
+        f"fake autoscaling: started with {samples[0]['nodes']} node(s), reached {peak} "
+        f"nodes ({peak_gpus:.0f} fake GPUs) for {WORKERS} GPU rollout workers"
+    )
     assert samples[0]["nodes"] == 1  # the head alone
     assert WORKERS + 1 <= peak <= MAX_GPU_NODES + 1
     assert peak_gpus >= WORKERS

@@ -66,25 +66,33 @@ def _tether_edges(module: str) -> set[str]:
 
 @pytest.mark.parametrize("package", PURE)
 def test_pure_core_never_imports_ray(package):
-    offenders = [f"{module}: {target}" for module in MODULES
-                 if module.startswith(f"tether.{package}")
-                 for target, _ in _imports(module) if target.split(".")[0] == "ray"]
+    offenders = [
+        f"{module}: {target}"
+        for module in MODULES
+        if module.startswith(f"tether.{package}")
+        for target, _ in _imports(module)
+        if target.split(".")[0] == "ray"
+    ]
     assert not offenders, offenders
 
 
 def _fresh_import(code: str) -> dict:
     """Run ``code`` in a fresh interpreter; report which heavy packages it loaded."""
-    probe = code + "\nimport json, sys\nprint(json.dumps({m: m in sys.modules for m in " \
-                   "('torch', 'ray', 'transformers')}))"
-    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                            timeout=120, check=True)
+    probe = (
+        code + "\nimport json, sys\nprint(json.dumps({m: m in sys.modules for m in "
+        "('torch', 'ray', 'transformers')}))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True
+    )
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def test_pure_core_modules_load_without_ray():
     modules = sorted(m for m in MODULES if m.split(".")[1:2] and m.split(".")[1] in PURE)
-    loaded = _fresh_import("import importlib\n" + "".join(
-        f"importlib.import_module({m!r})\n" for m in modules))
+    loaded = _fresh_import(
+        "import importlib\n" + "".join(f"importlib.import_module({m!r})\n" for m in modules)
+    )
     assert not loaded["ray"]
 
 
@@ -93,18 +101,22 @@ def test_envs_and_config_load_without_torch(tmp_path):
     bad.write_text("algo:\n  kl_coef: -1\n")
     env_modules = sorted(m for m in MODULES if m.startswith("tether.envs"))
     loaded = _fresh_import(
-        "import importlib\n" + "".join(f"importlib.import_module({m!r})\n" for m in env_modules)
+        "import importlib\n"
+        + "".join(f"importlib.import_module({m!r})\n" for m in env_modules)
         + "from tether.platform.config import ConfigError, load_config\n"
         + f"load_config({str(ROOT.parent / 'experiments' / 'quickstart.yaml')!r})\n"
         + f"try:\n    load_config({str(bad)!r})\nexcept ConfigError as exc:\n"
-        + "    assert 'algo.kl_coef' in str(exc)\nelse:\n    raise SystemExit('accepted')\n")
+        + "    assert 'algo.kl_coef' in str(exc)\nelse:\n    raise SystemExit('accepted')\n"
+    )
     assert not loaded["torch"] and not loaded["ray"] and not loaded["transformers"]
 
 
 def test_import_tether_registers_the_envs_without_torch():
-    loaded = _fresh_import("import gymnasium, tether\n"
-                           "env = gymnasium.make('tether/FrozenLake-v0').unwrapped\n"
-                           "assert type(env).__name__ == 'FrozenLakeEnv'\n")
+    loaded = _fresh_import(
+        "import gymnasium, tether\n"
+        "env = gymnasium.make('tether/FrozenLake-v0').unwrapped\n"
+        "assert type(env).__name__ == 'FrozenLakeEnv'\n"
+    )
     assert not loaded["torch"] and not loaded["ray"]
 
 
@@ -143,8 +155,11 @@ def test_no_import_cycles():
 
 def _choices(model, field: str) -> set[str]:
     annotation = model.model_fields[field].annotation
-    literal = next(a for a in (annotation, *typing.get_args(annotation))
-                   if typing.get_origin(a) is typing.Literal)
+    literal = next(
+        a
+        for a in (annotation, *typing.get_args(annotation))
+        if typing.get_origin(a) is typing.Literal
+    )
     return set(typing.get_args(literal))
 
 

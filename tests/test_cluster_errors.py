@@ -20,10 +20,22 @@ def test_unreachable_address_says_so_within_30_seconds(tmp_path):
     port = _closed_port()
     started = time.monotonic()
     done = subprocess.run(
-        [sys.executable, "-m", "tether.platform.cli", "run", "experiments/quickstart.yaml",
-         f"experiment.output_dir={tmp_path}", f"model.cache_dir={tmp_path / 'models'}",
-         "--address", f"127.0.0.1:{port}"],
-        capture_output=True, text=True, timeout=120, cwd=Path(__file__).parent.parent)
+        [
+            sys.executable,
+            "-m",
+            "tether.platform.cli",
+            "run",
+            "experiments/quickstart.yaml",
+            f"experiment.output_dir={tmp_path}",
+            f"model.cache_dir={tmp_path / 'models'}",
+            "--address",
+            f"127.0.0.1:{port}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).parent.parent,
+    )
     elapsed = time.monotonic() - started
     assert done.returncode == 2, done.stdout + done.stderr
     lines = [line for line in done.stderr.splitlines() if line.strip()]
@@ -47,13 +59,25 @@ stop_ray(started)
 def test_local_ray_services_stay_on_loopback(tmp_path):
     """A local Ray started the way the CLI starts it advertises and binds 127.0.0.1,
     not the machine's outward address (Ray's default on Linux)."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_ADDRESS")}
-    done = subprocess.run([sys.executable, "-c", LOCAL_RAY_ADDRESSES], capture_output=True,
-                          text=True, timeout=180, env=env, cwd=tmp_path)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_ADDRESS")
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", LOCAL_RAY_ADDRESSES],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=env,
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
-    found = dict(line.split(" ", 1) for line in done.stdout.splitlines()
-                 if line.startswith(("NODE ", "GCS ")))
+    found = dict(
+        line.split(" ", 1)
+        for line in done.stdout.splitlines()
+        if line.startswith(("NODE ", "GCS "))
+    )
     assert found["NODE"] == "127.0.0.1", done.stdout
     assert found["GCS"].startswith("127.0.0.1:"), done.stdout
 
@@ -70,18 +94,32 @@ def test_a_refused_run_waits_for_an_autoscaler_only_when_asked(ray_local):
     )
 
     assert not autoscaler_published()
-    demand = [ResourceDemand("rollout worker", "rollout.num_workers", 1,
-                             "rollout.num_cpus_per_worker", 1.0, "rollout.num_gpus_per_worker", 1.0)]
+    demand = [
+        ResourceDemand(
+            "rollout worker",
+            "rollout.num_workers",
+            1,
+            "rollout.num_cpus_per_worker",
+            1.0,
+            "rollout.num_gpus_per_worker",
+            1.0,
+        )
+    ]
     started = time.monotonic()
-    with pytest.raises(ClusterError, match="asks for 1 GPU but no node of the cluster has more than 0"):
+    with pytest.raises(
+        ClusterError, match="asks for 1 GPU but no node of the cluster has more than 0"
+    ):
         wait_for_autoscaler(lambda: check_resources(demand), 0.0)
     assert time.monotonic() - started < 2.0
     started = time.monotonic()
     with pytest.raises(ClusterError):
         wait_for_autoscaler(lambda: check_resources(demand), 3.0)
     assert time.monotonic() - started >= 3.0
-    fits = [ResourceDemand("learner", "algo.learner_world_size", 1, "algo.num_cpus", 0.5,
-                           "algo.num_gpus", 0.0)]
+    fits = [
+        ResourceDemand(
+            "learner", "algo.learner_world_size", 1, "algo.num_cpus", 0.5, "algo.num_gpus", 0.0
+        )
+    ]
     started = time.monotonic()
-    wait_for_autoscaler(lambda: check_resources(fits), 30.0)      # fits: no wait
+    wait_for_autoscaler(lambda: check_resources(fits), 30.0)  # fits: no wait
     assert time.monotonic() - started < 2.0

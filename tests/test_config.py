@@ -11,23 +11,33 @@ def test_defaults_are_the_paper_batch():
 
 
 def test_dotted_overrides_parse_yaml_values():
-    cfg = build_config({}, ["algo.kl_coef=0.01", "rollout.group_size=4", "env.kwargs={size: 5}",
-                            "filter.strategy=top_k"])
+    cfg = build_config(
+        {},
+        [
+            "algo.kl_coef=0.01",
+            "rollout.group_size=4",
+            "env.kwargs={size: 5}",
+            "filter.strategy=top_k",
+        ],
+    )
     assert cfg.algo.kl_coef == pytest.approx(0.01)
     assert cfg.rollout.group_size == 4
     assert cfg.env.kwargs == {"size": 5}
     assert cfg.filter.strategy == "top_k"
 
 
-@pytest.mark.parametrize("overrides, path", [
-    (["algo.kl_cofe=0.1"], "algo.kl_cofe"),
-    (["rollout.group_size=-2"], "rollout.group_size"),
-    (["filter.value=1.5"], "filter"),
-    (["filter.strategy=top_q"], "filter.strategy"),
-    (["model.path=/nonexistent/model"], "model"),
-    (["nosuchsection.x=1"], "nosuchsection"),
-    (["env.stochasticity=1.2"], "env.stochasticity"),
-])
+@pytest.mark.parametrize(
+    "overrides, path",
+    [
+        (["algo.kl_cofe=0.1"], "algo.kl_cofe"),
+        (["rollout.group_size=-2"], "rollout.group_size"),
+        (["filter.value=1.5"], "filter"),
+        (["filter.strategy=top_q"], "filter.strategy"),
+        (["model.path=/nonexistent/model"], "model"),
+        (["nosuchsection.x=1"], "nosuchsection"),
+        (["env.stochasticity=1.2"], "env.stochasticity"),
+    ],
+)
 def test_bad_config_names_the_field(overrides, path):
     with pytest.raises(ConfigError) as err:
         build_config({}, overrides)

@@ -36,26 +36,29 @@ def test_each_response_changes_its_setting_within_its_bounds():
     new, target = TightenFilter(factor=0.5, floor=0.3).apply(KNOBS, GROUNDED, None)
     assert (new.filter_strategy, new.filter_value, target) == ("top_p", 0.45, None)
     assert TightenFilter(factor=0.1, floor=0.3).apply(KNOBS, [], None)[0].filter_value == 0.3
-    assert TightenFilter(floor=0.9).apply(KNOBS, [], None) is None           # at its floor
+    assert TightenFilter(floor=0.9).apply(KNOBS, [], None) is None  # at its floor
     none = Knobs("none", 0.0, 0.0, 0.0, 1e-3)
     assert TightenFilter(start=0.8).apply(none, [], None)[0].filter_value == 0.8
     top_k_abs = Knobs("top_k_abs", 3.0, 0.0, 0.0, 1e-3)
     assert TightenFilter(factor=0.9).apply(top_k_abs, [], None)[0].filter_value == 2.0
     assert TightenFilter().apply(Knobs("top_k_abs", 1.0, 0, 0, 1e-3), [], None) is None
-    assert RaiseKl(initial=0.01).apply(KNOBS, [], None)[0].kl_coef == 0.01   # from 0
-    assert RaiseKl(ceiling=0.05).apply(Knobs("top_p", 0.9, 0.04, 0, 1e-3), [], None)[0].kl_coef == 0.05
+    assert RaiseKl(initial=0.01).apply(KNOBS, [], None)[0].kl_coef == 0.01  # from 0
+    assert (
+        RaiseKl(ceiling=0.05).apply(Knobs("top_p", 0.9, 0.04, 0, 1e-3), [], None)[0].kl_coef == 0.05
+    )
     assert RaiseKl(ceiling=0.05).apply(Knobs("top_p", 0.9, 0.05, 0, 1e-3), [], None) is None
     assert RaiseEntropy().apply(KNOBS, [], None)[0].entropy_coef == 0.002
     new, target = Rollback(lr_factor=0.5).apply(KNOBS, GROUNDED, None)
     assert new.lr == 1.5e-4 and target == GROUNDED[1]
-    assert Rollback().apply(KNOBS, GROUNDED, 7)[1] == GROUNDED[0]            # at or before the reference
-    assert Rollback().apply(KNOBS, GROUNDED, 4) is None                        # nothing grounded before
+    assert Rollback().apply(KNOBS, GROUNDED, 7)[1] == GROUNDED[0]  # at or before the reference
+    assert Rollback().apply(KNOBS, GROUNDED, 4) is None  # nothing grounded before
 
 
 def test_controller_order_skips_cooldown_cap_and_times():
-    controller = Controller({"template_collapse": [TightenFilter(floor=0.95), RaiseKl(times=2),
-                                                   Rollback()]},
-                            ControlConfig(cooldown=2, max_actions=3))
+    controller = Controller(
+        {"template_collapse": [TightenFilter(floor=0.95), RaiseKl(times=2), Rollback()]},
+        ControlConfig(cooldown=2, max_actions=3),
+    )
     knobs, taken = KNOBS, []
     for it in range(1, 12):
         step = controller.step(it, {"template_collapse": None}, knobs, GROUNDED)
@@ -69,16 +72,24 @@ def test_controller_order_skips_cooldown_cap_and_times():
     # Not in breach: nothing; another controller from the state continues where it stopped.
     fresh = Controller(controller.responses, controller.config)
     fresh.load_state_dict(json.loads(json.dumps(controller.state_dict())))
-    assert fresh.cursor == controller.cursor and [a.kind for a in fresh.actions] == [k for _, k in taken]
+    assert fresh.cursor == controller.cursor and [a.kind for a in fresh.actions] == [
+        k for _, k in taken
+    ]
 
 
 def test_controller_waits_for_a_breach_and_records_what_changed():
-    controller = Controller({"reward_variance_collapse": [TightenFilter(factor=0.5)]}, ControlConfig())
+    controller = Controller(
+        {"reward_variance_collapse": [TightenFilter(factor=0.5)]}, ControlConfig()
+    )
     assert controller.step(1, {}, KNOBS, []) is None
     action, knobs = controller.step(2, {"reward_variance_collapse": None}, KNOBS, [])
     assert action.message == "reward_variance_collapse -> tighten_filter: filter_value 0.9 -> 0.45"
     entry = action.to_dict()
-    assert entry["name"] == "action:tighten_filter" and entry["mode"] == "act" and entry["iteration"] == 2
+    assert (
+        entry["name"] == "action:tighten_filter"
+        and entry["mode"] == "act"
+        and entry["iteration"] == 2
+    )
     assert controller.step(9, {"reward_variance_collapse": None}, knobs, []) is None  # list used up
 
 
@@ -86,16 +97,28 @@ def test_act_mode_needs_responses_and_builds_a_controller():
     with pytest.raises(ValidationError, match="needs at least one entry"):
         AlarmsConfig.model_validate({"output_length_collapse": {"mode": "act"}})
     with pytest.raises(ValidationError):
-        AlarmsConfig.model_validate({"template_collapse": {"mode": "act", "actions": [{"kind": "pray"}]}})
+        AlarmsConfig.model_validate(
+            {"template_collapse": {"mode": "act", "actions": [{"kind": "pray"}]}}
+        )
     assert AlarmsConfig().controller() is None
     config = AlarmsConfig.model_validate({"template_collapse": {"mode": "act"}})
     assert [r.kind for r in config.controller().responses["template_collapse"]] == [
-        "tighten_filter", "raise_kl", "rollback"]
+        "tighten_filter",
+        "raise_kl",
+        "rollback",
+    ]
 
 
 def test_monitor_reports_act_alarms_in_breach():
-    config = AlarmsConfig.model_validate({"empty_after_filter": {"mode": "act", "patience": 1,
-                                                                 "actions": [{"kind": "tighten_filter"}]}})
+    config = AlarmsConfig.model_validate(
+        {
+            "empty_after_filter": {
+                "mode": "act",
+                "patience": 1,
+                "actions": [{"kind": "tighten_filter"}],
+            }
+        }
+    )
     monitor = AlarmMonitor(config, clock=lambda: 0.0)
     monitor.update(1, {"filter/empty": 0.0})
     assert monitor.in_breach() == {}
@@ -109,25 +132,44 @@ def test_monitor_reports_act_alarms_in_breach():
 # rollout/worker_failures is 0 at every iteration of a healthy run: read as a valid-reasoning
 # rate it breaches format_collapse at once (a synthetic alarm that holds), read as a
 # p-value every checkpoint counts as grounded (a rollback target).
-ACT = {"format_collapse": {"mode": "act", "reasoning_metric": "rollout/worker_failures",
-                           "min_rate": 0.5, "patience": 1,
-                           "actions": [{"kind": "raise_kl", "initial": 0.01},
-                                       {"kind": "raise_entropy", "initial": 0.002},
-                                       {"kind": "rollback", "lr_factor": 0.5},
-                                       {"kind": "tighten_filter", "start": 0.9},
-                                       {"kind": "tighten_filter", "factor": 0.5}]},
-       "template_collapse": {"p_metric": "rollout/worker_failures"},
-       "control": {"cooldown": 1, "max_actions": 4}}
+ACT = {
+    "format_collapse": {
+        "mode": "act",
+        "reasoning_metric": "rollout/worker_failures",
+        "min_rate": 0.5,
+        "patience": 1,
+        "actions": [
+            {"kind": "raise_kl", "initial": 0.01},
+            {"kind": "raise_entropy", "initial": 0.002},
+            {"kind": "rollback", "lr_factor": 0.5},
+            {"kind": "tighten_filter", "start": 0.9},
+            {"kind": "tighten_filter", "factor": 0.5},
+        ],
+    },
+    "template_collapse": {"p_metric": "rollout/worker_failures"},
+    "control": {"cooldown": 1, "max_actions": 4},
+}
 
 
 def _config(tmp_path, models_dir, iterations):
-    cfg = build_config(micro_config_dict(
-        tmp_path, rollout={"num_workers": 1},
-        algo={"preset": "grpo", "kl_coef": 0.0, "entropy_coef": 0.001, "lr": 1e-3},
-        filter={"strategy": "none", "value": 1.0},
-        trainer={"iterations": iterations, "val_every": 100, "val_episodes": 2,
-                 "checkpoint_every": 1, "samples_per_log": 0},
-        diagnostics={"enabled": False}, alarms=ACT, tracking={"log_model": False}))
+    cfg = build_config(
+        micro_config_dict(
+            tmp_path,
+            rollout={"num_workers": 1},
+            algo={"preset": "grpo", "kl_coef": 0.0, "entropy_coef": 0.001, "lr": 1e-3},
+            filter={"strategy": "none", "value": 1.0},
+            trainer={
+                "iterations": iterations,
+                "val_every": 100,
+                "val_episodes": 2,
+                "checkpoint_every": 1,
+                "samples_per_log": 0,
+            },
+            diagnostics={"enabled": False},
+            alarms=ACT,
+            tracking={"log_model": False},
+        )
+    )
     cfg.model.cache_dir = models_dir
     return cfg
 
@@ -162,26 +204,63 @@ def test_actions_change_settings_and_are_logged(acted):
     assert summary.status == "FINISHED" and summary.iterations == 5
     client = MlflowClient(summary.tracking_uri)
     # The settings in force at each iteration: an action at the end of iteration k acts from k + 1.
-    assert _history(client, summary.run_id, "control/kl_coef") == {1: 0.0, 2: 0.01, 3: 0.01, 4: 0.01, 5: 0.01}
+    assert _history(client, summary.run_id, "control/kl_coef") == {
+        1: 0.0,
+        2: 0.01,
+        3: 0.01,
+        4: 0.01,
+        5: 0.01,
+    }
     assert _history(client, summary.run_id, "control/entropy_coef") == {
-        1: 0.001, 2: 0.001, 3: 0.002, 4: 0.002, 5: 0.002}
-    assert _history(client, summary.run_id, "control/lr") == {1: 1e-3, 2: 1e-3, 3: 1e-3, 4: 5e-4, 5: 5e-4}
-    assert _history(client, summary.run_id, "control/filter_value") == {1: 1.0, 2: 1.0, 3: 1.0, 4: 1.0, 5: 0.9}
+        1: 0.001,
+        2: 0.001,
+        3: 0.002,
+        4: 0.002,
+        5: 0.002,
+    }
+    assert _history(client, summary.run_id, "control/lr") == {
+        1: 1e-3,
+        2: 1e-3,
+        3: 1e-3,
+        4: 5e-4,
+        5: 5e-4,
+    }
+    assert _history(client, summary.run_id, "control/filter_value") == {
+        1: 1.0,
+        2: 1.0,
+        3: 1.0,
+        4: 1.0,
+        5: 0.9,
+    }
     # The KL term enters the loss once raised: the learner loaded the reference mid-run.
     kl = _history(client, summary.run_id, "actor/kl_coef")
     assert 1 not in kl and kl[2] == kl[3] == kl[4] == 0.01
     # The cap (4) holds: the fifth response is never taken.
-    assert _history(client, summary.run_id, "control/actions") == {1: 0.0, 2: 1.0, 3: 2.0, 4: 3.0, 5: 4.0}
+    assert _history(client, summary.run_id, "control/actions") == {
+        1: 0.0,
+        2: 1.0,
+        3: 2.0,
+        4: 3.0,
+        5: 4.0,
+    }
     tags = client.get_run(summary.run_id).data.tags
     assert tags["control.1"] == "iteration 1: format_collapse -> raise_kl: kl_coef 0 -> 0.01"
-    assert tags["control.3"].startswith("iteration 3: format_collapse -> rollback: lr 0.001 -> 0.0005; "
-                                        "weights and optimiser from iteration 2")
-    assert tags["control.4"] == ("iteration 4: format_collapse -> tighten_filter: "
-                                 "filter_strategy none -> top_p, filter_value 1 -> 0.9")
+    assert tags["control.3"].startswith(
+        "iteration 3: format_collapse -> rollback: lr 0.001 -> 0.0005; "
+        "weights and optimiser from iteration 2"
+    )
+    assert tags["control.4"] == (
+        "iteration 4: format_collapse -> tighten_filter: "
+        "filter_strategy none -> top_p, filter_value 1 -> 0.9"
+    )
     assert "control.5" not in tags
     assert [(e["iteration"], e["name"]) for e in _entries(summary)] == [
-        (1, "format_collapse"), (1, "action:raise_kl"), (2, "action:raise_entropy"),
-        (3, "action:rollback"), (4, "action:tighten_filter")]
+        (1, "format_collapse"),
+        (1, "action:raise_kl"),
+        (2, "action:raise_entropy"),
+        (3, "action:rollback"),
+        (4, "action:tighten_filter"),
+    ]
 
 
 def test_rollback_restores_weights_and_optimiser_exactly(acted):
@@ -189,17 +268,21 @@ def test_rollback_restores_weights_and_optimiser_exactly(acted):
     # The rollback at iteration 3 loaded iteration 2's checkpoint; iteration 3's checkpoint
     # is written right after it, with no update in between.
     (target,) = targets
-    after = load_checkpoint(cfg.experiment.output_dir / "checkpoints" / summary.run_id
-                            / "iter_000003.pt")["learner"]
+    after = load_checkpoint(
+        cfg.experiment.output_dir / "checkpoints" / summary.run_id / "iter_000003.pt"
+    )["learner"]
     assert set(target["model"]) == set(after["model"])
     for name, tensor in target["model"].items():
         assert torch.equal(tensor, after["model"][name]), name
     assert set(target["optimizer"]["state"]) == set(after["optimizer"]["state"])
     for pid, state in target["optimizer"]["state"].items():
         for key, value in state.items():
-            assert torch.equal(torch.as_tensor(value), torch.as_tensor(after["optimizer"]["state"][pid][key]))
+            assert torch.equal(
+                torch.as_tensor(value), torch.as_tensor(after["optimizer"]["state"][pid][key])
+            )
     assert [g["lr"] for g in after["optimizer"]["param_groups"]] == [
-        0.5 * g["lr"] for g in target["optimizer"]["param_groups"]]
+        0.5 * g["lr"] for g in target["optimizer"]["param_groups"]
+    ]
     assert after["updates"] == target["updates"]
 
 
@@ -215,7 +298,13 @@ def test_resumed_run_continues_with_the_controllers_state(acted, models_dir, ray
         return [(e["iteration"], e["name"]) for e in _entries(summary) if e["mode"] == "act"]
 
     assert actions(resumed) == actions(whole)
-    for key in ("control/filter_value", "control/kl_coef", "control/entropy_coef", "control/lr",
-                "control/actions"):
-        assert (_history(MlflowClient(resumed.tracking_uri), resumed.run_id, key)
-                == _history(MlflowClient(whole.tracking_uri), whole.run_id, key)), key
+    for key in (
+        "control/filter_value",
+        "control/kl_coef",
+        "control/entropy_coef",
+        "control/lr",
+        "control/actions",
+    ):
+        assert _history(MlflowClient(resumed.tracking_uri), resumed.run_id, key) == _history(
+            MlflowClient(whole.tracking_uri), whole.run_id, key
+        ), key

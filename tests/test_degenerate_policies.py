@@ -33,20 +33,30 @@ def run_policy(name, micro_policy, degenerate_dir):
     """Two iterations of the policy (once per test session), all runs in one MLflow store."""
     if name not in _SUMMARIES:
         path = build_degenerate_policy(name, micro_policy, degenerate_dir / name)
-        cfg = build_config(micro_config_dict(
-            degenerate_dir / f"run-{name}", model={"path": str(path)},
-            experiment={"name": "degenerate", "run_name": name},
-            rollout={"num_workers": 1, "groups": 2, "group_size": 4, "max_reply_tokens": 48},
-            diagnostics={"every": 1, "chain_every": 1, "grad_snr_every": 1, "grad_snr_buckets": 2},
-            trainer={"iterations": 2, "val_every": 2, "val_episodes": 4, "checkpoint_every": 2},
-            tracking={"uri": f"sqlite:///{degenerate_dir / 'mlflow.db'}", "log_model": False}))
+        cfg = build_config(
+            micro_config_dict(
+                degenerate_dir / f"run-{name}",
+                model={"path": str(path)},
+                experiment={"name": "degenerate", "run_name": name},
+                rollout={"num_workers": 1, "groups": 2, "group_size": 4, "max_reply_tokens": 48},
+                diagnostics={
+                    "every": 1,
+                    "chain_every": 1,
+                    "grad_snr_every": 1,
+                    "grad_snr_buckets": 2,
+                },
+                trainer={"iterations": 2, "val_every": 2, "val_episodes": 4, "checkpoint_every": 2},
+                tracking={"uri": f"sqlite:///{degenerate_dir / 'mlflow.db'}", "log_model": False},
+            )
+        )
         _SUMMARIES[name] = Trainer(cfg).run()
     return _SUMMARIES[name]
 
 
 @pytest.mark.parametrize("name", POLICIES)
-def test_degenerate_policy_gives_metrics_and_alarms_not_a_crash(name, micro_policy, degenerate_dir,
-                                                               ray_local):
+def test_degenerate_policy_gives_metrics_and_alarms_not_a_crash(
+    name, micro_policy, degenerate_dir, ray_local
+):
     summary = run_policy(name, micro_policy, degenerate_dir)
     assert summary.status == "FINISHED" and summary.iterations == 2
     client = MlflowClient(summary.tracking_uri)
@@ -56,8 +66,12 @@ def test_degenerate_policy_gives_metrics_and_alarms_not_a_crash(name, micro_poli
         return {m.step: m.value for m in client.get_metric_history(summary.run_id, key)}
 
     # Rollout metrics and the diagnostics' counts exist at both iterations, whatever the replies.
-    for key in ("rollout/valid_reasoning_rate", "rollout/action_valid_rate",
-                "collapse/first_turn/num_pairs", "filter/kept_groups"):
+    for key in (
+        "rollout/valid_reasoning_rate",
+        "rollout/action_valid_rate",
+        "collapse/first_turn/num_pairs",
+        "filter/kept_groups",
+    ):
         assert set(history(key)) == {1, 2}, key
     valid_reasoning = history("rollout/valid_reasoning_rate")
     alarms = {a["name"] for a in summary.alarms}
@@ -71,16 +85,20 @@ def test_degenerate_policy_gives_metrics_and_alarms_not_a_crash(name, micro_poli
         assert valid_reasoning == {1: 0.0, 2: 0.0}
         assert metrics["collapse/first_turn/num_pairs"] == 0
         assert "collapse/first_turn/mi_estimate" not in metrics
-    if name == "no_action":      # an empty answer makes the whole reply malformed
-        assert metrics["rollout/action_valid_rate"] == 0.0 and metrics["rollout/format_ok_rate"] == 0.0
+    if name == "no_action":  # an empty answer makes the whole reply malformed
+        assert (
+            metrics["rollout/action_valid_rate"] == 0.0 and metrics["rollout/format_ok_rate"] == 0.0
+        )
     if name == "constant":
         # Well-formed, and scored: reasoning that ignores its input is not significantly grounded.
         assert min(valid_reasoning.values()) >= 0.5 and "format_collapse" not in alarms
         assert metrics["collapse/first_turn/num_pairs"] > 0
         assert metrics["collapse/first_turn/p_grounded"] > 0.05
         assert metrics["collapse/first_turn/grounded"] == 0.0
-        low, high = (metrics["collapse/first_turn/mi_estimate_ci_low"],
-                     metrics["collapse/first_turn/mi_estimate_ci_high"])
+        low, high = (
+            metrics["collapse/first_turn/mi_estimate_ci_low"],
+            metrics["collapse/first_turn/mi_estimate_ci_high"],
+        )
         assert low <= metrics["collapse/first_turn/mi_estimate"] <= high
     if name == "babble":
         assert metrics["rollout/length_truncated_rate"] == 1.0
@@ -92,14 +110,17 @@ def test_report_and_regimes_over_degenerate_runs(micro_policy, degenerate_dir, r
     from tether.analysis.report import build_report
     from tether.analysis.source import load_target
 
-    summaries = [run_policy(name, micro_policy, degenerate_dir) for name in ("empty_reasoning", "constant")]
+    summaries = [
+        run_policy(name, micro_policy, degenerate_dir) for name in ("empty_reasoning", "constant")
+    ]
     _, runs = load_target(summaries[0].tracking_uri, "degenerate")
     assert {"empty_reasoning", "constant"} <= {r.name for r in runs}
     report = build_report(runs, tmp_path / "report", "degenerate policies")
     html = (tmp_path / "report" / "report.html").read_text()
     assert "degenerate policies" in html and "format_collapse" in html
     regimes = {row["run"]: row["regime"] for row in report.sections["regimes"].rows}
-    assert "empty_reasoning" not in regimes                 # nothing to place on the plot
-    assert regimes["constant"] in ("template collapse", "low-entropy collapse") \
-        or regimes["constant"].startswith("undetermined"), regimes
+    assert "empty_reasoning" not in regimes  # nothing to place on the plot
+    assert regimes["constant"] in ("template collapse", "low-entropy collapse") or regimes[
+        "constant"
+    ].startswith("undetermined"), regimes
     assert any("empty_reasoning" in note for note in report.notes)

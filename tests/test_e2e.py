@@ -16,8 +16,13 @@ def _history(client, run_id, key):
 @pytest.fixture(scope="module")
 def finished_run(micro_policy, models_dir, ray_local, tmp_path_factory):
     out = tmp_path_factory.mktemp("e2e")
-    cfg = build_config(micro_config_dict(out, trainer={"iterations": 3, "val_every": 3},
-                                         diagnostics={"grad_snr_every": 3, "grad_snr_buckets": 2}))
+    cfg = build_config(
+        micro_config_dict(
+            out,
+            trainer={"iterations": 3, "val_every": 3},
+            diagnostics={"grad_snr_every": 3, "grad_snr_buckets": 2},
+        )
+    )
     cfg.model.cache_dir = models_dir
     summary = Trainer(cfg).run()
     return cfg, summary
@@ -32,10 +37,21 @@ def test_run_finishes_and_logs_to_mlflow(finished_run):
     assert run.data.params["rollout.group_size"] == "4"
     assert run.data.params["algo.kl_coef"] == "0.01"
     batch = cfg.rollout.groups * cfg.rollout.group_size
-    assert _history(client, summary.run_id, "rollout/trajectories") == {1: batch, 2: batch, 3: batch}
-    for key in ("rollout/success", "rollout/reward_mean", "rollout/in_group_reward_std",
-                "filter/kept_ratio", "filter/zero_variance_groups", "rollout/response_length",
-                "timing/collect", "rollout/tokens_per_s"):
+    assert _history(client, summary.run_id, "rollout/trajectories") == {
+        1: batch,
+        2: batch,
+        3: batch,
+    }
+    for key in (
+        "rollout/success",
+        "rollout/reward_mean",
+        "rollout/in_group_reward_std",
+        "filter/kept_ratio",
+        "filter/zero_variance_groups",
+        "rollout/response_length",
+        "timing/collect",
+        "rollout/tokens_per_s",
+    ):
         assert set(_history(client, summary.run_id, key)) == {1, 2, 3}, key
     for it, kept in _history(client, summary.run_id, "filter/kept_groups").items():
         assert 0 <= kept <= cfg.rollout.groups
@@ -61,8 +77,17 @@ def test_run_finishes_and_logs_to_mlflow(finished_run):
 def test_run_records_what_it_ran_on(finished_run):
     cfg, summary = finished_run
     tags = MlflowClient(summary.tracking_uri).get_run(summary.run_id).data.tags
-    for key in ("env.python", "env.torch", "env.transformers", "env.ray", "env.mlflow", "env.cpu",
-                "env.torch_threads", "env.torch_deterministic_algorithms", "env.tether_commit"):
+    for key in (
+        "env.python",
+        "env.torch",
+        "env.transformers",
+        "env.ray",
+        "env.mlflow",
+        "env.cpu",
+        "env.torch_threads",
+        "env.torch_deterministic_algorithms",
+        "env.tether_commit",
+    ):
         assert tags.get(key) not in (None, ""), key
     import torch
 
@@ -116,11 +141,15 @@ def test_gradient_snr_by_reward_variance_bucket(finished_run):
 
 def test_alarm_in_stop_mode_ends_the_run_cleanly(micro_policy, models_dir, ray_local, tmp_path):
     # top_p with rho = 0 keeps no group, so empty_after_filter trips after 2 iterations.
-    cfg = build_config(micro_config_dict(
-        tmp_path, trainer={"iterations": 4, "val_every": 4}, filter={"strategy": "top_p",
-                                                                    "value": 0.0},
-        alarms={"empty_after_filter": {"mode": "stop", "patience": 2}},
-        diagnostics={"enabled": False}))
+    cfg = build_config(
+        micro_config_dict(
+            tmp_path,
+            trainer={"iterations": 4, "val_every": 4},
+            filter={"strategy": "top_p", "value": 0.0},
+            alarms={"empty_after_filter": {"mode": "stop", "patience": 2}},
+            diagnostics={"enabled": False},
+        )
+    )
     cfg.model.cache_dir = models_dir
     summary = Trainer(cfg).run()
     assert summary.status == "FINISHED" and summary.iterations == 2
@@ -149,14 +178,20 @@ def test_updates_happen_when_groups_are_kept(finished_run):
     assert set(entropy) == set(kl) and all(v > 0 for v in entropy.values())
 
 
-def test_same_seed_same_first_iteration(finished_run, micro_policy, models_dir, ray_local,
-                                        tmp_path):
+def test_same_seed_same_first_iteration(
+    finished_run, micro_policy, models_dir, ray_local, tmp_path
+):
     cfg, summary = finished_run
     again = build_config(micro_config_dict(tmp_path, trainer={"iterations": 1, "val_every": 1}))
     again.model.cache_dir = models_dir
     second = Trainer(again).run()
     client = MlflowClient(summary.tracking_uri)
     client2 = MlflowClient(second.tracking_uri)
-    for key in ("rollout/reward_mean", "rollout/success", "rollout/response_length",
-                "filter/kept_groups", "rollout/in_group_reward_std"):
+    for key in (
+        "rollout/reward_mean",
+        "rollout/success",
+        "rollout/response_length",
+        "filter/kept_groups",
+        "rollout/in_group_reward_std",
+    ):
         assert _history(client, summary.run_id, key)[1] == _history(client2, second.run_id, key)[1]

@@ -48,10 +48,24 @@ def test_solver_handles_fraction_only_puzzles_and_reports_none():
     assert solve_countdown([1, 1, 1], 50) is None
 
 
-@pytest.mark.parametrize("answer, reward", [
-    ("2*3*4", 1.0), ("(4*3)*2", 1.0), (" 4 * (3 * 2) ", 1.0), ("24/(4/(2*2))", 0.0),
-    ("2+3+4", 0.1), ("4/2*3", 0.1), ("4-(3-2)", 0.1),
-    ("(4-2)*3", 0.1), ("(4-2)*2", 0.0), ("2*3*4*1", 0.0), ("24", 0.0), ("2*2*3*4", 0.0), ("6*4", 0.0)])
+@pytest.mark.parametrize(
+    "answer, reward",
+    [
+        ("2*3*4", 1.0),
+        ("(4*3)*2", 1.0),
+        (" 4 * (3 * 2) ", 1.0),
+        ("24/(4/(2*2))", 0.0),
+        ("2+3+4", 0.1),
+        ("4/2*3", 0.1),
+        ("4-(3-2)", 0.1),
+        ("(4-2)*3", 0.1),
+        ("(4-2)*2", 0.0),
+        ("2*3*4*1", 0.0),
+        ("24", 0.0),
+        ("2*2*3*4", 0.0),
+        ("6*4", 0.0),
+    ],
+)
 def test_rewards(answer, reward):
     env = fixed(24, [2, 3, 4])
     obs, got, terminated, truncated, info = env.step(answer)
@@ -67,10 +81,31 @@ def test_division_by_zero_is_a_wrong_value_and_duplicates_count():
     assert fixed(24, [1, 3, 4, 6]).score("6/(1-3/4)") == (1.0, True, True)
 
 
-INVALID_ANSWERS = ["", "  ", "abc", "2**3**4", "2^3", "__import__('os').system('ls')",
-                   "-2+3+4", "2*(3+4", "1e5", "3.5*2", "1_0", "08+1", "2 3 4", "()",
-                   "\uff12*\uff13*\uff14", "\u0662*3*4", "2*3*4=24", "2*3*4\n2",
-                   "9" * 5_000_000, "(" * 300 + "1" + ")" * 300, "lambda: 1", None, 24]
+INVALID_ANSWERS = [
+    "",
+    "  ",
+    "abc",
+    "2**3**4",
+    "2^3",
+    "__import__('os').system('ls')",
+    "-2+3+4",
+    "2*(3+4",
+    "1e5",
+    "3.5*2",
+    "1_0",
+    "08+1",
+    "2 3 4",
+    "()",
+    "\uff12*\uff13*\uff14",
+    "\u0662*3*4",
+    "2*3*4=24",
+    "2*3*4\n2",
+    "9" * 5_000_000,
+    "(" * 300 + "1" + ")" * 300,
+    "lambda: 1",
+    None,
+    24,
+]
 
 
 @pytest.mark.parametrize("answer", INVALID_ANSWERS, ids=lambda a: repr(a)[:20])
@@ -126,8 +161,9 @@ def test_demonstrations_solve_and_show_their_steps():
             env.reset(seed=seed)
             reasoning, answer = env.demonstration(rng)
             assert len(reasoning.split()) <= 25
-            assert reasoning.startswith(f"Target {env.target} from "
-                                        f"{', '.join(map(str, env.numbers))}: ")
+            assert reasoning.startswith(
+                f"Target {env.target} from {', '.join(map(str, env.numbers))}: "
+            )
             assert reasoning.endswith(f"={env.target}.")
             assert len(re.findall(r"=", reasoning)) == num_count - 1
             assert env.score(answer) == (1.0, True, True)
@@ -136,9 +172,12 @@ def test_demonstrations_solve_and_show_their_steps():
 def test_demonstration_example_and_noise():
     env = fixed(24, [2, 3, 4])
     assert env.demonstration(np.random.default_rng(0)) == (
-        "Target 24 from 2, 3, 4: 3*2=6, 6*4=24.", "3*2*4")
-    assert (env.demonstration(np.random.default_rng(5), noise=0.5)
-            == env.demonstration(np.random.default_rng(5), noise=0.5))
+        "Target 24 from 2, 3, 4: 3*2=6, 6*4=24.",
+        "3*2*4",
+    )
+    assert env.demonstration(np.random.default_rng(5), noise=0.5) == env.demonstration(
+        np.random.default_rng(5), noise=0.5
+    )
     rng = np.random.default_rng(1)
     noisy = [env.demonstration(rng, noise=1.0) for _ in range(100)]
     assert all(env.score(answer) == (0.1, True, False) for _, answer in noisy)

@@ -36,7 +36,9 @@ def run_in_process(problem, code: str) -> list[bool]:
         namespace: dict = {"__name__": "__main__"}
         if problem.fn_name:
             exec(code, namespace)
-            results.append(same_function_output(namespace[problem.fn_name](*test.input), test.output))
+            results.append(
+                same_function_output(namespace[problem.fn_name](*test.input), test.output)
+            )
         else:
             out, stdin = io.StringIO(), sys.stdin
             sys.stdin = io.StringIO(test.input)
@@ -65,23 +67,31 @@ def test_shipped_set_is_complete_and_every_reference_passes():
 
 def test_references_pass_in_the_sandbox_too():
     env = DeepCoderEnv()
-    for problem_id in ("tether/fizzbuzz", "tether/to_binary", "tether/mean", "tether/sum_two",
-                       "tether/squares"):
+    for problem_id in (
+        "tether/fizzbuzz",
+        "tether/to_binary",
+        "tether/mean",
+        "tether/sum_two",
+        "tether/squares",
+    ):
         env.reset(options={"problem": INDEX[problem_id]})
         obs, reward, terminated, _, info = env.step(env.solve())
         assert (reward, terminated, info["success"]) == (1.0, True, True), problem_id
         assert [o.status for o in env.last_outcomes] == ["ok"] * len(env.problem.tests)
 
 
-@pytest.mark.parametrize("answer, reward", [
-    ("def add(a, b):\n    return a + b", 1.0),
-    ("```python\ndef add(a, b):\n    return b + a\n```", 1.0),
-    ("def add(a, b):\n    return a * b", 0.25),          # only add(0, 0) == 0 holds
-    ("def add(a, b):\n    return 5", 0.25),              # only add(2, 3) == 5 holds
-    ("def add(a, b):\n    return str(a + b)", 0.0),
-    ("def plus(a, b):\n    return a + b", 0.0),          # the required function is missing
-    ("def add(a, b):\n    return 1 / 0", 0.0),
-])
+@pytest.mark.parametrize(
+    "answer, reward",
+    [
+        ("def add(a, b):\n    return a + b", 1.0),
+        ("```python\ndef add(a, b):\n    return b + a\n```", 1.0),
+        ("def add(a, b):\n    return a * b", 0.25),  # only add(0, 0) == 0 holds
+        ("def add(a, b):\n    return 5", 0.25),  # only add(2, 3) == 5 holds
+        ("def add(a, b):\n    return str(a + b)", 0.0),
+        ("def plus(a, b):\n    return a + b", 0.0),  # the required function is missing
+        ("def add(a, b):\n    return 1 / 0", 0.0),
+    ],
+)
 def test_function_rewards_are_the_share_of_passed_tests(answer, reward):
     env = fixed("tether/add")
     obs, got, terminated, truncated, info = env.step(answer)
@@ -89,17 +99,32 @@ def test_function_rewards_are_the_share_of_passed_tests(answer, reward):
     assert info["success"] == (reward == 1.0) and obs == env.render()
 
 
-@pytest.mark.parametrize("answer, reward", [
-    ("a, b = map(int, input().split())\nprint(a + b)", 1.0),
-    ("print(7)", 0.5),                                   # right on 3 4 and -5 12
-    ("print(input())", 0.0),
-])
+@pytest.mark.parametrize(
+    "answer, reward",
+    [
+        ("a, b = map(int, input().split())\nprint(a + b)", 1.0),
+        ("print(7)", 0.5),  # right on 3 4 and -5 12
+        ("print(input())", 0.0),
+    ],
+)
 def test_program_rewards(answer, reward):
     assert fixed("tether/sum_two").step(answer)[1] == reward
 
 
-@pytest.mark.parametrize("answer", ["def add(a, b) return a", "", "   ", "```python\n```",
-                                    "\x00", "x" * 30_000, None, 42, "def f(:\n"])
+@pytest.mark.parametrize(
+    "answer",
+    [
+        "def add(a, b) return a",
+        "",
+        "   ",
+        "```python\n```",
+        "\x00",
+        "x" * 30_000,
+        None,
+        42,
+        "def f(:\n",
+    ],
+)
 def test_malformed_code_gets_the_format_penalty_without_running(answer):
     env = fixed("tether/add", format_penalty=-0.2)
     obs, reward, terminated, _, info = env.step(answer)
@@ -110,13 +135,18 @@ def test_malformed_code_gets_the_format_penalty_without_running(answer):
 
 def test_render_and_demonstration_example():
     env = fixed("tether/add")
-    assert env.render() == ("Task: Return the sum of a and b.\nSignature: def add(a, b):\n"
-                            "Example: add(2, 3) == 5")
+    assert env.render() == (
+        "Task: Return the sum of a and b.\nSignature: def add(a, b):\nExample: add(2, 3) == 5"
+    )
     assert env.demonstration(np.random.default_rng(0)) == (
-        "add(2, 3) == 5: return a + b.", "def add(a, b):\n    return a + b")
+        "add(2, 3) == 5: return a + b.",
+        "def add(a, b):\n    return a + b",
+    )
     env = fixed("tether/sum_two")
-    assert env.render().splitlines()[1:] == ["Program: read stdin, print to stdout.",
-                                             'Example: input "3 4" gives "7"']
+    assert env.render().splitlines()[1:] == [
+        "Program: read stdin, print to stdout.",
+        'Example: input "3 4" gives "7"',
+    ]
 
 
 def test_demonstrations_are_short_grounded_and_noise_mutates():
@@ -171,54 +201,93 @@ def test_stochasticity_zero_is_exact_and_one_ignores_the_answer():
 
 def test_loader_reads_the_public_formats(tmp_path):
     rows = [
-        {"problem": "Two sum: return indices of the two numbers adding to target.",
-         "starter_code": "class Solution:\n"
-                         "    def twoSum(self, nums: List[int], target: int) -> List[int]:\n",
-         "tests": json.dumps([{"input": "[2,7,11,15]\n9", "output": "[0,1]", "testtype": "functional"},
-                              {"input": "[3,2,4]\n6", "output": "[1,2]", "testtype": "functional"}]),
-         "metadata": json.dumps({"func_name": "twoSum"})},
-        {"problem": "Print the sum of two integers.", "starter_code": "",
-         "tests": json.dumps([{"input": "1 2\n", "output": "3\n", "testtype": "stdin"}]),
-         "metadata": "{}"},
-        {"question": "Return the product.", "id": 17,
-         "input_output": json.dumps({"fn_name": "mul", "inputs": [[2, 3], [4, 5]],
-                                     "outputs": [[6], [20]]}),
-         "solutions": json.dumps(["def mul(a, b):\n    return a * b"])},
-        {"problem": "Double it.", "tests": [{"input": [4], "output": [8], "type": "function_call",
-                                             "fn_name": "double"}]},
-        {"problem": "Echo the line.",
-         "tests": [{"input": "hi\n", "output": "hi\n", "type": "stdin_stdout"}]},
+        {
+            "problem": "Two sum: return indices of the two numbers adding to target.",
+            "starter_code": "class Solution:\n"
+            "    def twoSum(self, nums: List[int], target: int) -> List[int]:\n",
+            "tests": json.dumps(
+                [
+                    {"input": "[2,7,11,15]\n9", "output": "[0,1]", "testtype": "functional"},
+                    {"input": "[3,2,4]\n6", "output": "[1,2]", "testtype": "functional"},
+                ]
+            ),
+            "metadata": json.dumps({"func_name": "twoSum"}),
+        },
+        {
+            "problem": "Print the sum of two integers.",
+            "starter_code": "",
+            "tests": json.dumps([{"input": "1 2\n", "output": "3\n", "testtype": "stdin"}]),
+            "metadata": "{}",
+        },
+        {
+            "question": "Return the product.",
+            "id": 17,
+            "input_output": json.dumps(
+                {"fn_name": "mul", "inputs": [[2, 3], [4, 5]], "outputs": [[6], [20]]}
+            ),
+            "solutions": json.dumps(["def mul(a, b):\n    return a * b"]),
+        },
+        {
+            "problem": "Double it.",
+            "tests": [{"input": [4], "output": [8], "type": "function_call", "fn_name": "double"}],
+        },
+        {
+            "problem": "Echo the line.",
+            "tests": [{"input": "hi\n", "output": "hi\n", "type": "stdin_stdout"}],
+        },
         {"problem": "No tests here."},
     ]
     path = tmp_path / "problems.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     problems = load_problems(str(path))
     assert [(p.fn_name, len(p.tests)) for p in problems] == [
-        ("twoSum", 2), (None, 1), ("mul", 2), ("double", 1), (None, 1)]
-    assert problems[0].tests[0].input == [[2, 7, 11, 15], 9] and problems[0].tests[0].output == [0, 1]
+        ("twoSum", 2),
+        (None, 1),
+        ("mul", 2),
+        ("double", 1),
+        (None, 1),
+    ]
+    assert problems[0].tests[0].input == [[2, 7, 11, 15], 9] and problems[0].tests[0].output == [
+        0,
+        1,
+    ]
     assert problems[2].id == "17" and problems[2].solution.startswith("def mul")
     env = make("deepcoder", data_path=str(path))
-    answers = ["class Solution:\n    def twoSum(self, nums, target):\n"
-               "        seen = {}\n        for i, x in enumerate(nums):\n"
-               "            if target - x in seen:\n                return [seen[target - x], i]\n"
-               "            seen[x] = i",
-               "print(sum(map(int, input().split())))", "def mul(a, b):\n    return a * b",
-               "def double(x):\n    return 2 * x", "print(input())"]
+    answers = [
+        "class Solution:\n    def twoSum(self, nums, target):\n"
+        "        seen = {}\n        for i, x in enumerate(nums):\n"
+        "            if target - x in seen:\n                return [seen[target - x], i]\n"
+        "            seen[x] = i",
+        "print(sum(map(int, input().split())))",
+        "def mul(a, b):\n    return a * b",
+        "def double(x):\n    return 2 * x",
+        "print(input())",
+    ]
     for i, answer in enumerate(answers):
         env.reset(options={"problem": i})
         assert env.step(answer)[1] == 1.0, i
     env.reset(options={"problem": 2})
     assert env.demonstration(np.random.default_rng(0)) == (
-        "mul(2, 3) == [6]: implement it as the task says.", "def mul(a, b):\n    return a * b")
+        "mul(2, 3) == [6]: implement it as the task says.",
+        "def mul(a, b):\n    return a * b",
+    )
     empty = tmp_path / "empty.jsonl"
     empty.write_text(json.dumps({"problem": "x"}) + "\n")
     with pytest.raises(ValueError, match="no usable problems"):
         load_problems(str(empty))
 
 
-CODEISH = st.sampled_from(["def add(a, b):\n    return ", "import os\n", "print(", "```python\n",
-                           "class Solution:\n    def add(self, a, b):\n        return a", "lambda",
-                           "\n"])
+CODEISH = st.sampled_from(
+    [
+        "def add(a, b):\n    return ",
+        "import os\n",
+        "print(",
+        "```python\n",
+        "class Solution:\n    def add(self, a, b):\n        return a",
+        "lambda",
+        "\n",
+    ]
+)
 
 
 @settings(max_examples=25, deadline=None)

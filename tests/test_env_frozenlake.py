@@ -13,17 +13,16 @@ from hypothesis import strategies as st
 
 from tether.envs.frozenlake import FrozenLakeEnv, move, solve_frozenlake
 
-HAND_MAP = ["P_H",
-            "_H_",
-            "__G"]
+HAND_MAP = ["P_H", "_H_", "__G"]
 
 
 def state(env: FrozenLakeEnv):
     return env.render(), env.player, env.actions_taken, env.done
 
 
-@pytest.mark.parametrize("kwargs", [{}, {"start": "corner"}, {"start": "random"},
-                                    {"size": 6, "frozen_fraction": 0.7}])
+@pytest.mark.parametrize(
+    "kwargs", [{}, {"start": "corner"}, {"start": "random"}, {"size": 6, "frozen_fraction": 0.7}]
+)
 def test_solver_plan_reaches_goal(kwargs):
     env = FrozenLakeEnv(**kwargs)
     for seed in range(80):
@@ -34,7 +33,7 @@ def test_solver_plan_reaches_goal(kwargs):
         assert env.player not in env.holes and env.goal not in env.holes
         total, terminated, info = 0.0, False, {}
         for i in range(0, len(plan), 2):
-            _, reward, terminated, _, info = env.step(" || ".join(plan[i:i + 2]))
+            _, reward, terminated, _, info = env.step(" || ".join(plan[i : i + 2]))
             total += reward
         assert terminated and info["success"] and total == 1.0
         assert env.player == env.goal
@@ -74,8 +73,9 @@ def test_start_modes_place_start_and_goal():
 
 
 def test_frozen_fraction_controls_holes():
-    assert all(not FrozenLakeEnv(frozen_fraction=1.0).reset(seed=s)[0].count("H")
-               for s in range(10))
+    assert all(
+        not FrozenLakeEnv(frozen_fraction=1.0).reset(seed=s)[0].count("H") for s in range(10)
+    )
     rates = []
     for frozen in (0.9, 0.7):
         env = FrozenLakeEnv(size=6, frozen_fraction=frozen)
@@ -156,9 +156,23 @@ def test_stochasticity_one_ignores_the_requested_action():
     assert 0.65 < differs / 200 < 0.85
 
 
-INVALID_ANSWERS = ["", "\n", "down down", "Down || Right || Up", "Dwn", "South", "Down ||",
-                   "Down|Right", "y" * 3_000_000, "\u0414own", "\U0001f9ca", "Right\u200b",
-                   "<answer>Down</answer>", None, ["Down"]]
+INVALID_ANSWERS = [
+    "",
+    "\n",
+    "down down",
+    "Down || Right || Up",
+    "Dwn",
+    "South",
+    "Down ||",
+    "Down|Right",
+    "y" * 3_000_000,
+    "\u0414own",
+    "\U0001f9ca",
+    "Right\u200b",
+    "<answer>Down</answer>",
+    None,
+    ["Down"],
+]
 
 
 @pytest.mark.parametrize("answer", INVALID_ANSWERS, ids=lambda a: repr(a)[:20])
@@ -194,7 +208,9 @@ def test_demonstrations_reach_the_goal_and_are_grounded():
             at = env.player
             reasoning, answer = env.demonstration(rng)
             assert len(reasoning.split()) <= 25
-            assert reasoning.startswith(f"At ({at[0]},{at[1]}), goal ({env.goal[0]},{env.goal[1]}).")
+            assert reasoning.startswith(
+                f"At ({at[0]},{at[1]}), goal ({env.goal[0]},{env.goal[1]})."
+            )
             assert "hole" not in reasoning
             _, _, terminated, _, info = env.step(answer)
             last = re.findall(r"to \((\d+),(\d+)\)", reasoning)[-1]
@@ -207,9 +223,11 @@ def test_demonstration_example_and_noise():
     env.reset(options={"grid": HAND_MAP})
     assert env.demonstration(np.random.default_rng(0)) == (
         "At (0,0), goal (2,2). Down to (1,0) is safe, then Down to (2,0) is safe.",
-        "Down || Down")
-    assert (env.demonstration(np.random.default_rng(3), noise=0.5)
-            == env.demonstration(np.random.default_rng(3), noise=0.5))
+        "Down || Down",
+    )
+    assert env.demonstration(np.random.default_rng(3), noise=0.5) == env.demonstration(
+        np.random.default_rng(3), noise=0.5
+    )
     rng = np.random.default_rng(1)
     noisy = [env.demonstration(rng, noise=1.0) for _ in range(300)]
     assert 0.8 < np.mean([a != "Down || Down" for _, a in noisy]) < 1.0

@@ -30,18 +30,42 @@ def fixed(answer: str = "10", **kwargs) -> MetaMathQAEnv:
     return env
 
 
-@pytest.mark.parametrize("answer, gold, expected", [
-    ("10", "10", True), (" 10 ", "10", True), ("10.", "10", True), ("10.0", "10", True),
-    ("$1,200", "1200", True), ("1200 dollars", "1,200", True), ("1,200.50", "1200.5", True),
-    ("3/4", "0.75", True), ("0.75", "3/4", True), ("\\frac{3}{4}", "0.75", True),
-    ("\\boxed{12}", "12", True), ("The answer is: 42.", "42", True), ("x = -5", "-5", True),
-    ("\u22125", "-5", True), ("50%", "50", True), ("12 apples", "12", True),
-    ("0.333333", "1/3", True), ("0.33", "1/3", False), ("5", "-5", False), ("11", "10", False),
-    ("Monday", "\\text{Monday}", True), ("(2, 3)", "(2,3)", True), ("B", "b", True),
-    ("Tuesday", "Monday", False),
-    # unparseable when the gold answer is a number
-    ("ten", "10", None), ("", "10", None), ("3 + 7", "10", None), ("1,2", "12", None),
-    ("4/0", "10", None), ("1" * 201, "1", None)])
+@pytest.mark.parametrize(
+    "answer, gold, expected",
+    [
+        ("10", "10", True),
+        (" 10 ", "10", True),
+        ("10.", "10", True),
+        ("10.0", "10", True),
+        ("$1,200", "1200", True),
+        ("1200 dollars", "1,200", True),
+        ("1,200.50", "1200.5", True),
+        ("3/4", "0.75", True),
+        ("0.75", "3/4", True),
+        ("\\frac{3}{4}", "0.75", True),
+        ("\\boxed{12}", "12", True),
+        ("The answer is: 42.", "42", True),
+        ("x = -5", "-5", True),
+        ("\u22125", "-5", True),
+        ("50%", "50", True),
+        ("12 apples", "12", True),
+        ("0.333333", "1/3", True),
+        ("0.33", "1/3", False),
+        ("5", "-5", False),
+        ("11", "10", False),
+        ("Monday", "\\text{Monday}", True),
+        ("(2, 3)", "(2,3)", True),
+        ("B", "b", True),
+        ("Tuesday", "Monday", False),
+        # unparseable when the gold answer is a number
+        ("ten", "10", None),
+        ("", "10", None),
+        ("3 + 7", "10", None),
+        ("1,2", "12", None),
+        ("4/0", "10", None),
+        ("1" * 201, "1", None),
+    ],
+)
 def test_answer_normalisation(answer, gold, expected):
     assert answers_match(answer, gold) is expected
 
@@ -79,8 +103,9 @@ def test_retries_halve_the_reward():
     assert reward == env.format_penalty and not info["action_is_valid"]
 
 
-@pytest.mark.parametrize("answer", ["", "   ", "ten", "3 + 7", "I think 3 or 7", "1" * 500,
-                                    None, 10, "\ufffd"])
+@pytest.mark.parametrize(
+    "answer", ["", "   ", "ten", "3 + 7", "I think 3 or 7", "1" * 500, None, 10, "\ufffd"]
+)
 def test_malformed_answers_cost_the_penalty_and_no_attempt(answer):
     env = fixed(format_penalty=-0.2)
     obs, reward, terminated, truncated, info = env.step(answer)
@@ -104,8 +129,7 @@ def test_generator_is_exact_and_has_difficulty_steps(difficulty):
         value = problem.steps[0][0]
         for a, op, b, result in problem.steps:
             assert a == value and result >= 0
-            assert Fraction(result) == {"+": a + b, "-": a - b, "*": a * b,
-                                        "/": Fraction(a, b)}[op]
+            assert Fraction(result) == {"+": a + b, "-": a - b, "*": a * b, "/": Fraction(a, b)}[op]
             value = result
         assert problem.answer == str(value)
         assert problem.question.endswith("have now?")
@@ -117,8 +141,10 @@ def test_generator_is_deterministic_per_seed():
     a, b = MetaMathQAEnv(difficulty=3), make("tether/MetaMathQA-v0", difficulty=3)
     assert all(a.reset(seed=s)[0] == b.reset(seed=s)[0] for s in range(30))
     assert len({a.reset(seed=s)[0] for s in range(30)}) == 30
-    assert a.reset(seed=5)[0] == ("Noa has 18 marbles. Noa buys 9 more. Noa loses 20. A friend "
-                                  "gives Noa 17 more. How many marbles does Noa have now?")
+    assert a.reset(seed=5)[0] == (
+        "Noa has 18 marbles. Noa buys 9 more. Noa loses 20. A friend "
+        "gives Noa 17 more. How many marbles does Noa have now?"
+    )
     assert a.solve() == "24"  # 18+9=27, 27-20=7, 7+17=24
 
 
@@ -128,17 +154,30 @@ def write_jsonl(path, records):
 
 
 def test_loader_reads_metamathqa_and_gsm8k_files(tmp_path):
-    path = write_jsonl(tmp_path / "metamath.jsonl", [
-        {"query": "Janet has 16 eggs and eats 3. How many are left?",
-         "response": "Janet has 16 - 3 = 13 eggs left.\nThe answer is: 13",
-         "type": "GSM_Rephrased", "original_question": "..."},
-        {"question": "A pen costs $2. How much do 6 pens cost?",
-         "answer": "6 pens cost 6*2=<<6*2=12>>12 dollars.\n#### 12"},
-        {"query": "What is $\\frac{1}{2}+\\frac{1}{4}$?",
-         "response": "We add: $\\frac{2}{4}+\\frac{1}{4}=\\frac{3}{4}$. "
-                     "The answer is: \\frac{3}{4}",
-         "type": "MATH_AnsAug"},
-        "{not json", {"query": "no answer", "response": "nothing final"}, [1, 2]])
+    path = write_jsonl(
+        tmp_path / "metamath.jsonl",
+        [
+            {
+                "query": "Janet has 16 eggs and eats 3. How many are left?",
+                "response": "Janet has 16 - 3 = 13 eggs left.\nThe answer is: 13",
+                "type": "GSM_Rephrased",
+                "original_question": "...",
+            },
+            {
+                "question": "A pen costs $2. How much do 6 pens cost?",
+                "answer": "6 pens cost 6*2=<<6*2=12>>12 dollars.\n#### 12",
+            },
+            {
+                "query": "What is $\\frac{1}{2}+\\frac{1}{4}$?",
+                "response": "We add: $\\frac{2}{4}+\\frac{1}{4}=\\frac{3}{4}$. "
+                "The answer is: \\frac{3}{4}",
+                "type": "MATH_AnsAug",
+            },
+            "{not json",
+            {"query": "no answer", "response": "nothing final"},
+            [1, 2],
+        ],
+    )
     env = MetaMathQAEnv(data_path=path)
     assert [p.answer for p in env.problems] == ["13", "12", "\\frac{3}{4}"]
     seen = set()
@@ -161,9 +200,19 @@ def test_loader_reads_metamathqa_and_gsm8k_files(tmp_path):
 
 def test_loader_reads_a_json_list_like_metamathqa_395k(tmp_path):
     path = tmp_path / "MetaMathQA-395K.json"
-    path.write_text(json.dumps([
-        {"query": "What is 7 times 6?", "response": "7 * 6 = 42.\nThe answer is: 42",
-         "type": "GSM_AnsAug", "original_question": "What is 7 times 6?"}], indent=2))
+    path.write_text(
+        json.dumps(
+            [
+                {
+                    "query": "What is 7 times 6?",
+                    "response": "7 * 6 = 42.\nThe answer is: 42",
+                    "type": "GSM_AnsAug",
+                    "original_question": "What is 7 times 6?",
+                }
+            ],
+            indent=2,
+        )
+    )
     env = MetaMathQAEnv(data_path=str(path))
     assert env.reset(seed=0)[0] == "What is 7 times 6?"
     assert env.demonstration(np.random.default_rng(0)) == ("7 * 6 = 42.", "42")
@@ -193,27 +242,30 @@ def test_stochasticity_zero_is_deterministic_and_one_ignores_the_answer():
     wrong = lambda env: ["100000"] * 3  # noqa: E731
     for seed in range(10):
         assert episode(seed, right, 0.0) == [(1.0, True, True)]
-        assert episode(seed, wrong, 0.0) == [(0.0, False, False), (0.0, False, False),
-                                             (0.0, True, False)]
+        assert episode(seed, wrong, 0.0) == [
+            (0.0, False, False),
+            (0.0, False, False),
+            (0.0, True, False),
+        ]
     first_rewards = []
     for seed in range(200):
         a, b = episode(seed, right, 1.0), episode(seed, wrong, 1.0)
         assert [r[:2] for r in a] == [r[:2] for r in b]  # rewards and endings ignore the answer
         assert all(r[2] for r in a) and not any(r[2] for r in b)  # success stays truthful
         first_rewards.append(a[0][0])
-        assert all(r[0] in (0.0, 0.5 ** k) for k, r in enumerate(a))
+        assert all(r[0] in (0.0, 0.5**k) for k, r in enumerate(a))
     assert 70 < first_rewards.count(1.0) < 130 and first_rewards.count(0.0) > 70
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.text(max_size=60) | st.from_regex(r"[-$ ]?[0-9,./%]{0,12}( [a-z]{0,6})?",
-                                              fullmatch=True))
+@given(st.text(max_size=60) | st.from_regex(r"[-$ ]?[0-9,./%]{0,12}( [a-z]{0,6})?", fullmatch=True))
 def test_step_never_raises(answer):
     env = fixed("10")
     for _ in range(4):
         _, reward, terminated, _, info = env.step(answer)
-        assert reward in ((1.0, 0.5, 0.25, 0.0) if info["action_is_valid"]
-                          else (env.format_penalty,))
+        assert reward in (
+            (1.0, 0.5, 0.25, 0.0) if info["action_is_valid"] else (env.format_penalty,)
+        )
     assert answers_match(answer, answer) in (True, None)
     assert answers_match(answer, "Monday") in (True, False, None)
 

@@ -20,8 +20,11 @@ from tether.envs import (
     register_all,
 )
 
-CLASSES = {"tether/Sokoban-v0": SokobanEnv, "tether/FrozenLake-v0": FrozenLakeEnv,
-           "tether/Countdown-v0": CountdownEnv}
+CLASSES = {
+    "tether/Sokoban-v0": SokobanEnv,
+    "tether/FrozenLake-v0": FrozenLakeEnv,
+    "tether/Countdown-v0": CountdownEnv,
+}
 
 
 def test_env_ids():
@@ -40,11 +43,19 @@ def test_plain_gymnasium_make_works_with_the_env_checker(env_id):
     assert info["action_is_valid"] and isinstance(reward, float)
 
 
-@pytest.mark.parametrize("name, cls", [
-    ("tether/Sokoban-v0", SokobanEnv), ("sokoban", SokobanEnv), ("Sokoban", SokobanEnv),
-    ("FrozenLake", FrozenLakeEnv), ("frozen_lake", FrozenLakeEnv),
-    ("tether/FrozenLake-v0", FrozenLakeEnv), ("countdown", CountdownEnv),
-    ("Countdown-v0", CountdownEnv)])
+@pytest.mark.parametrize(
+    "name, cls",
+    [
+        ("tether/Sokoban-v0", SokobanEnv),
+        ("sokoban", SokobanEnv),
+        ("Sokoban", SokobanEnv),
+        ("FrozenLake", FrozenLakeEnv),
+        ("frozen_lake", FrozenLakeEnv),
+        ("tether/FrozenLake-v0", FrozenLakeEnv),
+        ("countdown", CountdownEnv),
+        ("Countdown-v0", CountdownEnv),
+    ],
+)
 def test_make_by_id_or_short_name_returns_the_unwrapped_env(name, cls):
     env = make(name)
     assert type(env) is cls and isinstance(env, TextEnv) and env.unwrapped is env
@@ -76,8 +87,15 @@ def test_registration_is_idempotent():
 
 
 def test_envs_import_neither_torch_nor_ray():
-    code = ("import sys, tether.envs as e; e.make('sokoban').reset(seed=0); "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'ray')))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, cwd=str(__import__("pathlib").Path(__file__).parents[1]))
+    code = (
+        "import sys, tether.envs as e; e.make('sokoban').reset(seed=0); "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'ray')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=str(__import__("pathlib").Path(__file__).parents[1]),
+    )
     assert out.stdout.strip() == "[]"

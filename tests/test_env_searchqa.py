@@ -17,27 +17,47 @@ from tether.envs.searchqa import SearchQAEnv, answer_reward, parse_action, token
 from tether.envs.searchqa_data import generate_knowledge_base
 
 
-@pytest.mark.parametrize("prediction, gold, reward", [
-    ("Zuput", "Zuput", 1.0), ("zuput.", "Zuput", 1.0), ("The  Nalaze Works", "Nalaze Works", 1.0),
-    ("Nalaze", "Nalaze Works", 2 / 3),                   # p=1, r=1/2
-    ("Nalaze Labs Group", "Nalaze Works", 0.4),          # p=1/3, r=1/2
-    ("an x y z Nalaze", "Nalaze Works", 1 / 3),          # p=1/4, r=1/2: just above 0.3
-    ("v x y z Nalaze", "Nalaze Works", 0.0),             # p=1/5, r=1/2: F1 0.29 < 0.3
-    ("Loro Labs", "Nalaze Works", 0.0), ("1999", "1941", 0.0)])
+@pytest.mark.parametrize(
+    "prediction, gold, reward",
+    [
+        ("Zuput", "Zuput", 1.0),
+        ("zuput.", "Zuput", 1.0),
+        ("The  Nalaze Works", "Nalaze Works", 1.0),
+        ("Nalaze", "Nalaze Works", 2 / 3),  # p=1, r=1/2
+        ("Nalaze Labs Group", "Nalaze Works", 0.4),  # p=1/3, r=1/2
+        ("an x y z Nalaze", "Nalaze Works", 1 / 3),  # p=1/4, r=1/2: just above 0.3
+        ("v x y z Nalaze", "Nalaze Works", 0.0),  # p=1/5, r=1/2: F1 0.29 < 0.3
+        ("Loro Labs", "Nalaze Works", 0.0),
+        ("1999", "1941", 0.0),
+    ],
+)
 def test_answer_reward(prediction, gold, reward):
     got, exact, f1 = answer_reward(prediction, gold)
     assert got == pytest.approx(reward) and exact == (reward == 1.0)
     assert f1 == pytest.approx(token_f1(prediction, gold) if not exact else 1.0)
 
 
-@pytest.mark.parametrize("text, parsed", [
-    ("search[Nalaze Works]", ("search", "Nalaze Works")),
-    ("  Finish [ the  answer ] ", ("finish", "the answer")),
-    ("SEARCH[a [nested query]", ("search", "a [nested query")),
-    ("search[a] finish[b]", None), ("search[a]\nfinish[b]", None), ("search[a [b] c]", None),
-    ("search Nalaze", None), ("finish[]", None), ("finish[  ]", None), ("search[!!!]", None),
-    ("look[Zuput]", None), ("search[x] finish[y", None), ("", None), (None, None), (3, None),
-    ("search[" + "a" * 201 + "]", None)])
+@pytest.mark.parametrize(
+    "text, parsed",
+    [
+        ("search[Nalaze Works]", ("search", "Nalaze Works")),
+        ("  Finish [ the  answer ] ", ("finish", "the answer")),
+        ("SEARCH[a [nested query]", ("search", "a [nested query")),
+        ("search[a] finish[b]", None),
+        ("search[a]\nfinish[b]", None),
+        ("search[a [b] c]", None),
+        ("search Nalaze", None),
+        ("finish[]", None),
+        ("finish[  ]", None),
+        ("search[!!!]", None),
+        ("look[Zuput]", None),
+        ("search[x] finish[y", None),
+        ("", None),
+        (None, None),
+        (3, None),
+        ("search[" + "a" * 201 + "]", None),
+    ],
+)
 def test_parse_action(text, parsed):
     assert parse_action(text) == parsed
 
@@ -45,42 +65,70 @@ def test_parse_action(text, parsed):
 def fixed_two_hop() -> SearchQAEnv:
     """The generated world's two-hop question of seed 2, set explicitly."""
     env = SearchQAEnv()
-    env.reset(options={"question": "In which city is the company of Tafep Zufen based?",
-                       "answer": "Mane", "hops": ["Tafep Zufen", "Loro Works"]})
+    env.reset(
+        options={
+            "question": "In which city is the company of Tafep Zufen based?",
+            "answer": "Mane",
+            "hops": ["Tafep Zufen", "Loro Works"],
+        }
+    )
     return env
 
 
 def test_a_two_hop_episode_by_hand():
     env = fixed_two_hop()
-    assert env.render() == ("Question: In which city is the company of Tafep Zufen based?\n"
-                            "No search yet.")
+    assert env.render() == (
+        "Question: In which city is the company of Tafep Zufen based?\nNo search yet."
+    )
     assert env.actions_left() == 5 and env.solve() == [
-        "search[Tafep Zufen]", "search[Loro Works]", "finish[Mane]"]
+        "search[Tafep Zufen]",
+        "search[Loro Works]",
+        "finish[Mane]",
+    ]
     obs, reward, terminated, truncated, info = env.step("search[Tafep Zufen]")
     assert (reward, terminated, truncated) == (0.0, False, False) and info["action_is_valid"]
     assert obs.splitlines()[1:] == [
         "Results for Tafep Zufen:",
-        "1. Tafep Zufen: Tafep Zufen is a painter born in Diba. Tafep Zufen works at "
-        "Loro Works."]
+        "1. Tafep Zufen: Tafep Zufen is a painter born in Diba. Tafep Zufen works at Loro Works.",
+    ]
     obs, _, _, _, _ = env.step("search[Loro Works]")
-    assert obs.splitlines()[2].startswith("1. Loro Works: Loro Works is a company based in "
-                                          "Mane.") and len(obs.splitlines()) == 5  # top 3
+    assert (
+        obs.splitlines()[2].startswith("1. Loro Works: Loro Works is a company based in Mane.")
+        and len(obs.splitlines()) == 5
+    )  # top 3
     obs, reward, terminated, truncated, info = env.step("finish[Mane]")
     assert (reward, terminated, truncated, info["success"]) == (1.0, True, False, True)
     assert obs.endswith("Final answer: Mane") and env.actions_left() == 2
     assert env.step("finish[Mane]")[1] == env.format_penalty  # over
 
 
-@pytest.mark.parametrize("answer, reward, success", [
-    ("finish[Mane]", 1.0, True), ("finish[the mane.]", 1.0, True),
-    ("finish[Mane city]", 2 / 3, False), ("finish[Diba]", 0.0, False)])
+@pytest.mark.parametrize(
+    "answer, reward, success",
+    [
+        ("finish[Mane]", 1.0, True),
+        ("finish[the mane.]", 1.0, True),
+        ("finish[Mane city]", 2 / 3, False),
+        ("finish[Diba]", 0.0, False),
+    ],
+)
 def test_finish_rewards(answer, reward, success):
     _, got, terminated, _, info = fixed_two_hop().step(answer)
     assert got == pytest.approx(reward) and terminated and info["success"] == success
 
 
-@pytest.mark.parametrize("answer", ["Mane", "search Mane", "finish[]", "search[???]",
-                                    "answer[Mane]", "", None, "search[x]\nfinish[y]"])
+@pytest.mark.parametrize(
+    "answer",
+    [
+        "Mane",
+        "search Mane",
+        "finish[]",
+        "search[???]",
+        "answer[Mane]",
+        "",
+        None,
+        "search[x]\nfinish[y]",
+    ],
+)
 def test_malformed_actions_cost_the_penalty_and_no_turn(answer):
     env = fixed_two_hop()
     before = env.render()
@@ -105,8 +153,10 @@ def test_knowledge_base_is_deterministic_and_answers_need_search():
     titles, texts = a.documents()
     assert len(titles) == len(set(titles)) == 100 + 20 + 12 + 2
     titles, texts = generate_knowledge_base(3, 100).documents()
-    e1, e2 = SearchQAEnv(kb_seed=3, num_people=100), make("tether/SearchQA-v0", kb_seed=3,
-                                                          num_people=100)
+    e1, e2 = (
+        SearchQAEnv(kb_seed=3, num_people=100),
+        make("tether/SearchQA-v0", kb_seed=3, num_people=100),
+    )
     questions = set()
     for seed in range(60):
         assert e1.reset(seed=seed) == e2.reset(seed=seed)
@@ -116,8 +166,11 @@ def test_knowledge_base_is_deterministic_and_answers_need_search():
         last_doc = texts[titles.index(question.hops[-1][0])]
         assert question.answer in last_doc  # ... but the last document on the chain has it
     assert len(questions) >= 45  # 2 countries and 12 cities repeat a little
-    hops = {SearchQAEnv(two_hop_fraction=f).reset(seed=s)[1]["hops"] for f in (0.0, 1.0)
-            for s in range(20)}
+    hops = {
+        SearchQAEnv(two_hop_fraction=f).reset(seed=s)[1]["hops"]
+        for f in (0.0, 1.0)
+        for s in range(20)
+    }
     assert hops == {1, 2}
     assert all(SearchQAEnv(two_hop_fraction=0.0).reset(seed=s)[1]["hops"] == 1 for s in range(20))
 
@@ -136,36 +189,71 @@ def test_bm25_finds_the_entity_and_the_index_is_shared():
     assert short.corpus is env.corpus
     short.reset(options={"question": "q", "answer": "a"})
     obs = short.step("search[Loro Works]")[0]
-    assert obs.splitlines()[1:] == ["Results for Loro Works:",
-                                    "1. Loro Works: Loro Works is a ..."]
+    assert obs.splitlines()[1:] == ["Results for Loro Works:", "1. Loro Works: Loro Works is a ..."]
 
 
 HOTPOT = [
-    {"_id": "5a8b57f25542995d1e6f1371", "answer": "yes", "type": "comparison", "level": "hard",
-     "question": "Were Scott Derrickson and Ed Wood of the same nationality?",
-     "supporting_facts": [["Scott Derrickson", 0], ["Ed Wood", 0]],
-     "context": [["Ed Wood (film)", ["Ed Wood is a 1994 American biographical film directed "
-                                     "by Tim Burton.", " It stars Johnny Depp."]],
-                 ["Scott Derrickson", ["Scott Derrickson (born July 16, 1966) is an American "
-                                       "director.", " He lives in Los Angeles."]],
-                 ["Ed Wood", ["Edward Davis Wood Jr. was an American filmmaker and actor."]]]},
-    {"_id": "5a8c7595554299585d9e36b6", "answer": "Chief of Protocol", "type": "bridge",
-     "level": "medium",
-     "question": "What government position was held by the woman who portrayed Corliss Archer "
-                 "in the film Kiss and Tell?",
-     "supporting_facts": [["Kiss and Tell (1945 film)", 0], ["Shirley Temple", 0]],
-     "context": [["Kiss and Tell (1945 film)", ["Kiss and Tell is a 1945 comedy film starring "
-                                                "Shirley Temple as Corliss Archer."]],
-                 ["Shirley Temple", ["Shirley Temple Black was an American actress who served "
-                                     "as Chief of Protocol of the United States."]]]}]
+    {
+        "_id": "5a8b57f25542995d1e6f1371",
+        "answer": "yes",
+        "type": "comparison",
+        "level": "hard",
+        "question": "Were Scott Derrickson and Ed Wood of the same nationality?",
+        "supporting_facts": [["Scott Derrickson", 0], ["Ed Wood", 0]],
+        "context": [
+            [
+                "Ed Wood (film)",
+                [
+                    "Ed Wood is a 1994 American biographical film directed by Tim Burton.",
+                    " It stars Johnny Depp.",
+                ],
+            ],
+            [
+                "Scott Derrickson",
+                [
+                    "Scott Derrickson (born July 16, 1966) is an American director.",
+                    " He lives in Los Angeles.",
+                ],
+            ],
+            ["Ed Wood", ["Edward Davis Wood Jr. was an American filmmaker and actor."]],
+        ],
+    },
+    {
+        "_id": "5a8c7595554299585d9e36b6",
+        "answer": "Chief of Protocol",
+        "type": "bridge",
+        "level": "medium",
+        "question": "What government position was held by the woman who portrayed Corliss Archer "
+        "in the film Kiss and Tell?",
+        "supporting_facts": [["Kiss and Tell (1945 film)", 0], ["Shirley Temple", 0]],
+        "context": [
+            [
+                "Kiss and Tell (1945 film)",
+                ["Kiss and Tell is a 1945 comedy film starring Shirley Temple as Corliss Archer."],
+            ],
+            [
+                "Shirley Temple",
+                [
+                    "Shirley Temple Black was an American actress who served "
+                    "as Chief of Protocol of the United States."
+                ],
+            ],
+        ],
+    },
+]
 
 
 def test_loader_reads_hotpotqa_json_with_contexts(tmp_path):
     path = tmp_path / "hotpot_dev_distractor_v1.json"
     path.write_text(json.dumps(HOTPOT))
     env = SearchQAEnv(data_path=str(path))
-    assert sorted(env.corpus.titles) == ["Ed Wood", "Ed Wood (film)", "Kiss and Tell (1945 film)",
-                                         "Scott Derrickson", "Shirley Temple"]
+    assert sorted(env.corpus.titles) == [
+        "Ed Wood",
+        "Ed Wood (film)",
+        "Kiss and Tell (1945 film)",
+        "Scott Derrickson",
+        "Shirley Temple",
+    ]
     rng = np.random.default_rng(0)
     for seed in range(10):
         obs, info = env.reset(seed=seed)
@@ -179,8 +267,13 @@ def test_loader_reads_hotpotqa_json_with_contexts(tmp_path):
             if terminated or truncated:
                 break
         assert rewards == [0.0, 0.0, 1.0]  # two supporting documents, then the answer
-    env.reset(options={"question": "Who is [the] actress?", "answer": "Shirley [Temple]",
-                       "hops": ["Shirley Temple"]})
+    env.reset(
+        options={
+            "question": "Who is [the] actress?",
+            "answer": "Shirley [Temple]",
+            "hops": ["Shirley Temple"],
+        }
+    )
     assert env.solve() == ["search[Shirley Temple]", "finish[Shirley (Temple)]"]
     assert env.step(env.solve()[-1])[1] == 1.0  # brackets are swapped, the answer still matches
     env.reset(options={"question": "Who played Corliss Archer?", "answer": "Shirley Temple"})
@@ -193,17 +286,30 @@ def test_loader_reads_hf_jsonl_questions_with_a_corpus_file(tmp_path):
     with questions.open("w") as handle:
         for record in HOTPOT:
             facts = record["supporting_facts"]
-            hf = dict(record, supporting_facts={"title": [t for t, _ in facts],
-                                                "sent_id": [i for _, i in facts]},
-                      context={"title": [t for t, _ in record["context"]],
-                               "sentences": [s for _, s in record["context"]]})
+            hf = dict(
+                record,
+                supporting_facts={"title": [t for t, _ in facts], "sent_id": [i for _, i in facts]},
+                context={
+                    "title": [t for t, _ in record["context"]],
+                    "sentences": [s for _, s in record["context"]],
+                },
+            )
             handle.write(json.dumps(hf) + "\n")
         handle.write("not json\n")
     corpus = tmp_path / "corpus.jsonl"
-    corpus.write_text("\n".join(json.dumps(d) for d in [
-        {"title": "Shirley Temple", "text": "Shirley Temple was Chief of Protocol."},
-        {"title": "Kiss and Tell (1945 film)", "text": ["Kiss and Tell stars", "Shirley Temple."]},
-        {"contents": '"Ed Wood"\nEd Wood was an American filmmaker.'}]))
+    corpus.write_text(
+        "\n".join(
+            json.dumps(d)
+            for d in [
+                {"title": "Shirley Temple", "text": "Shirley Temple was Chief of Protocol."},
+                {
+                    "title": "Kiss and Tell (1945 film)",
+                    "text": ["Kiss and Tell stars", "Shirley Temple."],
+                },
+                {"contents": '"Ed Wood"\nEd Wood was an American filmmaker.'},
+            ]
+        )
+    )
     env = SearchQAEnv(data_path=str(questions), corpus_path=str(corpus))
     assert env.corpus.titles == ["Shirley Temple", "Kiss and Tell (1945 film)", "Ed Wood"]
     assert env.corpus.texts[1] == "Kiss and Tell stars Shirley Temple."
@@ -241,16 +347,23 @@ def test_stochasticity_zero_is_deterministic_and_one_ignores_the_action():
         assert noisy_a == noisy_b and len(noisy_a) == 5 and noisy_a[-1][3] is True
         assert all(step[1] == 0.0 for step in noisy_a)
         titles = set(SearchQAEnv().corpus.titles)
-        assert all(step[4][0][len("search["):-1] in titles for step in noisy_a)
-    replaced = [play(SearchQAEnv(stochasticity=0.3), s, other)[0][4][0] != "finish[Mane]"
-                for s in range(200)]
+        assert all(step[4][0][len("search[") : -1] in titles for step in noisy_a)
+    replaced = [
+        play(SearchQAEnv(stochasticity=0.3), s, other)[0][4][0] != "finish[Mane]"
+        for s in range(200)
+    ]
     assert 40 < sum(replaced) < 80
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.text(max_size=60) | st.builds(lambda k, t: f"{k}[{t}]",
-                                        st.sampled_from(["search", "finish", "Search"]),
-                                        st.text(max_size=40)))
+@given(
+    st.text(max_size=60)
+    | st.builds(
+        lambda k, t: f"{k}[{t}]",
+        st.sampled_from(["search", "finish", "Search"]),
+        st.text(max_size=40),
+    )
+)
 def test_step_never_raises(action):
     env = SearchQAEnv(stochasticity=0.2)
     env.reset(seed=1)
@@ -280,9 +393,9 @@ def test_demonstrations_succeed_and_noise_fails():
         env.step(steps[-1][1])
     assert steps == [
         ("I need facts about Tafep Zufen.", "search[Tafep Zufen]"),
-        ("Tafep Zufen works at Loro Works. I need facts about Loro Works.",
-         "search[Loro Works]"),
-        ("Loro Works is based in Mane. The answer is Mane.", "finish[Mane]")]
+        ("Tafep Zufen works at Loro Works. I need facts about Loro Works.", "search[Loro Works]"),
+        ("Loro Works is based in Mane. The answer is Mane.", "finish[Mane]"),
+    ]
     env.reset(seed=2)
     env.step("search[Tafep Zufen]")
     env.step("search[Loro Works]")

@@ -14,13 +14,8 @@ from hypothesis import strategies as st
 from tether.envs.sokoban import SokobanEnv, move, parse_grid, solve_sokoban
 
 # Two boxes, the left one already on its target: lets one test push a box off and on.
-TWO_BOX_GRID = ["######",
-                "#P*_O#",
-                "#_X__#",
-                "######"]
-ONE_PUSH_GRID = ["######",
-                 "#PXO_#",
-                 "######"]
+TWO_BOX_GRID = ["######", "#P*_O#", "#_X__#", "######"]
+ONE_PUSH_GRID = ["######", "#PXO_#", "######"]
 
 
 def state(env: SokobanEnv):
@@ -31,13 +26,14 @@ def run(env: SokobanEnv, actions: list[str], per_turn: int = 2):
     """Step through ``actions`` in turns of ``per_turn``; return (rewards, last info, terminated)."""
     rewards, info, terminated = [], {}, False
     for i in range(0, len(actions), per_turn):
-        _, reward, terminated, _, info = env.step(" || ".join(actions[i:i + per_turn]))
+        _, reward, terminated, _, info = env.step(" || ".join(actions[i : i + per_turn]))
         rewards.append(reward)
     return rewards, info, terminated
 
 
-@pytest.mark.parametrize("kwargs, seeds", [({}, range(120)),
-                                           ({"dim": (7, 7), "num_boxes": 2}, range(15))])
+@pytest.mark.parametrize(
+    "kwargs, seeds", [({}, range(120)), ({"dim": (7, 7), "num_boxes": 2}, range(15))]
+)
 def test_solver_plan_solves_generated_level(kwargs, seeds):
     env = SokobanEnv(**kwargs)
     lengths = set()
@@ -93,7 +89,9 @@ def test_generation_is_deterministic_per_seed_and_varied():
 def test_rewards_box_off_on_target_and_blocked_push():
     env = SokobanEnv()
     obs, _ = env.reset(options={"grid": TWO_BOX_GRID})
-    assert obs == "\n".join(TWO_BOX_GRID) + "\nPlayer (1,1). Boxes (1,2),(2,2). Targets (1,2),(1,4)."
+    assert (
+        obs == "\n".join(TWO_BOX_GRID) + "\nPlayer (1,1). Boxes (1,2),(2,2). Targets (1,2),(1,4)."
+    )
     obs, reward, terminated, truncated, info = env.step("Right")
     assert reward == pytest.approx(-1.1)  # step -0.1, box pushed off its target -1
     assert obs.splitlines()[1] == "#_+XO#"  # player now stands on the target
@@ -180,9 +178,26 @@ def test_stochasticity_one_ignores_the_requested_action():
     assert min(outcomes.values()) >= 30
 
 
-INVALID_ANSWERS = ["", "   ", "up down", "Up || Down || Left", "Upp", "North", "Up ||",
-                   "|| Up", "Up,Left", "x" * 2_000_000, "Up" * 500_000, "\uff35\uff50",
-                   "Up\x00", "\U0001f642", "\u202eUp", "<answer>Up</answer>", None, 3]
+INVALID_ANSWERS = [
+    "",
+    "   ",
+    "up down",
+    "Up || Down || Left",
+    "Upp",
+    "North",
+    "Up ||",
+    "|| Up",
+    "Up,Left",
+    "x" * 2_000_000,
+    "Up" * 500_000,
+    "\uff35\uff50",
+    "Up\x00",
+    "\U0001f642",
+    "\u202eUp",
+    "<answer>Up</answer>",
+    None,
+    3,
+]
 
 
 @pytest.mark.parametrize("answer", INVALID_ANSWERS, ids=lambda a: repr(a)[:20])
@@ -254,7 +269,9 @@ def test_demonstration_example_and_noise():
     env.reset(options={"grid": ONE_PUSH_GRID})
     reasoning, answer = env.demonstration(np.random.default_rng(0))
     assert (reasoning, answer) == (
-        "At (1,1), box (1,2), target (1,3). Right pushes box to (1,3) on target.", "Right")
+        "At (1,1), box (1,2), target (1,3). Right pushes box to (1,3) on target.",
+        "Right",
+    )
     env.reset(seed=5)
     first = [env.demonstration(np.random.default_rng(9), noise=0.5) for _ in range(2)]
     assert first[0] == first[1]  # deterministic given the rng

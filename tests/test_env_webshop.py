@@ -23,28 +23,56 @@ from tether.envs.webshop import (
 )
 
 ITEMS = [
-    {"asin": "B0BOOTS001", "name": "Waterproof Leather Hiking Boots for Men", "pricing": "$45.99",
-     "customization_options": {"Color": [{"value": "Black", "image": None},
-                                         {"value": "Brown", "image": None}],
-                               "Size": [{"value": "9", "image": None}, {"value": "10", "image": None}]},
-     "product_category": "Clothing, Shoes & Jewelry › Men › Shoes › Boots", "query": "men's boots",
-     "category": "fashion", "small_description": ["Rubber sole", "Waterproof membrane"],
-     "full_description": "Sturdy boots."},
-    {"asin": "B0SHOES002", "name": "Leather Dress Shoes for Men", "pricing": "$60.00 - $75.00",
-     "customization_options": {"Color": [{"value": "Black"}]},
-     "product_category": "Clothing, Shoes & Jewelry › Men › Shoes › Oxfords",
-     "query": "men's shoes", "category": "fashion"},
-    {"asin": "B0BOTTLE03", "name": "Stainless Steel Water Bottle", "pricing": "$15.00",
-     "customization_options": None, "product_category": "Sports › Outdoors › Water Bottles",
-     "query": "water bottle", "category": "sports"},
-    {"asin": "B0WINTER04", "name": "Insulated Winter Boots", "pricing": "$120.00",
-     "customization_options": {"Color": [{"value": "Black / Grey"}], "Size": [{"value": "10"}]},
-     "product_category": "Clothing, Shoes & Jewelry › Women › Shoes › Boots",
-     "query": "winter boots", "category": "fashion"},
+    {
+        "asin": "B0BOOTS001",
+        "name": "Waterproof Leather Hiking Boots for Men",
+        "pricing": "$45.99",
+        "customization_options": {
+            "Color": [{"value": "Black", "image": None}, {"value": "Brown", "image": None}],
+            "Size": [{"value": "9", "image": None}, {"value": "10", "image": None}],
+        },
+        "product_category": "Clothing, Shoes & Jewelry › Men › Shoes › Boots",
+        "query": "men's boots",
+        "category": "fashion",
+        "small_description": ["Rubber sole", "Waterproof membrane"],
+        "full_description": "Sturdy boots.",
+    },
+    {
+        "asin": "B0SHOES002",
+        "name": "Leather Dress Shoes for Men",
+        "pricing": "$60.00 - $75.00",
+        "customization_options": {"Color": [{"value": "Black"}]},
+        "product_category": "Clothing, Shoes & Jewelry › Men › Shoes › Oxfords",
+        "query": "men's shoes",
+        "category": "fashion",
+    },
+    {
+        "asin": "B0BOTTLE03",
+        "name": "Stainless Steel Water Bottle",
+        "pricing": "$15.00",
+        "customization_options": None,
+        "product_category": "Sports › Outdoors › Water Bottles",
+        "query": "water bottle",
+        "category": "sports",
+    },
+    {
+        "asin": "B0WINTER04",
+        "name": "Insulated Winter Boots",
+        "pricing": "$120.00",
+        "customization_options": {"Color": [{"value": "Black / Grey"}], "Size": [{"value": "10"}]},
+        "product_category": "Clothing, Shoes & Jewelry › Women › Shoes › Boots",
+        "query": "winter boots",
+        "category": "fashion",
+    },
 ]
-GOAL = {"asin": "B0BOOTS001", "instruction_text": "i need waterproof leather boots, black, size 9, "
-        "and price lower than 50.00 dollars", "attributes": ["waterproof", "leather"],
-        "goal_options": {"color": "black", "size": "9"}, "price_upper": 50.0}
+GOAL = {
+    "asin": "B0BOOTS001",
+    "instruction_text": "i need waterproof leather boots, black, size 9, "
+    "and price lower than 50.00 dollars",
+    "attributes": ["waterproof", "leather"],
+    "goal_options": {"color": "black", "size": "9"},
+    "price_upper": 50.0,
+}
 
 
 @pytest.fixture()
@@ -71,13 +99,16 @@ def play(env: WebShopEnv, actions: list[str]) -> tuple[float, dict]:
     return reward_sum, info
 
 
-@pytest.mark.parametrize("actions, expected", [
-    (["click[B0BOOTS001]", "click[black]", "click[9]", "click[buy now]"], 1.0),       # all 5 of 5
-    (["click[B0BOOTS001]", "click[brown]", "click[9]", "click[buy now]"], 0.8),       # wrong colour
-    (["click[B0BOOTS001]", "click[buy now]"], 0.6),                                   # no options
-    (["click[B0WINTER04]", "click[Black | Grey]", "click[buy now]"], 0.2),            # colour only
-    (["click[B0SHOES002]", "click[black]", "click[buy now]"], 0.4),                   # leather + colour
-])
+@pytest.mark.parametrize(
+    "actions, expected",
+    [
+        (["click[B0BOOTS001]", "click[black]", "click[9]", "click[buy now]"], 1.0),  # all 5 of 5
+        (["click[B0BOOTS001]", "click[brown]", "click[9]", "click[buy now]"], 0.8),  # wrong colour
+        (["click[B0BOOTS001]", "click[buy now]"], 0.6),  # no options
+        (["click[B0WINTER04]", "click[Black | Grey]", "click[buy now]"], 0.2),  # colour only
+        (["click[B0SHOES002]", "click[black]", "click[buy now]"], 0.4),  # leather + colour
+    ],
+)
 def test_purchase_rewards_follow_webshop(boots, actions, expected):
     got, info = play(boots, ["search[boots leather waterproof]", *actions])
     assert got == pytest.approx(expected) and boots.done
@@ -100,9 +131,22 @@ def test_reward_parts_by_hand(shop_files):
     assert reward(over, {"color": "black", "size": "9"}, goal, target) == pytest.approx(4 / 5)
 
 
-@pytest.mark.parametrize("answer", ["", "buy it", "click[B0BOTTLE03]", "click[next >]",
-                                    "click[buy now]", "search[]", "click boots",
-                                    "search[a] || search[b]", "click[" + "x" * 500 + "]", None, 7])
+@pytest.mark.parametrize(
+    "answer",
+    [
+        "",
+        "buy it",
+        "click[B0BOTTLE03]",
+        "click[next >]",
+        "click[buy now]",
+        "search[]",
+        "click boots",
+        "search[a] || search[b]",
+        "click[" + "x" * 500 + "]",
+        None,
+        7,
+    ],
+)
 def test_invalid_actions_get_the_format_penalty_and_change_nothing(boots, answer):
     before = boots.render()
     obs, reward_value, terminated, truncated, info = boots.step(answer)
@@ -111,23 +155,33 @@ def test_invalid_actions_get_the_format_penalty_and_change_nothing(boots, answer
 
 
 def test_pages_and_navigation(boots):
-    instruction = ("Instruction: i need waterproof leather boots, black, size 9, and price lower "
-                   "than 50.00 dollars")
+    instruction = (
+        "Instruction: i need waterproof leather boots, black, size 9, and price lower "
+        "than 50.00 dollars"
+    )
     assert boots.render() == f"{instruction}\nSearch page. Actions: search[<query>]"
     obs = boots.step("Search[ Boots ]")[0]
     assert obs.splitlines() == [
-        'Results for "Boots", page 1/1:', "B0WINTER04 Insulated Winter Boots $120",
+        'Results for "Boots", page 1/1:',
+        "B0WINTER04 Insulated Winter Boots $120",
         "B0BOOTS001 Waterproof Leather Hiking Boots for Men $45.99",
-        "Actions: click[<id>], click[back to search]"]
+        "Actions: click[<id>], click[back to search]",
+    ]
     assert not boots.step("search[boots]")[4]["action_is_valid"]  # only on the search page
     obs = boots.step("click[b0boots001]")[0]  # case-insensitive
     assert obs.splitlines() == [
-        instruction, "Item B0BOOTS001: Waterproof Leather Hiking Boots for Men, $45.99",
-        "color: black, brown", "size: 9, 10", "Chosen: none",
-        "Actions: click[<option>], click[buy now], click[< prev], click[back to search]"]
+        instruction,
+        "Item B0BOOTS001: Waterproof Leather Hiking Boots for Men, $45.99",
+        "color: black, brown",
+        "size: 9, 10",
+        "Chosen: none",
+        "Actions: click[<option>], click[buy now], click[< prev], click[back to search]",
+    ]
     boots.step("click[Brown]")
     obs = boots.step("click[9]")[0]
-    assert obs.splitlines()[0].startswith("Item B0BOOTS001") and "Chosen: color brown, size 9" in obs
+    assert (
+        obs.splitlines()[0].startswith("Item B0BOOTS001") and "Chosen: color brown, size 9" in obs
+    )
     assert "Chosen: color black, size 9" in boots.step("click[black]")[0]  # replaces the colour
     assert boots.step("click[< prev]")[0].startswith('Results for "Boots"')
     assert boots.step("click[back to search]")[0].endswith("search[<query>]")
@@ -159,18 +213,40 @@ def test_loader_reads_the_human_and_synthetic_instruction_formats(tmp_path):
     products = tmp_path / "items.json"
     products.write_text(json.dumps(ITEMS))
     human = tmp_path / "items_human_ins.json"
-    human.write_text(json.dumps({"B0BOOTS001": [
-        {"asin": "B0BOOTS001", "instruction": "i want brown boots.",
-         "instruction_attributes": ["waterproof"], "instruction_options": ["brown", "10"]}]}))
+    human.write_text(
+        json.dumps(
+            {
+                "B0BOOTS001": [
+                    {
+                        "asin": "B0BOOTS001",
+                        "instruction": "i want brown boots.",
+                        "instruction_attributes": ["waterproof"],
+                        "instruction_options": ["brown", "10"],
+                    }
+                ]
+            }
+        )
+    )
     shop = load_shop(str(products), str(human))
     goal = shop.goals[0]
     assert (goal.attributes, goal.options) == (("waterproof",), ("brown", "10"))
     assert goal.price_upper in (50.0, 60.0, 70.0, 80.0)  # WebShop: a multiple of 10 above $45.99
-    assert goal.instruction == f"i want brown boots, and price lower than {goal.price_upper:.2f} dollars"
+    assert (
+        goal.instruction
+        == f"i want brown boots, and price lower than {goal.price_upper:.2f} dollars"
+    )
     synthetic = tmp_path / "items_ins_v2.json"
-    synthetic.write_text(json.dumps({"B0BOTTLE03": {"attributes": ["bpa free", "leak proof"],
-                                                    "instruction": "a leak proof bottle",
-                                                    "instruction_attributes": ["leak proof"]}}))
+    synthetic.write_text(
+        json.dumps(
+            {
+                "B0BOTTLE03": {
+                    "attributes": ["bpa free", "leak proof"],
+                    "instruction": "a leak proof bottle",
+                    "instruction_attributes": ["leak proof"],
+                }
+            }
+        )
+    )
     shop = load_shop(str(products), str(synthetic))
     assert shop.product("B0BOTTLE03").attributes == ("bpa free", "leak proof")
     assert [p.price for p in shop.products] == [45.99, 60.0, 15.0, 120.0]
@@ -254,7 +330,8 @@ def test_demonstrations_are_grounded_and_noise_lowers_reward():
         ("p021 hooded lightweight jacket $68 fits, under $80.", "click[p021]"),
         ("Need color black.", "click[black]"),
         ("Need size large.", "click[large]"),
-        ("Chosen color black, size large. Buy.", "click[buy now]")]
+        ("Chosen color black, size large. Buy.", "click[buy now]"),
+    ]
     assert env.final_reward == 1.0
     mean_reward = {}
     for noise in (0.0, 1.0):
@@ -278,11 +355,19 @@ def test_fuzzy_matching_is_token_set_like():
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.text(max_size=30)
-                | st.builds(lambda v, a: f"{v}[{a}]", st.sampled_from(["search", "click", "CLICK"]),
-                            st.text(max_size=20) | st.sampled_from(["next >", "< prev", "buy now",
-                                                                    "back to search", "p000", "black"])),
-                min_size=1, max_size=12))
+@given(
+    st.lists(
+        st.text(max_size=30)
+        | st.builds(
+            lambda v, a: f"{v}[{a}]",
+            st.sampled_from(["search", "click", "CLICK"]),
+            st.text(max_size=20)
+            | st.sampled_from(["next >", "< prev", "buy now", "back to search", "p000", "black"]),
+        ),
+        min_size=1,
+        max_size=12,
+    )
+)
 def test_step_never_raises(answers):
     env = WebShopEnv(stochasticity=0.3)
     env.reset(seed=len(answers))

@@ -16,19 +16,22 @@ def _setup(path, tokenizer=None):
     model, tok = load_model_and_tokenizer(path)
     tok = tokenizer or tok
     formatter = ChatFormatter(tok)
-    engine = make_engine("hf", model, pad_token_id=tok.pad_token_id,
-                         eos_token_ids=[tok.eos_token_id], tokenizer=tok)
+    engine = make_engine(
+        "hf", model, pad_token_id=tok.pad_token_id, eos_token_ids=[tok.eos_token_id], tokenizer=tok
+    )
     [answer_close] = formatter.encode(ANSWER_CLOSE)
-    sampling = SamplingParams(max_new_tokens=48, temperature=1.0,
-                              stop_token_ids=(answer_close, tok.eos_token_id))
+    sampling = SamplingParams(
+        max_new_tokens=48, temperature=1.0, stop_token_ids=(answer_close, tok.eos_token_id)
+    )
     return model, tok, formatter, engine, sampling
 
 
 def test_episode_layout_masks_and_logprobs(micro_policy):
     model, tok, formatter, engine, sampling = _setup(micro_policy)
     specs = [EpisodeSpec(g, 100 + g, k) for g in range(2) for k in range(3)]
-    trajs = run_episodes(engine, formatter, LocalEnvBatch("tether/FrozenLake-v0"), specs,
-                         sampling, seed=3)
+    trajs = run_episodes(
+        engine, formatter, LocalEnvBatch("tether/FrozenLake-v0"), specs, sampling, seed=3
+    )
     assert len(trajs) == 6
     think_id = formatter.encode(THINK_OPEN)[0]
     for traj in trajs:
@@ -38,7 +41,7 @@ def test_episode_layout_masks_and_logprobs(micro_policy):
         assert sum(traj.loss_mask) == sum(t.reply_end - t.reply_start for t in traj.turns)
         for turn in traj.turns:
             assert traj.token_ids[turn.reply_start - 1] == think_id
-            assert all(traj.loss_mask[turn.reply_start:turn.reply_end])
+            assert all(traj.loss_mask[turn.reply_start : turn.reply_end])
             assert not traj.loss_mask[turn.reply_start - 1]
         rewards = traj.token_rewards()
         assert sum(rewards) == sum(t.reward for t in traj.turns) == traj.reward

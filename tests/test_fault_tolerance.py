@@ -23,12 +23,22 @@ ITERATIONS = 5
 
 
 def _config(tmp_path, models_dir):
-    cfg = build_config(micro_config_dict(
-        tmp_path, rollout={"num_workers": 2, "groups": 2, "group_size": 4},
-        algo={"preset": "grpo", "kl_coef": 0.0, "micro_batch_size": 8},
-        trainer={"iterations": ITERATIONS, "val_every": ITERATIONS, "val_episodes": 2,
-                 "checkpoint_every": ITERATIONS, "samples_per_log": 0},
-        tracking={"log_model": False}, diagnostics={"enabled": False}))
+    cfg = build_config(
+        micro_config_dict(
+            tmp_path,
+            rollout={"num_workers": 2, "groups": 2, "group_size": 4},
+            algo={"preset": "grpo", "kl_coef": 0.0, "micro_batch_size": 8},
+            trainer={
+                "iterations": ITERATIONS,
+                "val_every": ITERATIONS,
+                "val_episodes": 2,
+                "checkpoint_every": ITERATIONS,
+                "samples_per_log": 0,
+            },
+            tracking={"log_model": False},
+            diagnostics={"enabled": False},
+        )
+    )
     cfg.model.cache_dir = models_dir
     return cfg
 
@@ -49,14 +59,19 @@ class FaultInjector:
             self.join()
             if kind == "iteration":
                 self.batches[data["iteration"]] = sorted(
-                    (t.group_id, t.sample_index) for t in self.trainer.last_collected)
+                    (t.group_id, t.sample_index) for t in self.trainer.last_collected
+                )
             if self.target == "env_pool":
                 self.pool = ray.get(self.trainer.workers[0].env_pool_handle.remote())
                 self.pool_resets = ray.get(self.pool.stats.remote())["resets"]
         elif kind == "worker_failed":
             self.failures.append(data)
-        elif kind == "collecting" and self.training and data["attempt"] == 0 \
-                and self.kills < ITERATIONS:
+        elif (
+            kind == "collecting"
+            and self.training
+            and data["attempt"] == 0
+            and self.kills < ITERATIONS
+        ):
             self.kills += 1
             if self.target == "rollout_worker":  # its collect task is in flight: it fails
                 ray.kill(self.trainer.workers[1], no_restart=False)
@@ -96,8 +111,10 @@ def _history(summary, key):
 
 @pytest.fixture(scope="module")
 def faulty_runs(micro_policy, models_dir, ray_local, tmp_path_factory):
-    return {target: _run_with_faults(target, tmp_path_factory.mktemp(target), models_dir)
-            for target in ("rollout_worker", "env_pool")}
+    return {
+        target: _run_with_faults(target, tmp_path_factory.mktemp(target), models_dir)
+        for target in ("rollout_worker", "env_pool")
+    }
 
 
 @pytest.mark.parametrize("target", ["rollout_worker", "env_pool"])
@@ -107,11 +124,14 @@ def test_run_survives_five_kills_with_full_batches(faulty_runs, target):
     assert injector.kills == ITERATIONS
     # Each kill cost exactly one share, collected again.
     assert len(injector.failures) == ITERATIONS, injector.failures
-    print(f"{target}: {injector.kills} kills; failures: "
-          f"{[f['error'][:80] for f in injector.failures]}")
+    print(
+        f"{target}: {injector.kills} kills; failures: "
+        f"{[f['error'][:80] for f in injector.failures]}"
+    )
     batch = cfg.rollout.groups * cfg.rollout.group_size
-    assert _history(summary, "rollout/trajectories") == {it: batch for it in
-                                                          range(1, ITERATIONS + 1)}
+    assert _history(summary, "rollout/trajectories") == {
+        it: batch for it in range(1, ITERATIONS + 1)
+    }
     assert _history(summary, "rollout/worker_failures")[ITERATIONS] == ITERATIONS
     # No trajectory lost or counted twice: every (group, sample) of the batch exactly once.
     grid = sorted((g, k) for g in range(cfg.rollout.groups) for k in range(cfg.rollout.group_size))

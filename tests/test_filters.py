@@ -64,7 +64,9 @@ def test_linear_top_p_zero_groups():
 
 
 def test_all_zero_variance_is_empty_and_counted():
-    result = snr_filter([np.ones(4), np.zeros(4)], FilterConfig(strategy="top_p", value=0.9, loss_scaling="linear"))
+    result = snr_filter(
+        [np.ones(4), np.zeros(4)], FilterConfig(strategy="top_p", value=0.9, loss_scaling="linear")
+    )
     assert result.kept_groups == []
     assert result.metrics["filter/empty"] == 1.0
     assert result.metrics["filter/kept_ratio"] == 0.0
@@ -83,18 +85,21 @@ def test_softmax_top_p():
 FIVE = spread(0.5, 3, 1, 2, 0)  # scores by group: 0.5, 3, 1, 2, 0 (g4 zero variance)
 
 
-@pytest.mark.parametrize("cfg, expected", [
-    (dict(strategy="none"), [0, 1, 2, 3, 4]),                    # keeps everything, zeros too
-    (dict(strategy="top_k", value=0.5), [1, 3]),                 # int(0.5·5) = 2 -> s=3, s=2
-    (dict(strategy="top_k", value=0.1), [1]),                    # max(1, int(0.5)) = 1
-    (dict(strategy="top_k", value=1.0), [0, 1, 2, 3]),           # 5 asked, 4 nonzero candidates
-    (dict(strategy="top_k", value=1.0, include_zero=True), [0, 1, 2, 3, 4]),
-    (dict(strategy="top_k_abs", value=2), [1, 3]),
-    (dict(strategy="top_k_abs", value=2.7), [1, 3]),             # int(2.7) = 2
-    (dict(strategy="min_p", value=0.5), [1, 3]),                 # s ≥ 0.5·3 = 1.5
-    (dict(strategy="min_p", value=0.3), [1, 2, 3]),              # s ≥ 0.9
-    (dict(strategy="min_p", value=0.0, include_zero=True), [0, 1, 2, 3, 4]),
-])
+@pytest.mark.parametrize(
+    "cfg, expected",
+    [
+        (dict(strategy="none"), [0, 1, 2, 3, 4]),  # keeps everything, zeros too
+        (dict(strategy="top_k", value=0.5), [1, 3]),  # int(0.5·5) = 2 -> s=3, s=2
+        (dict(strategy="top_k", value=0.1), [1]),  # max(1, int(0.5)) = 1
+        (dict(strategy="top_k", value=1.0), [0, 1, 2, 3]),  # 5 asked, 4 nonzero candidates
+        (dict(strategy="top_k", value=1.0, include_zero=True), [0, 1, 2, 3, 4]),
+        (dict(strategy="top_k_abs", value=2), [1, 3]),
+        (dict(strategy="top_k_abs", value=2.7), [1, 3]),  # int(2.7) = 2
+        (dict(strategy="min_p", value=0.5), [1, 3]),  # s ≥ 0.5·3 = 1.5
+        (dict(strategy="min_p", value=0.3), [1, 2, 3]),  # s ≥ 0.9
+        (dict(strategy="min_p", value=0.0, include_zero=True), [0, 1, 2, 3, 4]),
+    ],
+)
 def test_strategies_known_kept_sets(cfg, expected):
     assert kept(FIVE, **cfg) == expected
 
@@ -102,7 +107,10 @@ def test_strategies_known_kept_sets(cfg, expected):
 def test_ties_are_broken_by_original_index():
     groups = spread(1, 1, 1, 1)
     assert kept(groups, strategy="top_k_abs", value=2) == [0, 1]
-    assert kept(groups, strategy="top_p", value=0.5) == [0, 1]  # threshold 1.99: keep g0 (0), g1 (1), stop at 2
+    assert kept(groups, strategy="top_p", value=0.5) == [
+        0,
+        1,
+    ]  # threshold 1.99: keep g0 (0), g1 (1), stop at 2
 
 
 def test_top_k_fraction_is_not_lost_to_float_rounding():
@@ -110,9 +118,13 @@ def test_top_k_fraction_is_not_lost_to_float_rounding():
     assert len(kept(groups, strategy="top_k", value=0.29)) == 29
 
 
-@pytest.mark.parametrize("scaling, expected", [("none", 1.0), ("linear", 0.4), ("sqrt", math.sqrt(0.4))])
+@pytest.mark.parametrize(
+    "scaling, expected", [("none", 1.0), ("linear", 0.4), ("sqrt", math.sqrt(0.4))]
+)
 def test_loss_scaling(scaling, expected):
-    result = snr_filter(FIVE, FilterConfig(strategy="top_k", value=0.5, ddof=0, loss_scaling=scaling))
+    result = snr_filter(
+        FIVE, FilterConfig(strategy="top_k", value=0.5, ddof=0, loss_scaling=scaling)
+    )
     assert result.kept_groups == [1, 3]  # 2 of 5 groups -> kept ratio 0.4
     assert result.loss_scale == pytest.approx(expected)
     assert result.metrics["filter/loss_scale"] == pytest.approx(expected)
@@ -130,23 +142,41 @@ BREAKDOWN = [
 
 
 def test_breakdown_from_reward_range():
-    result = snr_filter(BREAKDOWN, FilterConfig(strategy="top_k_abs", value=1), reward_range=(0.0, 1.0))
+    result = snr_filter(
+        BREAKDOWN, FilterConfig(strategy="top_k_abs", value=1), reward_range=(0.0, 1.0)
+    )
     m = result.metrics
     assert result.kept_groups == [3]
-    assert (m["filter/dropped_all_failed"], m["filter/dropped_all_succeeded"],
-            m["filter/dropped_uninformative"], m["filter/dropped_nonzero_variance"],
-            m["filter/dropped_unclassified"]) == (1.0, 1.0, 1.0, 1.0, 0.0)
+    assert (
+        m["filter/dropped_all_failed"],
+        m["filter/dropped_all_succeeded"],
+        m["filter/dropped_uninformative"],
+        m["filter/dropped_nonzero_variance"],
+        m["filter/dropped_unclassified"],
+    ) == (1.0, 1.0, 1.0, 1.0, 0.0)
     assert m["filter/zero_variance_groups"] == 3.0
 
 
 def test_breakdown_from_success_flags_takes_precedence():
-    success = [np.zeros(3, bool), np.ones(3, bool), np.ones(3, bool), np.array([0, 1, 1], bool),
-               np.array([0, 0, 1], bool)]
+    success = [
+        np.zeros(3, bool),
+        np.ones(3, bool),
+        np.ones(3, bool),
+        np.array([0, 1, 1], bool),
+        np.array([0, 0, 1], bool),
+    ]
     # g2 reward 0.5 everywhere but every trajectory flagged successful -> "all succeeded"
-    m = snr_filter(BREAKDOWN, FilterConfig(strategy="top_k_abs", value=1), success=success,
-                   reward_range=(0.0, 1.0)).metrics
-    assert (m["filter/dropped_all_failed"], m["filter/dropped_all_succeeded"],
-            m["filter/dropped_uninformative"]) == (1.0, 2.0, 0.0)
+    m = snr_filter(
+        BREAKDOWN,
+        FilterConfig(strategy="top_k_abs", value=1),
+        success=success,
+        reward_range=(0.0, 1.0),
+    ).metrics
+    assert (
+        m["filter/dropped_all_failed"],
+        m["filter/dropped_all_succeeded"],
+        m["filter/dropped_uninformative"],
+    ) == (1.0, 2.0, 0.0)
     success[2] = np.array([1, 0, 0], bool)  # mixed flags under equal rewards -> uninformative
     m = snr_filter(BREAKDOWN, FilterConfig(strategy="top_k_abs", value=1), success=success).metrics
     assert m["filter/dropped_uninformative"] == 1.0
@@ -173,7 +203,9 @@ def test_config_errors_name_the_field_and_valid_values():
 # --------------------------------------------------------------------------- properties
 
 rewards_st = st.lists(
-    st.lists(st.sampled_from([0.0, 0.1, 0.5, 1.0]) | st.floats(-100, 100, allow_nan=False), max_size=6),
+    st.lists(
+        st.sampled_from([0.0, 0.1, 0.5, 1.0]) | st.floats(-100, 100, allow_nan=False), max_size=6
+    ),
     max_size=12,
 )
 
@@ -181,8 +213,11 @@ rewards_st = st.lists(
 def _config(strategy, value, **rest):
     # top_k_abs takes a group count ≥ 1; the others a fraction/ratio in [0, 1] (value > 1
     # is refused since the run config and the filter share one schema; 1 keeps all)
-    return FilterConfig(strategy=strategy, value=1 + 4 * value if strategy == "top_k_abs"
-                        else min(value, 1.0), **rest)
+    return FilterConfig(
+        strategy=strategy,
+        value=1 + 4 * value if strategy == "top_k_abs" else min(value, 1.0),
+        **rest,
+    )
 
 
 config_st = st.builds(
@@ -209,15 +244,24 @@ def test_filter_invariants(rewards, cfg, with_range):
     assert m["filter/kept_groups"] == len(result.kept_groups)
     assert m["filter/empty"] == float(not result.kept_groups)
     assert 0.0 <= result.loss_scale <= 1.0
-    dropped = sum(m[k] for k in ("filter/dropped_all_failed", "filter/dropped_all_succeeded",
-                                 "filter/dropped_uninformative", "filter/dropped_unclassified",
-                                 "filter/dropped_nonzero_variance"))
+    dropped = sum(
+        m[k]
+        for k in (
+            "filter/dropped_all_failed",
+            "filter/dropped_all_succeeded",
+            "filter/dropped_uninformative",
+            "filter/dropped_unclassified",
+            "filter/dropped_nonzero_variance",
+        )
+    )
     assert dropped + len(result.kept_groups) == n
     # ranking strategies keep a prefix: no dropped candidate outscores a kept group
     candidates = [g for g in range(n) if cfg.include_zero or result.scores[g] > cfg.zero_tol]
     if cfg.strategy != "none" and result.kept_groups:
         lowest_kept = min(result.scores[g] for g in result.kept_groups)
-        assert all(result.scores[g] <= lowest_kept for g in candidates if g not in result.kept_groups)
+        assert all(
+            result.scores[g] <= lowest_kept for g in candidates if g not in result.kept_groups
+        )
     if not cfg.include_zero and cfg.strategy != "none":
         assert all(result.scores[g] > cfg.zero_tol for g in result.kept_groups)
 
@@ -226,7 +270,9 @@ def test_filter_invariants(rewards, cfg, with_range):
 @given(rewards_st, st.sampled_from(["linear", "softmax"]), st.booleans())
 def test_top_p_rho_one_keeps_all_nonzero_groups(rewards, mode, include_zero):
     groups = [np.array(r) for r in rewards]
-    result = snr_filter(groups, FilterConfig(strategy="top_p", value=1.0, mode=mode, include_zero=include_zero))
+    result = snr_filter(
+        groups, FilterConfig(strategy="top_p", value=1.0, mode=mode, include_zero=include_zero)
+    )
     nonzero = [g for g in range(len(groups)) if result.scores[g] > 1e-10]
     assert result.kept_groups == (list(range(len(groups))) if include_zero else nonzero)
 

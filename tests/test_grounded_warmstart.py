@@ -22,16 +22,16 @@ def test_coordinate_numerals_make_each_position_one_token():
     # a list of positions keeps each one whole; text round-trips
     text = "Boxes (1,2),(3,0). Target 24 from 3, 15."
     assert opaque.decode(opaque.encode(text, add_special_tokens=False)) == text
-    numbers = build_tokenizer(demonstration_episodes("tether/Countdown-v0", {}, 300, 0.3, 0, 48),
-                              512, numerals="numbers")
+    numbers = build_tokenizer(
+        demonstration_episodes("tether/Countdown-v0", {}, 300, 0.3, 0, 48), 512, numerals="numbers"
+    )
     assert len(numbers.encode(" 14", add_special_tokens=False)) == 1
     with pytest.raises(ValueError, match="numerals"):
         build_tokenizer(demos[:4], 512, numerals="roman")
 
 
 def test_restating_demonstrations_open_with_the_observed_map():
-    demos = demonstration_episodes(*FROZENLAKE, 40, 0.3, seed=5, max_reply_tokens=48,
-                                   restate=True)
+    demos = demonstration_episodes(*FROZENLAKE, 40, 0.3, seed=5, max_reply_tokens=48, restate=True)
     for demo in demos:
         for user, reply in zip(demo.users, demo.replies):
             state = user.split("State:\n", 1)[1]
@@ -67,11 +67,13 @@ def test_state_turns_hold_each_observed_state_and_its_reply_in_a_short_sequence(
             ids, mask = turns[k]
             k += 1
             reply_ids = formatter.encode(reply)
-            prompt = ids[:len(ids) - len(reply_ids)]
-            assert ids[len(prompt):] == reply_ids and mask == [0] * len(prompt) + [1] * len(reply_ids)
-            assert prompt[-len(think):] == think
-            state = formatter.tokenizer.decode(prompt[:-len(think)])
-            assert state.startswith("State:\n") and state[len("State:\n"):] in user
+            prompt = ids[: len(ids) - len(reply_ids)]
+            assert ids[len(prompt) :] == reply_ids and mask == [0] * len(prompt) + [1] * len(
+                reply_ids
+            )
+            assert prompt[-len(think) :] == think
+            state = formatter.tokenizer.decode(prompt[: -len(think)])
+            assert state.startswith("State:\n") and state[len("State:\n") :] in user
             assert len(ids) < 90 < episode_length
 
 
@@ -86,12 +88,21 @@ def test_quickstart_grounded_demonstrations_fit_the_reply_cap():
     cfg = load_config(Path(__file__).parent.parent / "experiments" / "quickstart.yaml")
     ws = cfg.model.warm_start
     assert ws.restate and ws.numerals == "coordinates" and ws.state_turn_epochs > 0
-    demos = demonstration_episodes(cfg.env.id, cfg.env.kwargs, 300, ws.noise, seed=10_000_000,
-                                   max_reply_tokens=cfg.rollout.max_reply_tokens, restate=True)
+    demos = demonstration_episodes(
+        cfg.env.id,
+        cfg.env.kwargs,
+        300,
+        ws.noise,
+        seed=10_000_000,
+        max_reply_tokens=cfg.rollout.max_reply_tokens,
+        restate=True,
+    )
     tokenizer = build_tokenizer(demos, ws.vocab_size, ws.numerals)
     formatter = ChatFormatter(tokenizer)
-    assert max(len(formatter.encode(r)) for d in demos for r in d.replies) \
+    assert (
+        max(len(formatter.encode(r)) for d in demos for r in d.replies)
         <= cfg.rollout.max_reply_tokens
+    )
     positions = {p for d in demos for r in d.replies for p in re.findall(r" \(\d,\d\)", r)}
     assert len(positions) == 16 and all(len(formatter.encode(p)) == 1 for p in positions)
     assert 0.6 <= np.mean([d.success for d in demos]) < 0.95

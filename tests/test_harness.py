@@ -37,15 +37,17 @@ def test_policies_learned_their_behaviour(results):
     # Template choice is the only randomness of random_template: its SFT loss is the
     # entropy of that choice spread over the reply tokens, the others go to ~0.
     reply_len = CFG.template_len + len(ANSWER_PREFIX) + 2
-    assert results["random_template"].sft_loss == pytest.approx(math.log(CFG.templates) / reply_len, abs=0.05)
+    assert results["random_template"].sft_loss == pytest.approx(
+        math.log(CFG.templates) / reply_len, abs=0.05
+    )
     assert results["grounded"].sft_loss < 0.05 and results["template"].sft_loss < 0.05
 
 
 def test_mi_ranks_grounded_above_both_templates(results):
     grounded, fixed, random = (xz(results, n, "mi_estimate") for n in BEHAVIOURS)
-    assert grounded > 0.9 * LOG_N                       # copies its input: I(X;Z) = log N
+    assert grounded > 0.9 * LOG_N  # copies its input: I(X;Z) = log N
     assert abs(fixed) < 0.05 * LOG_N and abs(random) < 0.05 * LOG_N
-    assert abs(random - fixed) < 0.05 * LOG_N           # (c) ≈ (b)
+    assert abs(random - fixed) < 0.05 * LOG_N  # (c) ≈ (b)
     assert xz(results, "grounded", "mi_seq_estimate") > 0.9 * LOG_N
     assert xz(results, "grounded", "mi_zscore") > 2.0
     for name in ("template", "random_template"):
@@ -69,11 +71,15 @@ def test_entropy_ranks_random_templates_highest(results):
         assert measure["random_template"] > measure["grounded"] + 0.2
         assert measure["random_template"] > measure["template"] + 0.3
     # Known answer: log T nats of choice in the first token, spread over the template's tokens.
-    assert h["random_template"] == pytest.approx(math.log(CFG.templates) / CFG.template_len, abs=0.1)
+    assert h["random_template"] == pytest.approx(
+        math.log(CFG.templates) / CFG.template_len, abs=0.1
+    )
     assert h["template"] < 0.02 and tok["template"] < 0.02
     # H(Z) = I(X;Z) + H(Z|X): the marginal entropy is highest for the grounded policy.
-    assert xz(results, "grounded", "reasoning_entropy_est") > xz(results, "random_template",
-                                                                  "reasoning_entropy_est") + 1.0
+    assert (
+        xz(results, "grounded", "reasoning_entropy_est")
+        > xz(results, "random_template", "reasoning_entropy_est") + 1.0
+    )
 
 
 def test_information_chain_known_answers(results):
@@ -84,7 +90,7 @@ def test_information_chain_known_answers(results):
     assert za["grounded"] > 0.8 * LOG_N
     assert abs(za["template"]) < 0.05
     for name in ("template", "random_template"):
-        assert abs(xa[name]) < 0.05, name               # actions ignore the input
+        assert abs(xa[name]) < 0.05, name  # actions ignore the input
 
 
 def test_behaviours_and_parser():
@@ -100,5 +106,5 @@ def test_behaviours_and_parser():
     with pytest.raises(ValueError, match="unknown behaviour"):
         Behaviour("copy", CFG, rng)
     assert parse_reply((40, 41, *ANSWER_PREFIX, 42, ANSWER_CLOSE)) == ((40, 41), (42,))
-    assert parse_reply((40, 41)) == ((), ())                       # no </think>: no reasoning
+    assert parse_reply((40, 41)) == ((), ())  # no </think>: no reasoning
     assert parse_reply((40, ANSWER_PREFIX[0], 42)) == ((40,), ())  # no <answer>: no action

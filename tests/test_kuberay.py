@@ -20,8 +20,10 @@ ROOT = Path(__file__).resolve().parents[1]
 KUBERAY = ROOT / "deploy" / "kuberay"
 SCHEMAS = KUBERAY / "schemas"
 MANIFESTS = {"RayCluster": KUBERAY / "raycluster.yaml", "RayJob": KUBERAY / "rayjob.yaml"}
-SCHEMA_FILES = {"RayCluster": SCHEMAS / "raycluster.v1.json.gz",
-                "RayJob": SCHEMAS / "rayjob.v1.json.gz"}
+SCHEMA_FILES = {
+    "RayCluster": SCHEMAS / "raycluster.v1.json.gz",
+    "RayJob": SCHEMAS / "rayjob.v1.json.gz",
+}
 PLACEHOLDER = "REPLACE-WITH-YOUR-REGISTRY/tether:latest"
 
 
@@ -37,13 +39,20 @@ def strict(schema):
         return [strict(s) for s in schema]
     if not isinstance(schema, dict):
         return schema
-    out = {k: strict(v) if k in ("properties", "items", "additionalProperties", "allOf",
-                                  "anyOf", "oneOf", "not") else v for k, v in schema.items()}
+    out = {
+        k: strict(v)
+        if k in ("properties", "items", "additionalProperties", "allOf", "anyOf", "oneOf", "not")
+        else v
+        for k, v in schema.items()
+    }
     if "properties" in out:
         out["properties"] = {k: strict(v) for k, v in schema["properties"].items()}
-    if (schema.get("type") == "object" and "properties" in schema
-            and "additionalProperties" not in schema
-            and not schema.get("x-kubernetes-preserve-unknown-fields")):
+    if (
+        schema.get("type") == "object"
+        and "properties" in schema
+        and "additionalProperties" not in schema
+        and not schema.get("x-kubernetes-preserve-unknown-fields")
+    ):
         out["additionalProperties"] = False
     return out
 
@@ -52,8 +61,10 @@ def errors(kind: str, manifest: dict) -> list[str]:
     """Every schema violation of ``manifest`` (a RayCluster or RayJob), as readable lines."""
     found = []
     if manifest.get("apiVersion") != "ray.io/v1" or manifest.get("kind") != kind:
-        found.append(f"apiVersion/kind: want ray.io/v1 {kind}, got "
-                     f"{manifest.get('apiVersion')} {manifest.get('kind')}")
+        found.append(
+            f"apiVersion/kind: want ray.io/v1 {kind}, got "
+            f"{manifest.get('apiVersion')} {manifest.get('kind')}"
+        )
     # OpenAPI v3 schemas are JSON Schema draft 4 in the parts CRDs use (boolean
     # exclusiveMinimum, no $ref); CEL rules (x-kubernetes-validations) are not evaluated.
     validator = jsonschema.Draft4Validator(strict(load_schema(kind)))
@@ -100,8 +111,9 @@ BROKEN = [  # (kind, path, value, what the validation must report)
 ]
 
 
-@pytest.mark.parametrize("kind,path,value,expected", BROKEN,
-                         ids=[f"{k}:{p}" for k, p, _, _ in BROKEN])
+@pytest.mark.parametrize(
+    "kind,path,value,expected", BROKEN, ids=[f"{k}:{p}" for k, p, _, _ in BROKEN]
+)
 def test_a_broken_manifest_fails_validation(kind, path, value, expected):
     found = errors(kind, _set(manifest(kind), path, value))
     assert found, f"{path}={value!r} passed validation"
@@ -119,9 +131,14 @@ def test_gpu_worker_group_autoscales_and_the_head_has_no_gpu():
     assert head["rayStartParams"].get("num-gpus") == "0"
     for c in _containers(head["template"]):
         assert "nvidia.com/gpu" not in c.get("resources", {}).get("limits", {})
-    gpu_groups = [g for g in spec["workerGroupSpecs"]
-                  if all(int(c["resources"]["limits"].get("nvidia.com/gpu", 0)) >= 1
-                         for c in _containers(g["template"]))]
+    gpu_groups = [
+        g
+        for g in spec["workerGroupSpecs"]
+        if all(
+            int(c["resources"]["limits"].get("nvidia.com/gpu", 0)) >= 1
+            for c in _containers(g["template"])
+        )
+    ]
     assert gpu_groups, "no worker group whose containers all have nvidia.com/gpu limits"
     for g in gpu_groups:
         assert g["minReplicas"] == 0 and g["maxReplicas"] > 0
@@ -129,8 +146,10 @@ def test_gpu_worker_group_autoscales_and_the_head_has_no_gpu():
         for c in _containers(g["template"]):
             requests = c["resources"].get("requests", {})
             # Kubernetes: an extended resource's request, if given, equals its limit.
-            assert requests.get("nvidia.com/gpu", c["resources"]["limits"]["nvidia.com/gpu"]) \
+            assert (
+                requests.get("nvidia.com/gpu", c["resources"]["limits"]["nvidia.com/gpu"])
                 == c["resources"]["limits"]["nvidia.com/gpu"]
+            )
     assert max(g["maxReplicas"] for g in gpu_groups) == 8  # cluster.yaml's max_workers
 
 
@@ -179,8 +198,9 @@ def test_everything_runs_the_dockerfiles_image_with_cluster_yamls_setup():
         doc = manifest(kind)["spec"]
         templates = [doc.get("submitterPodTemplate")]
         if kind == "RayCluster":
-            templates += [doc["headGroupSpec"]["template"]] + \
-                [g["template"] for g in doc["workerGroupSpecs"]]
+            templates += [doc["headGroupSpec"]["template"]] + [
+                g["template"] for g in doc["workerGroupSpecs"]
+            ]
         images |= {c["image"] for t in templates if t for c in _containers(t)}
     assert images == {PLACEHOLDER}
     dockerfile = (ROOT / "deploy" / "Dockerfile").read_text()

@@ -22,8 +22,11 @@ def test_rank_micro_batches_cover_rows_once_with_equal_pass_counts():
     real = torch.cat([r for s in split for r, w in s if w == 1.0])
     assert sorted(real.tolist()) == list(range(10))
     assert [w for s in split for _, w in s].count(0.0) == 2
-    assert [r.tolist() for r, _ in rank_micro_batches(rows, 4)] == [[0, 1, 2, 3], [4, 5, 6, 7],
-                                                                    [8, 9]]
+    assert [r.tolist() for r, _ in rank_micro_batches(rows, 4)] == [
+        [0, 1, 2, 3],
+        [4, 5, 6, 7],
+        [8, 9],
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -33,12 +36,14 @@ def batches(micro_policy):
     out = []
     for i in range(3):
         specs = [EpisodeSpec(g, 60 + 3 * i + g, k) for g in range(3) for k in range(3)]
-        trajs = run_episodes(engine, formatter, LocalEnvBatch("tether/FrozenLake-v0"), specs,
-                             sampling, 11 + i)
+        trajs = run_episodes(
+            engine, formatter, LocalEnvBatch("tether/FrozenLake-v0"), specs, sampling, 11 + i
+        )
         batch = collate(trajs, tok.pad_token_id)
         sign = torch.tensor([(-1.0) ** (t.group_id + t.sample_index) for t in trajs])
-        batch.advantages = sign[:, None] * (1 + torch.rand(batch.input_ids.shape,
-                                                           generator=torch.Generator().manual_seed(i)))
+        batch.advantages = sign[:, None] * (
+            1 + torch.rand(batch.input_ids.shape, generator=torch.Generator().manual_seed(i))
+        )
         batch.returns = batch.advantages.clone()
         out.append(batch)
     return out
@@ -50,11 +55,27 @@ def _train(policy, batches, world_size, use_critic):
     # world size 1 does too: this compares sharding, not the shared-prefix regrouping of
     # rows into micro-batches (equal to 1e-5 per step, tests/test_shared_prefix.py), whose
     # other summation order Adam at lr 5e-3 grows past 1e-5 over the updates.
-    settings = UpdateSettings(kl_coef=0.05, entropy_coef=0.01, minibatches=2, micro_batch_size=2,
-                              loss_agg="token-mean", max_grad_norm=0.5, shared_prefix=False)
-    group = LearnerGroup.start(str(policy), settings, lr=5e-3, critic_lr=5e-3,
-                               use_critic=use_critic, use_reference=True, threads=1, seed=0,
-                               world_size=world_size, num_cpus=0.5)
+    settings = UpdateSettings(
+        kl_coef=0.05,
+        entropy_coef=0.01,
+        minibatches=2,
+        micro_batch_size=2,
+        loss_agg="token-mean",
+        max_grad_norm=0.5,
+        shared_prefix=False,
+    )
+    group = LearnerGroup.start(
+        str(policy),
+        settings,
+        lr=5e-3,
+        critic_lr=5e-3,
+        use_critic=use_critic,
+        use_reference=True,
+        threads=1,
+        seed=0,
+        world_size=world_size,
+        num_cpus=0.5,
+    )
     try:
         metrics = []
         for batch in batches:
@@ -89,8 +110,9 @@ def test_world_size_2_matches_world_size_1(micro_policy, batches, ray_local, use
                 assert torch.allclose(state1["critic"][k], state2["critic"][k], atol=1e-5), k
         # Adam moments, keyed by parameter name at both world sizes.
         for name, s1 in state1["optimizer"]["state"].items():
-            assert torch.allclose(s1["exp_avg"], state2["optimizer"]["state"][name]["exp_avg"],
-                                  atol=1e-6), name
+            assert torch.allclose(
+                s1["exp_avg"], state2["optimizer"]["state"][name]["exp_avg"], atol=1e-6
+            ), name
         for a, b in zip(m1, m2):
             assert a.keys() == b.keys()
             for k in ("actor/pg_loss", "actor/grad_norm", "actor/kl_loss", "actor/approx_kl"):
@@ -139,25 +161,32 @@ def test_trainer_with_learner_world_size_2(micro_policy, models_dir, ray_local, 
 
     runs = {}
     for world_size in (1, 2):
-        cfg = build_config(micro_config_dict(
-            tmp_path / f"w{world_size}", algo={"learner_world_size": world_size,
-                                               "num_cpus": 0.5, "threads": 1},
-            rollout={"num_cpus_per_worker": 0.5},
-            trainer={"iterations": 2, "val_every": 2}, filter={"strategy": "none"},
-            diagnostics={"every": 2, "grad_snr_every": 2, "grad_snr_buckets": 2}))
+        cfg = build_config(
+            micro_config_dict(
+                tmp_path / f"w{world_size}",
+                algo={"learner_world_size": world_size, "num_cpus": 0.5, "threads": 1},
+                rollout={"num_cpus_per_worker": 0.5},
+                trainer={"iterations": 2, "val_every": 2},
+                filter={"strategy": "none"},
+                diagnostics={"every": 2, "grad_snr_every": 2, "grad_snr_buckets": 2},
+            )
+        )
         cfg.model.cache_dir = models_dir
         runs[world_size] = Trainer(cfg).run()
     client = MlflowClient(runs[2].tracking_uri)
     for world_size, summary in runs.items():
         assert summary.status == "FINISHED" and summary.iterations == 2
     two = runs[2].run_id
-    history = {k: {m.step: m.value for m in MlflowClient(runs[2].tracking_uri)
-                   .get_metric_history(two, k)} for k in ("timing/sync", "timing/log",
-                                                         "actor/pg_loss", "actor/grad_norm")}
+    history = {
+        k: {m.step: m.value for m in MlflowClient(runs[2].tracking_uri).get_metric_history(two, k)}
+        for k in ("timing/sync", "timing/log", "actor/pg_loss", "actor/grad_norm")
+    }
     assert set(history["timing/sync"]) == {1, 2} and min(history["timing/sync"].values()) > 0
     assert set(history["timing/log"]) == {1, 2}
-    one = {k: MlflowClient(runs[1].tracking_uri).get_metric_history(runs[1].run_id, k)
-           for k in ("actor/pg_loss", "actor/grad_norm")}
+    one = {
+        k: MlflowClient(runs[1].tracking_uri).get_metric_history(runs[1].run_id, k)
+        for k in ("actor/pg_loss", "actor/grad_norm")
+    }
     for k, values in one.items():
         first = next(m.value for m in values if m.step == 1)
         assert history[k][1] == pytest.approx(first, rel=1e-4, abs=1e-6), k

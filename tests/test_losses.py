@@ -22,11 +22,14 @@ VALUES = torch.tensor([[1.0, 2.0, 3.0, 4.0], [10.0, 20.0, 0.0, 0.0], [5.0, 5.0, 
 MASK = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0]], dtype=torch.float32)  # [3,4]
 
 
-@pytest.mark.parametrize("mode, expected", [
-    ("token-mean", 4.0),            # (1+2+3+10) / 4 tokens
-    ("seq-mean-token-mean", 6.0),   # mean(2, 10); the empty row is left out
-    ("seq-mean-token-sum", 8.0),    # mean(6, 10)
-])
+@pytest.mark.parametrize(
+    "mode, expected",
+    [
+        ("token-mean", 4.0),  # (1+2+3+10) / 4 tokens
+        ("seq-mean-token-mean", 6.0),  # mean(2, 10); the empty row is left out
+        ("seq-mean-token-sum", 8.0),  # mean(6, 10)
+    ],
+)
 def test_aggregate_modes(mode, expected):
     assert aggregate(VALUES, MASK, mode).item() == pytest.approx(expected)
 
@@ -37,7 +40,9 @@ def test_aggregate_global_denominator_for_micro_batches():
     assert aggregate(VALUES, MASK, "seq-mean-token-sum", denominator=4).item() == pytest.approx(4.0)
     # two micro-batches with the global denominator sum to the full-batch loss
     full = aggregate(VALUES, MASK, "token-mean")
-    parts = sum(aggregate(VALUES[i:i + 1], MASK[i:i + 1], "token-mean", denominator=4) for i in range(3))
+    parts = sum(
+        aggregate(VALUES[i : i + 1], MASK[i : i + 1], "token-mean", denominator=4) for i in range(3)
+    )
     assert parts.item() == pytest.approx(full.item())
 
 
@@ -113,10 +118,14 @@ def test_kl_estimators_hand_computed():
     # log ratio = +ln2, −ln2
     torch.testing.assert_close(kl_penalty(logprobs, ref, "k1"), torch.tensor([LN2, -LN2]))
     # k2 = ½·(ln2)² = 0.2402265 for both
-    torch.testing.assert_close(kl_penalty(logprobs, ref, "k2"), torch.tensor([0.5 * LN2 ** 2] * 2))
+    torch.testing.assert_close(kl_penalty(logprobs, ref, "k2"), torch.tensor([0.5 * LN2**2] * 2))
     # k3 = e^{−x} − 1 + x: x=ln2 -> 0.5 − 1 + 0.693147 = 0.193147; x=−ln2 -> 2 − 1 − 0.693147 = 0.306853
-    torch.testing.assert_close(kl_penalty(logprobs, ref, "k3"), torch.tensor([LN2 - 0.5, 1.0 - LN2]))
-    torch.testing.assert_close(kl_penalty(logprobs, ref, "low_var_kl"), torch.tensor([LN2 - 0.5, 1.0 - LN2]))
+    torch.testing.assert_close(
+        kl_penalty(logprobs, ref, "k3"), torch.tensor([LN2 - 0.5, 1.0 - LN2])
+    )
+    torch.testing.assert_close(
+        kl_penalty(logprobs, ref, "low_var_kl"), torch.tensor([LN2 - 0.5, 1.0 - LN2])
+    )
     # low_var_kl clamps: x = −30 would give e^30 ≈ 1e13; clamped to 10
     assert kl_penalty(torch.tensor([-30.0]), torch.tensor([0.0]), "low_var_kl").item() == 10.0
     with pytest.raises(ValueError, match="k3"):
@@ -175,8 +184,15 @@ def test_regularizer_hand_computed_and_required_inputs():
     logprobs = torch.log(torch.tensor([[0.5, 0.5]]))
     ref = torch.log(torch.tensor([[0.25, 0.25]]))
     entropy = torch.tensor([[1.0, 2.0]])
-    reg, m = regularizer_loss(torch.ones(1, 2), logprobs=logprobs, ref_logprobs=ref, entropy=entropy,
-                              kl_coef=0.1, entropy_coef=0.01, kl_estimator="k1")
+    reg, m = regularizer_loss(
+        torch.ones(1, 2),
+        logprobs=logprobs,
+        ref_logprobs=ref,
+        entropy=entropy,
+        kl_coef=0.1,
+        entropy_coef=0.01,
+        kl_estimator="k1",
+    )
     # 0.1·ln2 − 0.01·1.5 = 0.0693147 − 0.015 = 0.0543147
     assert reg.item() == pytest.approx(0.1 * LN2 - 0.015, abs=1e-6)
     assert m["actor/kl_loss"] == pytest.approx(LN2, abs=1e-6)
@@ -204,13 +220,15 @@ def test_task_and_regulariser_gradients_are_separable():
     kwargs = dict(kl_coef=0.05, entropy_coef=0.01, agg="seq-mean-token-mean")
     logprobs, ref, ent = forward()
     advantages = torch.tensor([[1.0, 1.0, 1.0], [-0.5, -0.5, -0.5]])
-    task, reg, metrics = ppo_objective(logprobs, logprobs.detach(), advantages, mask,
-                                       ref_logprobs=ref, entropy=ent, **kwargs)
+    task, reg, metrics = ppo_objective(
+        logprobs, logprobs.detach(), advantages, mask, ref_logprobs=ref, entropy=ent, **kwargs
+    )
     g_task = torch.autograd.grad(task, logits, retain_graph=True)[0]
     g_reg = torch.autograd.grad(reg, logits)[0]
     logprobs, ref, ent = forward()
-    task2, reg2, _ = ppo_objective(logprobs, logprobs.detach(), advantages, mask,
-                                   ref_logprobs=ref, entropy=ent, **kwargs)
+    task2, reg2, _ = ppo_objective(
+        logprobs, logprobs.detach(), advantages, mask, ref_logprobs=ref, entropy=ent, **kwargs
+    )
     g_total = torch.autograd.grad(task2 + reg2, logits)[0]
     torch.testing.assert_close(g_task + g_reg, g_total)
     assert g_task.norm() > 0 and g_reg.norm() > 0
@@ -218,7 +236,14 @@ def test_task_and_regulariser_gradients_are_separable():
 
     # a zero-variance group (all advantages 0) has zero task gradient but the same regulariser gradient
     logprobs, ref, ent = forward()
-    task0, reg0, _ = ppo_objective(logprobs, logprobs.detach(), torch.zeros(2, 3), mask,
-                                   ref_logprobs=ref, entropy=ent, **kwargs)
+    task0, reg0, _ = ppo_objective(
+        logprobs,
+        logprobs.detach(),
+        torch.zeros(2, 3),
+        mask,
+        ref_logprobs=ref,
+        entropy=ent,
+        **kwargs,
+    )
     assert torch.autograd.grad(task0, logits, retain_graph=True)[0].abs().max() == 0.0
     torch.testing.assert_close(torch.autograd.grad(reg0, logits)[0], g_reg)

@@ -39,7 +39,7 @@ def test_two_by_two_by_hand():
     assert m["conditional_entropy_est"] == pytest.approx(-matched.mean())
     assert m["reasoning_entropy_est"] == pytest.approx(np.log(2))
     # S = 10 L: matched 10 log p, marginal logsumexp(10 log p) - log 2.
-    seq_marg = np.log([0.9 ** 10 + 0.1 ** 10, 0.2 ** 10 + 0.8 ** 10]) - np.log(2)
+    seq_marg = np.log([0.9**10 + 0.1**10, 0.2**10 + 0.8**10]) - np.log(2)
     assert m["mi_seq_estimate"] == pytest.approx((10 * matched - seq_marg).mean())
     assert m["conditional_entropy_seq_est"] == pytest.approx(-10 * matched.mean())
     assert m["reasoning_entropy_seq_est"] == pytest.approx(-seq_marg.mean())
@@ -50,7 +50,7 @@ def test_two_by_two_by_hand():
 
 
 def test_identity_like_gives_perfect_retrieval_and_mi_log_n():
-    column = np.repeat(np.arange(8), 4)                           # 8 prompts x 4 samples
+    column = np.repeat(np.arange(8), 4)  # 8 prompts x 4 samples
     L = identity_like(column, 8)
     m, _ = mi_proxies(L, L, column)
     assert m["retrieval_acc"] == 1.0
@@ -71,7 +71,7 @@ def test_constant_matrix_is_at_chance_with_zero_mi():
     assert m["mi_estimate"] == pytest.approx(0.0, abs=1e-12)
     assert m["mi_seq_estimate"] == pytest.approx(0.0, abs=1e-12)
     assert m["mi_zscore"] == pytest.approx(0.0, abs=1e-12)
-    assert m["retrieval_acc"] == pytest.approx(0.25)              # ties broken uniformly, not to column 0
+    assert m["retrieval_acc"] == pytest.approx(0.25)  # ties broken uniformly, not to column 0
     assert m["retrieval_chance"] == pytest.approx(0.25)
     assert m["retrieval_above_chance"] == pytest.approx(0.0, abs=1e-12)
     assert m["retrieval_acc@2"] == pytest.approx(0.5)
@@ -82,8 +82,8 @@ def test_constant_matrix_is_at_chance_with_zero_mi():
 
 def test_top_k_uses_the_rank_of_the_own_column():
     column = np.arange(8)
-    L = np.array([np.roll(-np.arange(8.0), j) for j in range(8)])   # row j: own column j is the best
-    L[0] = [-2.0, 0.0, -1.0, -3.0, -4.0, -5.0, -6.0, -7.0]          # row 0: own column is third
+    L = np.array([np.roll(-np.arange(8.0), j) for j in range(8)])  # row j: own column j is the best
+    L[0] = [-2.0, 0.0, -1.0, -3.0, -4.0, -5.0, -6.0, -7.0]  # row 0: own column is third
     m, _ = mi_proxies(L, L, column)
     assert m["retrieval_acc"] == pytest.approx(7 / 8)
     assert m["retrieval_acc@2"] == pytest.approx(7 / 8)
@@ -126,7 +126,9 @@ def test_ema_recurrence_step_by_step():
         assert state["updates"] == step + 1
         assert m["marginal_std"] == pytest.approx(std)
         assert m["marginal_std_ema"] == pytest.approx(sigma_ema)
-        assert m["mi_zscore_ema"] == pytest.approx(((matched - marginal) / (sigma_ema + 1e-3)).mean())
+        assert m["mi_zscore_ema"] == pytest.approx(
+            ((matched - marginal) / (sigma_ema + 1e-3)).mean()
+        )
         if step == 0:
             assert m["mi_zscore_ema"] == pytest.approx(m["mi_zscore"])
         else:
@@ -140,7 +142,7 @@ def test_single_prompt_has_no_mi_keys_and_no_nan():
     assert not set(MULTI_COLUMN_KEYS) & set(m)
     assert set(ENTROPY_KEYS) <= set(m)
     assert m["conditional_entropy_est"] == pytest.approx(7 / 3)
-    assert new_state == state                                     # EMA does not advance without MI
+    assert new_state == state  # EMA does not advance without MI
     assert_finite(m)
 
 
@@ -164,11 +166,13 @@ def test_bad_inputs_raise():
 def test_valid_reasoning_rate_and_prefix():
     assert valid_reasoning_rate([[1], [], [2, 3], []]) == 0.5
     assert valid_reasoning_rate([]) is None
-    assert prefixed({"mi_estimate": 1.0}, "collapse/first_turn") == {"collapse/first_turn/mi_estimate": 1.0}
+    assert prefixed({"mi_estimate": 1.0}, "collapse/first_turn") == {
+        "collapse/first_turn/mi_estimate": 1.0
+    }
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.integers(1, 12), st.integers(1, 6), st.integers(0, 2 ** 31 - 1))
+@given(st.integers(1, 12), st.integers(1, 6), st.integers(0, 2**31 - 1))
 def test_bounds_and_row_shift_invariance(m, n, seed):
     rng = np.random.default_rng(seed)
     column = rng.integers(0, n, size=m)
@@ -176,9 +180,13 @@ def test_bounds_and_row_shift_invariance(m, n, seed):
     metrics, _ = mi_proxies(L, L * 7, column)
     assert_finite(metrics)
     if n >= 2:
-        assert metrics["mi_estimate"] <= np.log(n) + 1e-9            # per-pair gap <= log N
+        assert metrics["mi_estimate"] <= np.log(n) + 1e-9  # per-pair gap <= log N
         assert 0.0 <= metrics["retrieval_acc"] <= 1.0
-        assert metrics["retrieval_acc"] <= metrics["retrieval_acc@2"] <= metrics["retrieval_acc@4"] + 1e-12
+        assert (
+            metrics["retrieval_acc"]
+            <= metrics["retrieval_acc@2"]
+            <= metrics["retrieval_acc@4"] + 1e-12
+        )
         # A per-reasoning constant (e.g. its length normalisation) changes neither MI nor retrieval.
         shifted, _ = mi_proxies(L + rng.normal(size=(m, 1)), L * 7, column)
         assert shifted["mi_estimate"] == pytest.approx(metrics["mi_estimate"], abs=1e-9)

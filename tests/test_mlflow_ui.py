@@ -28,9 +28,20 @@ def _free_port() -> int:
 
 
 def _serve_ui(uri: str, port: int, log: Path) -> subprocess.Popen:
-    ui = subprocess.Popen([str(Path(sys.executable).with_name("mlflow")), "ui", "--backend-store-uri",
-                           uri, "--host", "127.0.0.1", "--port", str(port)],
-                          stdout=log.open("w"), stderr=subprocess.STDOUT)
+    ui = subprocess.Popen(
+        [
+            str(Path(sys.executable).with_name("mlflow")),
+            "ui",
+            "--backend-store-uri",
+            uri,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+    )
     deadline = time.time() + 240
     while time.time() < deadline:
         try:
@@ -46,14 +57,22 @@ def _serve_ui(uri: str, port: int, log: Path) -> subprocess.Popen:
 
 @needs_chromium
 def test_mlflow_ui_opens_a_sweep_on_its_runs_and_compares_the_swept_params(
-        micro_policy, models_dir, ray_local, tmp_path):
+    micro_policy, models_dir, ray_local, tmp_path
+):
     from playwright.sync_api import sync_playwright
 
-    path = write_spec(tmp_path, {"name": "ui-sweep", "search": "grid", "max_concurrent": 1,
-                                 "space": {"algo.entropy_coef": {"grid": [0.001, 0.01]}},
-                                 "resources": {"cpu": 0.2}},
-                      **micro_sweep_sections(tmp_path, models_dir, "ui-test", iterations=2),
-                      diagnostics={"enabled": False})
+    path = write_spec(
+        tmp_path,
+        {
+            "name": "ui-sweep",
+            "search": "grid",
+            "max_concurrent": 1,
+            "space": {"algo.entropy_coef": {"grid": [0.001, 0.01]}},
+            "resources": {"cpu": 0.2},
+        },
+        **micro_sweep_sections(tmp_path, models_dir, "ui-test", iterations=2),
+        diagnostics={"enabled": False},
+    )
     outcome = run_sweep(load_sweep_spec(path), echo=lambda line: None)
     assert outcome.status == "FINISHED" and outcome.trials == 2
     link = re.search(r"http://127\.0\.0\.1:5000/(\S+)", outcome.ui_command).group(1)
@@ -64,19 +83,25 @@ def test_mlflow_ui_opens_a_sweep_on_its_runs_and_compares_the_swept_params(
     names = {f"ui-sweep-{r['trial']}" for r in outcome.rows}
     try:
         with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
+            browser = p.chromium.launch(
+                executable_path=CHROMIUM, headless=True, args=["--no-sandbox"]
+            )
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             page.goto(f"http://127.0.0.1:{port}/{link}", timeout=120_000)
-            page.wait_for_selector("text=ui-sweep", timeout=120_000)    # the runs table
-            page.click(".ag-row button")                                 # expand the sweep
+            page.wait_for_selector("text=ui-sweep", timeout=120_000)  # the runs table
+            page.click(".ag-row button")  # expand the sweep
             page.wait_for_timeout(3000)
             table = page.inner_text(".ag-root")
             assert all(name in table for name in names), table[:2000]
-            assert "Token Usage" not in page.inner_text("body")            # not the GenAI overview
+            assert "Token Usage" not in page.inner_text("body")  # not the GenAI overview
             page.screenshot(path=screenshot_path(tmp_path, "mlflow_ui_runs.png"), full_page=True)
-            compare = ("#/compare-runs?runs=" + urllib.parse.quote(json.dumps(runs))
-                       + "&experiments=" + urllib.parse.quote(json.dumps([outcome.experiment_id]))
-                       + "&workflowType=machine_learning")
+            compare = (
+                "#/compare-runs?runs="
+                + urllib.parse.quote(json.dumps(runs))
+                + "&experiments="
+                + urllib.parse.quote(json.dumps([outcome.experiment_id]))
+                + "&workflowType=machine_learning"
+            )
             page.goto(f"http://127.0.0.1:{port}/{compare}", timeout=120_000)
             page.wait_for_selector("text=Parallel Coordinates Plot", timeout=120_000)
             page.wait_for_timeout(3000)

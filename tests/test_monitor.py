@@ -47,8 +47,9 @@ def test_token_and_host_rules():
     assert not authorised("s3cret", "s3cret", cookie_value("other"))
     assert is_loopback("127.0.0.1") and is_loopback("localhost") and is_loopback("::1")
     assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.4")
-    result = CliRunner().invoke(app, ["serve", "--host", "0.0.0.0", "--tracking-uri",
-                                      "http://127.0.0.1:1"])
+    result = CliRunner().invoke(
+        app, ["serve", "--host", "0.0.0.0", "--tracking-uri", "http://127.0.0.1:1"]
+    )
     assert result.exit_code == 2 and "--token" in result.output
     # The address an already-running Serve keeps: same -> fine; loopback or a token ->
     # one warning line; beyond localhost without a token -> refused.
@@ -61,11 +62,21 @@ def test_token_and_host_rules():
 
 
 def test_alarm_evidence_intervals_as_text():
-    lines = evidence_lines({"iteration": [3.0, 4.0], MI_EST: [0.3, 0.2],
-                            MI_EST + "_ci_low": [0.2, 0.11], MI_EST + "_ci_high": [0.4, 0.29],
-                            MI_EST + "_p_grounded": [0.01, 0.2], "x_ci_high": 1.5})
-    assert lines == [f"{MI_EST} 95% CI [0.11, 0.29]",
-                     f"{MI_EST}_p_grounded = 0.2 (permutation test)", "x 95% CI [?, 1.5]"]
+    lines = evidence_lines(
+        {
+            "iteration": [3.0, 4.0],
+            MI_EST: [0.3, 0.2],
+            MI_EST + "_ci_low": [0.2, 0.11],
+            MI_EST + "_ci_high": [0.4, 0.29],
+            MI_EST + "_p_grounded": [0.01, 0.2],
+            "x_ci_high": 1.5,
+        }
+    )
+    assert lines == [
+        f"{MI_EST} 95% CI [0.11, 0.29]",
+        f"{MI_EST}_p_grounded = 0.2 (permutation test)",
+        "x 95% CI [?, 1.5]",
+    ]
     assert evidence_lines(None) == [] and evidence_lines({"a": 1}) == []
 
 
@@ -80,7 +91,9 @@ class TrainingRun(threading.Thread):
         self.tracker = Tracker(uri, "monitor-test", run_name="live-frozenlake")
         self.tracker.log_params({"env.id": "tether/FrozenLake-v0", "filter.strategy": "top_p"})
         self.tracker.set_tags({"tether.env": "tether/FrozenLake-v0"})
-        self.alarms = AlarmMonitor(AlarmsConfig.model_validate({"template_collapse": {"window": 3}}))
+        self.alarms = AlarmMonitor(
+            AlarmsConfig.model_validate({"template_collapse": {"window": 3}})
+        )
         self.iterations, self.pause_after = iterations, pause_after
         self.logged, self.resume, self.paused = 0, threading.Event(), threading.Event()
 
@@ -89,14 +102,20 @@ class TrainingRun(threading.Thread):
             if it == self.pause_after + 1:
                 self.paused.set()
                 self.resume.wait(120)
-            mi = 0.5 * 0.7 ** it
-            metrics = {"rollout/success": 0.1 * it, "filter/kept_ratio": 1.0 - 0.05 * it,
-                       "rollout/in_group_reward_std": 0.3, MI: 2.0 * 0.7 ** it, H: 1.0,
-                       f"{H}_ci_low": 0.95, f"{H}_ci_high": 1.05,
-                       "collapse/first_turn/mi_estimate": mi,
-                       "collapse/first_turn/mi_estimate_ci_low": mi - 0.01,
-                       "collapse/first_turn/mi_estimate_ci_high": mi + 0.01,
-                       "collapse/first_turn/p_grounded": 0.001}
+            mi = 0.5 * 0.7**it
+            metrics = {
+                "rollout/success": 0.1 * it,
+                "filter/kept_ratio": 1.0 - 0.05 * it,
+                "rollout/in_group_reward_std": 0.3,
+                MI: 2.0 * 0.7**it,
+                H: 1.0,
+                f"{H}_ci_low": 0.95,
+                f"{H}_ci_high": 1.05,
+                "collapse/first_turn/mi_estimate": mi,
+                "collapse/first_turn/mi_estimate_ci_low": mi - 0.01,
+                "collapse/first_turn/mi_estimate_ci_high": mi + 0.01,
+                "collapse/first_turn/p_grounded": 0.001,
+            }
             self.tracker.log_metrics(metrics, step=it)
             for event in self.alarms.update(it, metrics):
                 self.tracker.set_tags({f"alarm.{event.name}": event.iteration})
@@ -111,20 +130,29 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="needs the chromium package "
-                                    "(scripts/setup.sh installs it)")
+needs_chromium = pytest.mark.skipif(
+    CHROMIUM is None, reason="needs the chromium package (scripts/setup.sh installs it)"
+)
 
 
-def check_page(url: str, run_id: str, latest: int, alarm: str, alarm_iteration: int,
-               resume, final: int, shot: str, kept_last: float | None = None) -> None:
+def check_page(
+    url: str,
+    run_id: str,
+    latest: int,
+    alarm: str,
+    alarm_iteration: int,
+    resume,
+    final: int,
+    shot: str,
+    kept_last: float | None = None,
+) -> None:
     """Load the page in headless Chromium: the run's row shows ``latest``, the alarm's
     banner is up, the plotly curves hold data up to ``latest``; after ``resume()`` the
     page refreshes to ``final`` and FINISHED. Saves a screenshot to ``shot``."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True,
-                                    args=["--no-sandbox"])
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
         page = browser.new_page(viewport={"width": 1300, "height": 1000})
         page.goto(url, timeout=60_000)
         row = f"#run-{run_id}"
@@ -135,21 +163,29 @@ def check_page(url: str, run_id: str, latest: int, alarm: str, alarm_iteration: 
         assert alarm in banner and f"iteration {alarm_iteration}" in banner
         # The curves are drawn (plotly traces) up to the latest iteration.
         # (I(X;Z) and H(Z|X); their interval bands are traces of their own)
-        mi_x = page.evaluate("document.getElementById('plot-mi').data.filter(t => !t.fill).map(t => t.x)")
+        mi_x = page.evaluate(
+            "document.getElementById('plot-mi').data.filter(t => !t.fill).map(t => t.x)"
+        )
         assert len(mi_x) == 2 and max(max(x) for x in mi_x) == latest
         bands = page.evaluate("document.getElementById('plot-mi').data.filter(t => t.fill).length")
-        assert bands == 2                                    # the run logged both intervals
+        assert bands == 2  # the run logged both intervals
         kept_y = page.evaluate("document.getElementById('plot-kept').data[0].y")
-        assert len(kept_y) == latest and (kept_last is None or kept_y[-1] == pytest.approx(kept_last))
+        assert len(kept_y) == latest and (
+            kept_last is None or kept_y[-1] == pytest.approx(kept_last)
+        )
         assert page.evaluate("document.getElementById('plot-regime').data[0].x.length") == latest
         assert page.locator("#plot-mi .main-svg").count() > 0
         # The page refreshes while the run trains: the next iterations appear.
         resume()
         # (predicates as functions: the page's CSP forbids evaluating strings)
-        page.wait_for_function(f"() => document.querySelector('{row} .latest-iteration')"
-                               f".textContent === '{final}'", timeout=120_000)
-        page.wait_for_function(f"() => document.querySelector('{row}').children[1].textContent"
-                               f" === 'FINISHED'", timeout=120_000)
+        page.wait_for_function(
+            f"() => document.querySelector('{row} .latest-iteration').textContent === '{final}'",
+            timeout=120_000,
+        )
+        page.wait_for_function(
+            f"() => document.querySelector('{row}').children[1].textContent === 'FINISHED'",
+            timeout=120_000,
+        )
         page.screenshot(path=shot, full_page=True)
         browser.close()
     assert os.path.getsize(shot) > 20_000
@@ -176,8 +212,17 @@ def test_monitor_page_shows_live_run_and_alarm(ray_local, tmp_path):
     try:
         with pytest.raises(urllib.error.HTTPError, match="401"):
             urllib.request.urlopen(f"http://127.0.0.1:{port}/api/runs", timeout=30)
-        check_page(url, run.tracker.run_id, 6, "template_collapse", fired[0], run.resume.set,
-                   8, screenshot_path(tmp_path, "monitor.png"), kept_last=0.7)
+        check_page(
+            url,
+            run.tracker.run_id,
+            6,
+            "template_collapse",
+            fired[0],
+            run.resume.set,
+            8,
+            screenshot_path(tmp_path, "monitor.png"),
+            kept_last=0.7,
+        )
     finally:
         run.resume.set()
         serve.shutdown()
@@ -196,12 +241,18 @@ def test_monitor_page_follows_a_real_training_run(ray_local, micro_policy, tmp_p
     from tether.platform.driver import Trainer
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    cfg = build_config(micro_config_dict(
-        tmp_path, rollout={"num_workers": 1}, algo={"kl_coef": 0.0},
-        trainer={"iterations": 4, "val_every": 4, "checkpoint_every": 100},
-        filter={"strategy": "top_p", "value": 0.0},
-        diagnostics={"every": 1, "max_pairs": 8, "grad_snr_every": 0},
-        alarms={"empty_after_filter": {"patience": 2}}, tracking={"uri": uri, "log_model": False}))
+    cfg = build_config(
+        micro_config_dict(
+            tmp_path,
+            rollout={"num_workers": 1},
+            algo={"kl_coef": 0.0},
+            trainer={"iterations": 4, "val_every": 4, "checkpoint_every": 100},
+            filter={"strategy": "top_p", "value": 0.0},
+            diagnostics={"every": 1, "max_pairs": 8, "grad_snr_every": 0},
+            alarms={"empty_after_filter": {"patience": 2}},
+            tracking={"uri": uri, "log_model": False},
+        )
+    )
     cfg.model.path = str(micro_policy)
     paused, resume, started, outcome = (threading.Event(), threading.Event(), {}, {})
 
@@ -220,8 +271,17 @@ def test_monitor_page_follows_a_real_training_run(ray_local, micro_policy, tmp_p
     assert paused.wait(900), "the training run did not reach iteration 3"
     url = start_monitor(uri, "127.0.0.1", free_port(), refresh_s=1.0)
     try:
-        check_page(url, started["run_id"], 3, "empty_after_filter", 2, resume.set, 4,
-                   screenshot_path(tmp_path, "monitor_real_run.png"), kept_last=0.0)
+        check_page(
+            url,
+            started["run_id"],
+            3,
+            "empty_after_filter",
+            2,
+            resume.set,
+            4,
+            screenshot_path(tmp_path, "monitor_real_run.png"),
+            kept_last=0.0,
+        )
     finally:
         resume.set()
         thread.join(600)
@@ -235,7 +295,7 @@ IT_XSS = '<img src=x onerror="window.__xss=1">'
 NAME_XSS = '<script>window.__xss=2</script><img src=x onerror="window.__xss=3">run'
 EVIDENCE_XSS = '<img src=x onerror="window.__xss=4">'
 GROUNDED = "collapse/first_turn/grounded"
-P_GROUNDED = "collapse/first_turn/p_grounded"   # the test shared by mi_estimate and the z-scores
+P_GROUNDED = "collapse/first_turn/p_grounded"  # the test shared by mi_estimate and the z-scores
 LABEL = 32  # the page shortens run names in plot legends to this many characters
 
 
@@ -248,25 +308,45 @@ def write_monitor_runs(uri: str) -> dict[str, str]:
     mi = {s: 0.6 - 0.1 * s for s in range(1, 5)}
     flat = {s: 1.0 for s in mi}
     success = {"rollout/success": {s: 0.2 * s for s in mi}}
-    band = {MI_EST: mi, MI_EST + "_ci_low": {s: v - 0.05 for s, v in mi.items()},
-            MI_EST + "_ci_high": {s: v + 0.05 for s, v in mi.items()},
-            MI_EST + "_null_q95": {s: 0.15 for s in mi}, P_GROUNDED: {s: 0.004 * s for s in mi},
-            GROUNDED: flat, H: flat, H + "_ci_low": {s: 0.9 for s in mi},
-            H + "_ci_high": {s: 1.1 for s in mi}, **success}
-    ids = {"band": write_run(uri, "monitor-test", "grounded-run", band).run_id,
-           "plain": write_run(uri, "monitor-test", "plain-run",
-                              {MI_EST: mi, H: flat, **success}).run_id}
+    band = {
+        MI_EST: mi,
+        MI_EST + "_ci_low": {s: v - 0.05 for s, v in mi.items()},
+        MI_EST + "_ci_high": {s: v + 0.05 for s, v in mi.items()},
+        MI_EST + "_null_q95": {s: 0.15 for s in mi},
+        P_GROUNDED: {s: 0.004 * s for s in mi},
+        GROUNDED: flat,
+        H: flat,
+        H + "_ci_low": {s: 0.9 for s in mi},
+        H + "_ci_high": {s: 1.1 for s in mi},
+        **success,
+    }
+    ids = {
+        "band": write_run(uri, "monitor-test", "grounded-run", band).run_id,
+        "plain": write_run(
+            uri, "monitor-test", "plain-run", {MI_EST: mi, H: flat, **success}
+        ).run_id,
+    }
     nan = write_run(uri, "monitor-test", "nan-run", {MI_EST: mi, H: flat, **success}, finish=False)
     later = int(time.time() * 1000) + 1000  # the later write of a step wins
     nan.client.log_batch(nan.run_id, metrics=[Metric(MI_EST, math.nan, later, 2)])
     nan.finish()
     ids["nan"] = nan.run_id
-    alarm = {"name": "template_collapse", "iteration": IT_XSS, "time": 0.0, "mode": "warn",
-             "message": "<b>not bold</b>",
-             "evidence": {MI_EST + "_ci_low": [0.1, 0.12], MI_EST + "_ci_high": [0.3, 0.32],
-                          P_GROUNDED: [0.5], EVIDENCE_XSS + "_ci_low": [1.0]}}
-    ids["hostile"] = write_run(uri, "monitor-test", NAME_XSS, {MI_EST: mi, **success},
-                               alarms=[alarm]).run_id
+    alarm = {
+        "name": "template_collapse",
+        "iteration": IT_XSS,
+        "time": 0.0,
+        "mode": "warn",
+        "message": "<b>not bold</b>",
+        "evidence": {
+            MI_EST + "_ci_low": [0.1, 0.12],
+            MI_EST + "_ci_high": [0.3, 0.32],
+            P_GROUNDED: [0.5],
+            EVIDENCE_XSS + "_ci_low": [1.0],
+        },
+    }
+    ids["hostile"] = write_run(
+        uri, "monitor-test", NAME_XSS, {MI_EST: mi, **success}, alarms=[alarm]
+    ).run_id
     return ids
 
 
@@ -274,9 +354,16 @@ def call(monitor: Monitor, path: str, query: str = "", headers: dict | None = No
     """One GET through the monitor's Serve handler (a real starlette request)."""
     from starlette.requests import Request
 
-    scope = {"type": "http", "method": "GET", "path": path, "root_path": "", "scheme": "http",
-             "query_string": query.encode(), "server": ("127.0.0.1", 8600),
-             "headers": [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]}
+    scope = {
+        "type": "http",
+        "method": "GET",
+        "path": path,
+        "root_path": "",
+        "scheme": "http",
+        "query_string": query.encode(),
+        "server": ("127.0.0.1", 8600),
+        "headers": [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()],
+    }
     return asyncio.run(monitor(Request(scope)))
 
 
@@ -291,8 +378,8 @@ def test_monitor_api_token_cookie_nan_and_intervals(tmp_path):
     bearer = {"Authorization": "Bearer t0k"}
     assert call(monitor, "/api/runs").status_code == 401
     assert call(monitor, "/api/runs", headers={"Authorization": "Bearer nope"}).status_code == 401
-    assert call(monitor, "/monitor.js").status_code == 200        # code, no data: no token
-    assert "location" not in monitor.scripts["/monitor.js"]      # the page never reads a token
+    assert call(monitor, "/monitor.js").status_code == 200  # code, no data: no token
+    assert "location" not in monitor.scripts["/monitor.js"]  # the page never reads a token
     # The one-time link: a wrong token sets nothing; the right one becomes an HttpOnly,
     # SameSite=Strict cookie (a digest, not the token) and a redirect without it.
     wrong = call(monitor, "/", "token=nope")
@@ -311,8 +398,12 @@ def test_monitor_api_token_cookie_nan_and_intervals(tmp_path):
     assert answer.status_code == 200
     runs = {r["run_id"]: r for r in strict_json(answer.body)["runs"]}
     assert set(runs) == set(ids.values())
-    assert runs[ids["nan"]]["curves"]["mi"]["y"] == [0.5, None, pytest.approx(0.3),
-                                                     pytest.approx(0.2)]
+    assert runs[ids["nan"]]["curves"]["mi"]["y"] == [
+        0.5,
+        None,
+        pytest.approx(0.3),
+        pytest.approx(0.2),
+    ]
     # The band series: the interval and null level aligned to the curve's steps.
     mi = runs[ids["band"]]["curves"]["mi"]
     assert mi["x"] == [1, 2, 3, 4]
@@ -324,18 +415,25 @@ def test_monitor_api_token_cookie_nan_and_intervals(tmp_path):
     assert runs[ids["band"]]["curves"]["grounded"]["y"] == [1.0] * 4
     assert not {"ci_low", "ci_high", "null_q95"} & set(runs[ids["plain"]]["curves"]["mi"])
     # A run whose alarms.json cannot be read is listed with the reason, the others whole.
-    broken = write_run(uri, "monitor-test", "broken-run", {MI_EST: {1: 0.5}},
-                       alarms=[{"name": "template_collapse", "iteration": 1}])
+    broken = write_run(
+        uri,
+        "monitor-test",
+        "broken-run",
+        {MI_EST: {1: 0.5}},
+        alarms=[{"name": "template_collapse", "iteration": 1}],
+    )
     broken.log_text("{not json", "alarms.json")
     answer = call(monitor, "/api/runs", headers=bearer)
     runs = {r["run_id"]: r for r in strict_json(answer.body)["runs"]}
     assert runs[broken.run_id]["error"].startswith("cannot read this run: JSONDecodeError")
     assert runs[ids["band"]]["curves"]["mi"]["ci_low"] == pytest.approx([0.45, 0.35, 0.25, 0.15])
-    alarm, = runs[ids["hostile"]]["alarms"]
+    (alarm,) = runs[ids["hostile"]]["alarms"]
     assert runs[ids["hostile"]]["name"] == NAME_XSS and alarm["iteration"] == IT_XSS
-    assert alarm["evidence"] == [f"{MI_EST} 95% CI [0.12, 0.32]",
-                                 f"{P_GROUNDED} = 0.5 (permutation test)",
-                                 f"{EVIDENCE_XSS} 95% CI [1, ?]"]
+    assert alarm["evidence"] == [
+        f"{MI_EST} 95% CI [0.12, 0.32]",
+        f"{P_GROUNDED} = 0.5 (permutation test)",
+        f"{EVIDENCE_XSS} 95% CI [1, ?]",
+    ]
 
 
 @needs_chromium
@@ -350,24 +448,27 @@ def test_monitor_page_escapes_run_data_and_draws_intervals(ray_local, tmp_path):
     port = free_port()
     url = start_monitor(uri, "127.0.0.1", port, token="t0k", refresh_s=1.0)
     try:
-        request = urllib.request.Request(f"http://127.0.0.1:{port}/api/runs",
-                                         headers={"Authorization": "Bearer t0k"})
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/api/runs", headers={"Authorization": "Bearer t0k"}
+        )
         with urllib.request.urlopen(request, timeout=60) as answer:
             runs = {r["run_id"]: r for r in strict_json(answer.read())["runs"]}
         assert runs[ids["nan"]]["curves"]["mi"]["y"][1] is None
         # Serve keeps its first address: asking for another gives one warning line and
         # the URL where the monitor really is.
         warnings = []
-        again = start_monitor(uri, "127.0.0.2", free_port(), token="t0k", refresh_s=1.0,
-                              warn=warnings.append)
+        again = start_monitor(
+            uri, "127.0.0.2", free_port(), token="t0k", refresh_s=1.0, warn=warnings.append
+        )
         assert again == url and len(warnings) == 1 and f"127.0.0.1:{port}" in warnings[0]
         with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, headless=True,
-                                        args=["--no-sandbox"])
+            browser = p.chromium.launch(
+                executable_path=CHROMIUM, headless=True, args=["--no-sandbox"]
+            )
             page = browser.new_page(viewport={"width": 1300, "height": 1100})
             page.goto(url, timeout=60_000)
-            assert page.url == f"http://127.0.0.1:{port}/"      # the token left the address
-            assert page.evaluate("document.cookie") == ""        # HttpOnly
+            assert page.url == f"http://127.0.0.1:{port}/"  # the token left the address
+            assert page.evaluate("document.cookie") == ""  # HttpOnly
             for run_id in ids.values():
                 page.wait_for_selector(f"#run-{run_id} .latest-iteration", timeout=60_000)
             # Markup in the run name, the alarm's iteration, message and evidence is text.
@@ -379,8 +480,10 @@ def test_monitor_page_escapes_run_data_and_draws_intervals(ray_local, tmp_path):
             assert page.inner_text(f"#run-{ids['hostile']} td") == NAME_XSS
             alarms_cell = page.inner_text(f"#run-{ids['hostile']} .alarms")
             assert alarms_cell == f"template_collapse@{IT_XSS}"
-            legend = page.evaluate("Array.from(document.querySelectorAll('#plot-mi .legendtext'))"
-                                   ".map(e => e.textContent)")
+            legend = page.evaluate(
+                "Array.from(document.querySelectorAll('#plot-mi .legendtext'))"
+                ".map(e => e.textContent)"
+            )
             assert f"{NAME_XSS[:LABEL]}… mi" in legend
             page.wait_for_selector(f"path.ci-band[data-run='{ids['band']}']", timeout=30_000)
             # Intervals: a band for each curve of the run that logged them, none for the others.
@@ -389,17 +492,23 @@ def test_monitor_page_escapes_run_data_and_draws_intervals(ray_local, tmp_path):
             # the band spans the curve's steps: 4 corners (plotly drops collinear points)
             band = page.get_attribute(f"path.ci-band[data-run='{ids['band']}']", "d")
             assert band.startswith("M") and band.count("L") >= 3
-            null = page.evaluate(f"document.getElementById('plot-mi').data.filter(t => t.meta && "
-                                 f"t.meta.null === '{ids['band']}').map(t => t.y)")
+            null = page.evaluate(
+                f"document.getElementById('plot-mi').data.filter(t => t.meta && "
+                f"t.meta.null === '{ids['band']}').map(t => t.y)"
+            )
             assert null == [[0.15] * 4]
             assert page.inner_text(f"#run-{ids['band']} .mi") == "0.200 [0.150, 0.250]"
-            assert (page.inner_text(f"#run-{ids['band']} .grounded")
-                    == "yes (permutation test, p = 0.016 for I(X;Z))")
+            assert (
+                page.inner_text(f"#run-{ids['band']} .grounded")
+                == "yes (permutation test, p = 0.016 for I(X;Z))"
+            )
             assert page.inner_text(f"#run-{ids['plain']} .mi") == "0.200"
             assert page.inner_text(f"#run-{ids['plain']} .grounded") == "–"
             # The NaN run is drawn with a gap; the others are drawn whole.
-            nan_y = page.evaluate("document.getElementById('plot-mi').data.filter(t => t.name "
-                                  "=== 'nan-run mi').map(t => t.y)")
+            nan_y = page.evaluate(
+                "document.getElementById('plot-mi').data.filter(t => t.name "
+                "=== 'nan-run mi').map(t => t.y)"
+            )
             assert nan_y == [[0.5, None, pytest.approx(0.3), pytest.approx(0.2)]]
             assert page.locator("#plot-mi .main-svg").count() > 0
             page.screenshot(path=screenshot_path(tmp_path, "monitor_intervals.png"), full_page=True)

@@ -44,9 +44,18 @@ def test_hostile_replies_are_format_errors():
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.one_of(st.text(), st.binary(), st.lists(st.sampled_from(
-    ["<think>", "</think>", "<answer>", "</answer>", "Up", " ", "||", "\n", "\x00", "é"]),
-    max_size=30).map("".join)))
+@given(
+    st.one_of(
+        st.text(),
+        st.binary(),
+        st.lists(
+            st.sampled_from(
+                ["<think>", "</think>", "<answer>", "</answer>", "Up", " ", "||", "\n", "\x00", "é"]
+            ),
+            max_size=30,
+        ).map("".join),
+    )
+)
 def test_parser_never_raises(reply):
     parsed = parse_reply(reply)
     assert isinstance(parsed.format_ok, bool)

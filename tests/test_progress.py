@@ -23,8 +23,13 @@ def trial(trial_id, status, iteration=0, success=None):
     result = {"training_iteration": iteration} if iteration else {}
     if success is not None:
         result["rollout/success"] = success
-    return SimpleNamespace(trial_id=trial_id, status=status, last_result=result,
-                           config={"filter": "strategy=none"}, local_path="/tmp/x")
+    return SimpleNamespace(
+        trial_id=trial_id,
+        status=status,
+        last_result=result,
+        config={"filter": "strategy=none"},
+        local_path="/tmp/x",
+    )
 
 
 @pytest.fixture
@@ -39,8 +44,9 @@ def events(cb):
     a, b = trial("a", "RUNNING"), trial("b", "PENDING")
     cb.on_trial_start(0, [a, b], a)
     cb.on_step_end(0, [a, b])
-    cb.on_trial_result(1, [a, b], a, {"training_iteration": 1, "iteration": 1,
-                                      "rollout/success": 0.25})
+    cb.on_trial_result(
+        1, [a, b], a, {"training_iteration": 1, "iteration": 1, "rollout/success": 0.25}
+    )
     cb.on_trial_complete(2, [a, b], a)  # Tune sets the status after its callbacks
     a.status, a.last_result = "TERMINATED", {"training_iteration": 24}
     return [a, b]
@@ -57,12 +63,17 @@ def test_not_a_terminal_prints_one_line_per_event(callback):
         display.line("trial b FAILED (error log: /" + "x" * 300 + ")")
     lines = out.getvalue().splitlines()[:-1]
     assert out.getvalue().splitlines()[-1].endswith("x)")  # one line, not wrapped at 80
-    assert lines[:3] == ["warm start 2/20 loss 0.500", "warm start 4/20 loss 0.250",
-                         "warm start 6/20 loss 0.167"]
+    assert lines[:3] == [
+        "warm start 2/20 loss 0.500",
+        "warm start 4/20 loss 0.250",
+        "warm start 6/20 loss 0.167",
+    ]
     assert "warm start 20/20 loss 0.050" in lines
-    assert lines[-3:] == ["trial a started: filter.strategy=none",
-                          "trial a iteration 1  success 0.250  [0/4 trials done]",
-                          "trial a finished"]
+    assert lines[-3:] == [
+        "trial a started: filter.strategy=none",
+        "trial a iteration 1  success 0.250  [0/4 trials done]",
+        "trial a finished",
+    ]
     assert "\x1b" not in out.getvalue()  # no bars, no cursor movement
 
 
@@ -83,18 +94,23 @@ def test_terminal_shows_bars_and_the_callback_stays_picklable(callback):
         display._last_refresh = 0.0  # on_step_end redraws at most once a second
         callback.on_step_end(3, trials)
         assert display.progress.tasks[-1].completed == 0
-        callback.on_trial_result(4, trials, trials[-1], {"training_iteration": 2,
-                                                         "rollout/success": 0.5})
+        callback.on_trial_result(
+            4, trials, trials[-1], {"training_iteration": 2, "rollout/success": 0.5}
+        )
         restored = pickle.loads(pickle.dumps(callback))  # what Tune saves for --resume
         rows = {t.description: t for t in display.progress.tasks}
-    assert restored.__dict__ == {k: callback.__dict__[k] for k in
-                                 ("tracking_uri", "experiment_id", "parent_run_id", "spec_json")}
+    assert restored.__dict__ == {
+        k: callback.__dict__[k]
+        for k in ("tracking_uri", "experiment_id", "parent_run_id", "spec_json")
+    }
     with pytest.raises(TypeError):
         pickle.dumps(display)
     overall = rows["trials 1/4 done, 1 running, 2 left"]
     assert (overall.completed, overall.total) == (24 + 2, 4 * 24)  # iterations, all trials
-    assert rows["  trial c"].completed == 2 and rows["  trial c"].fields["info"] == \
-        "rollout/success 0.500"
+    assert (
+        rows["  trial c"].completed == 2
+        and rows["  trial c"].fields["info"] == "rollout/success 0.500"
+    )
     assert "  trial a" not in rows  # finished: its bar is gone
     assert rows["warm start"].completed == 10
     text = out.getvalue()

@@ -26,14 +26,25 @@ MI = "collapse/first_turn/mi_estimate"
 H = "collapse/first_turn/conditional_entropy_est"
 ZS = "collapse/first_turn/mi_zscore_ema"
 #: (stochasticity, filter strategy, final (H, MI)) of the four trials: one per regime
-TRIALS = [(0.0, "top_p", (0.9, 0.8)), (0.0, "none", (0.9, 0.1)),
-          (0.2, "top_p", (0.2, 0.7)), (0.2, "none", (0.1, 0.2))]
+TRIALS = [
+    (0.0, "top_p", (0.9, 0.8)),
+    (0.0, "none", (0.9, 0.1)),
+    (0.2, "top_p", (0.2, 0.7)),
+    (0.2, "none", (0.1, 0.2)),
+]
 
 
 def histories(k: int, rng, final) -> dict[str, dict[int, float]]:
-    h = {key: {s: float(rng.uniform(0, 1)) for s in STEPS}
-         for key in ("rollout/success", "rollout/in_group_reward_std", "filter/kept_ratio",
-                     "filter/zero_variance_groups", ZS)}
+    h = {
+        key: {s: float(rng.uniform(0, 1)) for s in STEPS}
+        for key in (
+            "rollout/success",
+            "rollout/in_group_reward_std",
+            "filter/kept_ratio",
+            "filter/zero_variance_groups",
+            ZS,
+        )
+    }
     h[MI] = {s: float(rng.uniform(0.3, 0.6)) for s in STEPS}
     h[H] = {s: float(rng.uniform(0.3, 0.6)) for s in STEPS}
     h[H][6], h[MI][6] = final
@@ -56,16 +67,44 @@ def store(tmp_path_factory):
     data = {}
     for k, (p, strategy, final) in enumerate(TRIALS):
         h = histories(k, rng, final)
-        t = write_run(uri, "report-tests", f"trial{k}", h, parent_run_id=parent.run_id,
-                      params={"env.stochasticity": str(p), "filter.strategy": strategy},
-                      tags={"sweep.param.env.stochasticity": p,
-                            "sweep.param.filter.strategy": strategy},
-                      alarms=[{"name": "template_collapse", "iteration": 4, "mode": "warn",
-                               "message": "MI fell", "evidence": {ZS: [1.0, 0.2]}}] if k == 1 else None,
-                      prompts={1: [{"group_id": 0, "env_seed": 11, "rewards": [0, 1, 1, 0],
-                                    "success": [0, 1, 1, 0]},
-                                   {"group_id": 1, "env_seed": 12, "rewards": [0, 0, 0, 0],
-                                    "success": [0, 0, 0, 0]}]} if k == 0 else None)
+        t = write_run(
+            uri,
+            "report-tests",
+            f"trial{k}",
+            h,
+            parent_run_id=parent.run_id,
+            params={"env.stochasticity": str(p), "filter.strategy": strategy},
+            tags={"sweep.param.env.stochasticity": p, "sweep.param.filter.strategy": strategy},
+            alarms=[
+                {
+                    "name": "template_collapse",
+                    "iteration": 4,
+                    "mode": "warn",
+                    "message": "MI fell",
+                    "evidence": {ZS: [1.0, 0.2]},
+                }
+            ]
+            if k == 1
+            else None,
+            prompts={
+                1: [
+                    {
+                        "group_id": 0,
+                        "env_seed": 11,
+                        "rewards": [0, 1, 1, 0],
+                        "success": [0, 1, 1, 0],
+                    },
+                    {
+                        "group_id": 1,
+                        "env_seed": 12,
+                        "rewards": [0, 0, 0, 0],
+                        "success": [0, 0, 0, 0],
+                    },
+                ]
+            }
+            if k == 0
+            else None,
+        )
         data[t.run_id] = h
     parent.finish()
     # Resumed: step 3 logged twice, the later write is the truth.
@@ -79,16 +118,27 @@ def store(tmp_path_factory):
     data[resumed.run_id], data[nodiag.run_id] = resumed_h, nodiag_h
     other = Tracker(uri, "not-tether", run_name="plain")
     other.log_metrics({"loss": 1.0}, step=1)
-    return {"uri": uri, "parent": parent.run_id, "data": data, "root": root,
-            "trials": list(data)[:4], "resumed": resumed.run_id, "nodiag": nodiag.run_id}
+    return {
+        "uri": uri,
+        "parent": parent.run_id,
+        "data": data,
+        "root": root,
+        "trials": list(data)[:4],
+        "resumed": resumed.run_id,
+        "nodiag": nodiag.run_id,
+    }
 
 
 def test_sweep_numbers_match_scipy_pandas_and_regimes(store, tmp_path):
     target, runs = load_target(store["uri"], store["parent"])
     assert target.kind == "sweep" and {r.run_id for r in runs} == set(store["trials"])
     # Spearman of each diagnostic vs success over every (run, step): scipy on the same data.
-    table = {r["diagnostic"]: r for r in stats.spearman_table(
-        runs, "first_turn", ["mi_estimate", "mi_zscore_ema", "conditional_entropy_est"]).rows}
+    table = {
+        r["diagnostic"]: r
+        for r in stats.spearman_table(
+            runs, "first_turn", ["mi_estimate", "mi_zscore_ema", "conditional_entropy_est"]
+        ).rows
+    }
     for name, key in (("mi_estimate", MI), ("mi_zscore_ema", ZS), ("conditional_entropy_est", H)):
         x = [store["data"][rid][key][s] for rid in store["trials"] for s in STEPS]
         y = [store["data"][rid]["rollout/success"][s] for rid in store["trials"] for s in STEPS]
@@ -96,9 +146,10 @@ def test_sweep_numbers_match_scipy_pandas_and_regimes(store, tmp_path):
         assert table[name]["n"] == 24
         assert table[name]["rho"] == pytest.approx(expected.statistic, abs=1e-12)
         assert table[name]["p"] == pytest.approx(expected.pvalue, rel=1e-9)
-        se = math.sqrt((1 + expected.statistic ** 2 / 2) / 21)
+        se = math.sqrt((1 + expected.statistic**2 / 2) / 21)
         assert table[name]["ci_low"] == pytest.approx(
-            math.tanh(math.atanh(expected.statistic) - 1.959963984540054 * se), abs=1e-9)
+            math.tanh(math.atanh(expected.statistic) - 1.959963984540054 * se), abs=1e-9
+        )
         assert table[name]["ci_low"] < table[name]["rho"] < table[name]["ci_high"]
     # RV quartiles: the same assignment as pandas.qcut on the same points.
     quart = stats.rv_quartiles(runs, MI)
@@ -109,20 +160,26 @@ def test_sweep_numbers_match_scipy_pandas_and_regimes(store, tmp_path):
     for row in quart.rows:
         sel = [p for p, q in zip(points, expected_q) if q == row["quartile"]]
         assert row["n"] == len(sel) == 6
-        assert row["success"] == pytest.approx(np.mean(
-            [store["data"][rid]["rollout/success"][s] for rid, s in sel]))
+        assert row["success"] == pytest.approx(
+            np.mean([store["data"][rid]["rollout/success"][s] for rid, s in sel])
+        )
         assert row["mi"] == pytest.approx(np.mean([store["data"][rid][MI][s] for rid, s in sel]))
     # Regimes, by absolute criteria: the permutation test (p < 0.05) and the H(Z|X)
     # interval against 0.5 nats/token.  Never relative to the other runs: each run alone
     # gets the same regime.
     reg = {r["run"]: r["regime"] for r in stats.regimes(runs, "first_turn").rows}
-    assert reg == {"trial0": "diverse and grounded", "trial1": "template collapse",
-                   "trial2": "compressed but grounded", "trial3": "low-entropy collapse"}
+    assert reg == {
+        "trial0": "diverse and grounded",
+        "trial1": "template collapse",
+        "trial2": "compressed but grounded",
+        "trial3": "low-entropy collapse",
+    }
     for run in runs:
         assert stats.regimes([run], "first_turn").rows[0]["regime"] == reg[run.name]
     straddling = stats.regimes(runs, "first_turn", entropy_threshold=0.85).rows
-    assert {r["run"]: r["regime"] for r in straddling}["trial0"] == \
-        "undetermined (H(Z|X) interval straddles 0.85)"
+    assert {r["run"]: r["regime"] for r in straddling}[
+        "trial0"
+    ] == "undetermined (H(Z|X) interval straddles 0.85)"
     row = next(r for r in stats.regimes(runs, "first_turn").rows if r["run"] == "trial1")
     assert (row["p_grounded"], row["entropy_ci_low"]) == (0.4, pytest.approx(0.8))
     # Success vs stochasticity: the final val/success (0.25 k) of each cell, and the gain.
@@ -131,8 +188,15 @@ def test_sweep_numbers_match_scipy_pandas_and_regimes(store, tmp_path):
     # The whole report: files, the alarm on the MI curves, heatmaps from prompts/.
     report = build_report(runs, tmp_path, "sweep")
     names = {f.name for f in report.figures}
-    assert {"spearman", "rv_quartiles", "stochasticity", "sensitivity", "regimes",
-            "collapse_first_turn", "dynamics"} <= names
+    assert {
+        "spearman",
+        "rv_quartiles",
+        "stochasticity",
+        "sensitivity",
+        "regimes",
+        "collapse_first_turn",
+        "dynamics",
+    } <= names
     assert any(n.startswith("heatmaps_") for n in names)
     collapse = next(f for f in report.figures if f.name == "collapse_first_turn")
     assert (4, "template_collapse (trial1)") in collapse.panels[1].vlines
@@ -163,23 +227,38 @@ def test_resumed_step_takes_last_value_and_missing_metrics_are_noted(store):
 
 def test_cli_report_logs_to_the_sweep_parent_and_bad_input_fails_clearly(store, tmp_path):
     runner = CliRunner()
-    result = runner.invoke(app, ["report", store["parent"], "--tracking-uri", store["uri"],
-                                 "--out", str(tmp_path / "r")])
+    result = runner.invoke(
+        app,
+        ["report", store["parent"], "--tracking-uri", store["uri"], "--out", str(tmp_path / "r")],
+    )
     assert result.exit_code == 0, result.output
     assert (tmp_path / "r" / "report.html").is_file()
     client = MlflowClient(tracking_uri=store["uri"])
     logged = {f.path for f in client.list_artifacts(store["parent"], "report")}
     assert {"report/report.html", "report/spearman.png", "report/regimes.html"} <= logged
-    for target, message in (("0" * 32, "is not a run id or an experiment name"),
-                            ("no-such-experiment", "is not a run id or an experiment name"),
-                            ("not-tether", "has no Tether runs")):
+    for target, message in (
+        ("0" * 32, "is not a run id or an experiment name"),
+        ("no-such-experiment", "is not a run id or an experiment name"),
+        ("not-tether", "has no Tether runs"),
+    ):
         with pytest.raises(ReportError, match=message):
             load_target(store["uri"], target)
-        result = runner.invoke(app, ["report", target, "--tracking-uri", store["uri"],
-                                     "--no-log", "--out", str(tmp_path / "x")])
+        result = runner.invoke(
+            app,
+            [
+                "report",
+                target,
+                "--tracking-uri",
+                store["uri"],
+                "--no-log",
+                "--out",
+                str(tmp_path / "x"),
+            ],
+        )
         assert result.exit_code == 2 and message in " ".join(result.output.split())
-    result = runner.invoke(app, ["report", "x", "--tracking-uri",
-                                 f"sqlite:///{tmp_path / 'missing.db'}"])
+    result = runner.invoke(
+        app, ["report", "x", "--tracking-uri", f"sqlite:///{tmp_path / 'missing.db'}"]
+    )
     assert result.exit_code == 2 and "no MLflow store" in " ".join(result.output.split())
     assert not (tmp_path / "missing.db").exists()
 
@@ -189,21 +268,39 @@ def test_sensitivity_one_at_a_time_uses_the_sweep_base():
     from tether.analysis.runs import RunData
 
     def trial(name, entropy, kl, mi, success):
-        return RunData(name, name, tags={"sweep.param.algo.entropy_coef": str(entropy),
-                                         "sweep.param.algo.kl_coef": str(kl)},
-                       metrics={MI: {2: mi}, "val/success": {2: success}})
+        return RunData(
+            name,
+            name,
+            tags={
+                "sweep.param.algo.entropy_coef": str(entropy),
+                "sweep.param.algo.kl_coef": str(kl),
+            },
+            metrics={MI: {2: mi}, "val/success": {2: success}},
+        )
 
-    runs = [trial("e0", 0.0, 0.0, 0.1, 0.2), trial("e1", 0.01, 0.0, 0.3, 0.4),
-            trial("k1", 0.001, 0.01, 0.5, 0.6), trial("k2", 0.001, 0.1, 0.7, 0.8)]
+    runs = [
+        trial("e0", 0.0, 0.0, 0.1, 0.2),
+        trial("e1", 0.01, 0.0, 0.3, 0.4),
+        trial("k1", 0.001, 0.01, 0.5, 0.6),
+        trial("k2", 0.001, 0.1, 0.7, 0.8),
+    ]
     fields = ["algo.entropy_coef", "algo.kl_coef"]
-    result = stats.sensitivity_trajectories(runs, fields, MI,
-                                            base={"algo.entropy_coef": 0.001, "algo.kl_coef": 0.0})
+    result = stats.sensitivity_trajectories(
+        runs, fields, MI, base={"algo.entropy_coef": 0.001, "algo.kl_coef": 0.0}
+    )
     rows = [(r["field"], r["value"], r["mi"], r["success"]) for r in result.rows]
-    assert rows == [("algo.entropy_coef", 0.0, 0.1, 0.2), ("algo.entropy_coef", 0.01, 0.3, 0.4),
-                    ("algo.kl_coef", 0.01, 0.5, 0.6), ("algo.kl_coef", 0.1, 0.7, 0.8)]
+    assert rows == [
+        ("algo.entropy_coef", 0.0, 0.1, 0.2),
+        ("algo.entropy_coef", 0.01, 0.3, 0.4),
+        ("algo.kl_coef", 0.01, 0.5, 0.6),
+        ("algo.kl_coef", 0.1, 0.7, 0.8),
+    ]
     # A product grid (no base): each value averages over the other field's values.
     grid = [trial(f"{e}-{k}", e, k, e + k, 2 * e + k) for e in (0.0, 1.0) for k in (0.0, 2.0)]
     rows = stats.sensitivity_trajectories(grid, fields, MI).rows
     assert [(r["field"], r["value"], r["runs"], r["mi"]) for r in rows] == [
-        ("algo.entropy_coef", 0.0, 2, 1.0), ("algo.entropy_coef", 1.0, 2, 2.0),
-        ("algo.kl_coef", 0.0, 2, 0.5), ("algo.kl_coef", 2.0, 2, 2.5)]
+        ("algo.entropy_coef", 0.0, 2, 1.0),
+        ("algo.entropy_coef", 1.0, 2, 2.0),
+        ("algo.kl_coef", 0.0, 2, 0.5),
+        ("algo.kl_coef", 2.0, 2, 2.5),
+    ]

@@ -32,8 +32,9 @@ def _wait_for_step(client_uri, out, step, process, timeout=600):
         if run_id is None:
             found = list(out.glob("checkpoints/*/iter_*.pt"))
             run_id = found[0].parent.name if found else None
-        elif step in {m.step for m in MlflowClient(client_uri).get_metric_history(
-                run_id, "rollout/success")}:
+        elif step in {
+            m.step for m in MlflowClient(client_uri).get_metric_history(run_id, "rollout/success")
+        }:
             return run_id
         time.sleep(0.2)
     raise AssertionError(f"step {step} never logged")
@@ -53,22 +54,34 @@ def _leftover_ray(driver_pid: int, timeout: float = 30.0) -> list[str]:
 
 def test_sigkill_then_resume_continues_the_same_run(micro_policy, models_dir, tmp_path):
     cfg = micro_config_dict(
-        tmp_path, rollout={"num_workers": 1},
+        tmp_path,
+        rollout={"num_workers": 1},
         algo={"preset": "grpo", "kl_coef": 0.0, "micro_batch_size": 8},
-        trainer={"iterations": ITERATIONS, "val_every": ITERATIONS, "val_episodes": 2,
-                 "checkpoint_every": CHECKPOINT_EVERY, "samples_per_log": 0},
-        diagnostics={"every": 2, "max_pairs": 8, "information_chain": False,
-                     "grad_snr_every": 0},
-        tracking={"log_model": False}, model={"cache_dir": str(models_dir)},
-        ray={"num_cpus": 2})
+        trainer={
+            "iterations": ITERATIONS,
+            "val_every": ITERATIONS,
+            "val_episodes": 2,
+            "checkpoint_every": CHECKPOINT_EVERY,
+            "samples_per_log": 0,
+        },
+        diagnostics={"every": 2, "max_pairs": 8, "information_chain": False, "grad_snr_every": 0},
+        tracking={"log_model": False},
+        model={"cache_dir": str(models_dir)},
+        ray={"num_cpus": 2},
+    )
     spec = tmp_path / "run.yaml"
     spec.write_text(yaml.safe_dump(cfg))
     tether = [sys.executable, "-m", "tether.platform.cli"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     out = tmp_path / "runs"
     uri = f"sqlite:///{out / 'mlflow.db'}"
-    first = subprocess.Popen(tether + ["run", str(spec)], stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True, env=env)
+    first = subprocess.Popen(
+        tether + ["run", str(spec)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
     # Step 3 is logged after the checkpoint of iteration 2 and before the next one (4):
     # killed now, the resumed run starts at 3 again and logs it a second time.
     run_id = _wait_for_step(uri, out, 3, first)
@@ -84,8 +97,13 @@ def test_sigkill_then_resume_continues_the_same_run(micro_policy, models_dir, tm
     rerun = {s for s in logged_before if s > resume_point}
     assert rerun, "killed right after a checkpoint: nothing to re-run"
 
-    done = subprocess.run(tether + ["run", str(spec), "--resume", run_id],
-                          capture_output=True, text=True, env=env, timeout=900)
+    done = subprocess.run(
+        tether + ["run", str(spec), "--resume", run_id],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"resuming at iteration {resume_point + 1}" in done.stdout
     run = client.get_run(run_id)
@@ -107,8 +125,9 @@ def test_sigkill_then_resume_continues_the_same_run(micro_policy, models_dir, tm
     # The checkpoint restored sampler position, RNG and optimiser state, so a re-run
     # step reproduces the lost one.
     for step in rerun:
-        first_try, resumed = sorted((m for m in history if m.step == step),
-                                    key=lambda m: m.timestamp)
+        first_try, resumed = sorted(
+            (m for m in history if m.step == step), key=lambda m: m.timestamp
+        )
         assert first_try.value == resumed.value, step
 
     # What Tether reads back takes the last value per step.
@@ -126,8 +145,9 @@ def test_sigkill_then_resume_continues_the_same_run(micro_policy, models_dir, tm
     assert set(val) == {0, ITERATIONS}
     # The sweep results table (a reader of MLflow) counts each iteration once.
     client.set_tag(run_id, "mlflow.parentRunId", "parent-of-resume-test")
-    [row] = results_rows(uri, run.info.experiment_id, "parent-of-resume-test",
-                         "rollout/success", "max")
+    [row] = results_rows(
+        uri, run.info.experiment_id, "parent-of-resume-test", "rollout/success", "max"
+    )
     assert row["iterations"] == ITERATIONS
     assert row["success_final"] == metric_history(client, run_id, "rollout/success")[ITERATIONS]
     assert not _leftover_ray(first.pid), "Ray processes outlived their SIGKILLed driver"
@@ -137,18 +157,32 @@ def test_sigterm_ends_the_run_like_ctrl_c(micro_policy, models_dir, tmp_path):
     """`kill <pid>` (SIGTERM) mid-run: one line, exit 130, the MLflow run marked KILLED,
     and no process of the local Ray left behind (Ray's own handler would abort instead)."""
     cfg = micro_config_dict(
-        tmp_path, rollout={"num_workers": 1}, algo={"preset": "grpo", "kl_coef": 0.0},
-        trainer={"iterations": 50, "val_every": 50, "val_episodes": 2, "checkpoint_every": 1,
-                 "samples_per_log": 0},
-        diagnostics={"enabled": False}, tracking={"log_model": False},
-        model={"cache_dir": str(models_dir)}, ray={"num_cpus": 2})
+        tmp_path,
+        rollout={"num_workers": 1},
+        algo={"preset": "grpo", "kl_coef": 0.0},
+        trainer={
+            "iterations": 50,
+            "val_every": 50,
+            "val_episodes": 2,
+            "checkpoint_every": 1,
+            "samples_per_log": 0,
+        },
+        diagnostics={"enabled": False},
+        tracking={"log_model": False},
+        model={"cache_dir": str(models_dir)},
+        ray={"num_cpus": 2},
+    )
     spec = tmp_path / "run.yaml"
     spec.write_text(yaml.safe_dump(cfg))
     out = tmp_path / "runs"
     uri = f"sqlite:///{out / 'mlflow.db'}"
-    run = subprocess.Popen([sys.executable, "-m", "tether.platform.cli", "run", str(spec)],
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    run = subprocess.Popen(
+        [sys.executable, "-m", "tether.platform.cli", "run", str(spec)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     run_id = _wait_for_step(uri, out, 1, run)
     run.send_signal(signal.SIGTERM)
     output, _ = run.communicate(timeout=120)

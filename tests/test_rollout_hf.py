@@ -27,7 +27,9 @@ def one_thread():
 @pytest.fixture(scope="module", params=["eager", "sdpa"])
 def model(request):
     config = tiny_config("small", max_context=64)
-    config.initializer_range = 0.2  # sharper than the default 0.02: varied, non-repeating greedy replies
+    config.initializer_range = (
+        0.2  # sharper than the default 0.02: varied, non-repeating greedy replies
+    )
     m = build_tiny_model(config, seed=0)
     m.set_attn_implementation(request.param)
     return m
@@ -46,8 +48,8 @@ def left_pad(prompts):
     ids = torch.full((len(prompts), width), PAD, dtype=torch.long)
     mask = torch.zeros_like(ids)
     for i, p in enumerate(prompts):
-        ids[i, width - len(p):] = torch.tensor(p)
-        mask[i, width - len(p):] = 1
+        ids[i, width - len(p) :] = torch.tensor(p)
+        mask[i, width - len(p) :] = 1
     return ids, mask
 
 
@@ -55,7 +57,7 @@ def reference_logprobs(model, prompt, tokens, temperature):
     """log_softmax(logits / T) at each generated token, from one no-cache forward of prompt + tokens."""
     with torch.no_grad():
         logits = model(torch.tensor([prompt + tokens]), use_cache=False).logits[0]
-    logp = torch.log_softmax(logits[len(prompt) - 1: -1] / temperature, dim=-1)
+    logp = torch.log_softmax(logits[len(prompt) - 1 : -1] / temperature, dim=-1)
     return logp.gather(-1, torch.tensor(tokens)[:, None]).squeeze(-1)
 
 
@@ -64,20 +66,25 @@ def test_greedy_matches_hf_generate(model, prompts):
     gens = engine.generate(prompts, SamplingParams(max_new_tokens=12, temperature=0), seed=0)
     ids, mask = left_pad(prompts)
     with torch.no_grad():
-        ref = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=12,
-                             pad_token_id=PAD)[:, ids.shape[1]:]
+        ref = model.generate(
+            input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=12, pad_token_id=PAD
+        )[:, ids.shape[1] :]
     assert [g.token_ids for g in gens] == ref.tolist()
     assert all(g.finish_reason == "length" for g in gens)
     assert gens[1].token_ids == gens[3].token_ids  # identical prompts, greedy
     # Greedy log-probs are reported under temperature 1.
     for p, g in zip(prompts, gens):
-        assert torch.allclose(torch.tensor(g.logprobs), reference_logprobs(model, p, g.token_ids, 1.0), atol=1e-4)
+        assert torch.allclose(
+            torch.tensor(g.logprobs), reference_logprobs(model, p, g.token_ids, 1.0), atol=1e-4
+        )
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_logprobs_match_full_forward(model, prompts, temperature):
     engine = HFRolloutEngine(model, pad_token_id=PAD)
-    gens = engine.generate(prompts, SamplingParams(max_new_tokens=20, temperature=temperature), seed=3)
+    gens = engine.generate(
+        prompts, SamplingParams(max_new_tokens=20, temperature=temperature), seed=3
+    )
     for p, g in zip(prompts, gens):
         assert len(g.token_ids) == len(g.logprobs) == 20
         ref = reference_logprobs(model, p, g.token_ids, temperature)
@@ -88,8 +95,10 @@ def test_logprobs_ignore_top_k_top_p_filtering(model, prompts):
     """top_k / top_p restrict sampling; the reported log-prob stays under the full T-scaled distribution."""
     engine = HFRolloutEngine(model, pad_token_id=PAD)
     greedy = engine.generate(prompts, SamplingParams(max_new_tokens=8, temperature=0), seed=0)
-    for params in (SamplingParams(max_new_tokens=8, temperature=0.7, top_k=1),
-                   SamplingParams(max_new_tokens=8, temperature=0.7, top_p=1e-6)):
+    for params in (
+        SamplingParams(max_new_tokens=8, temperature=0.7, top_k=1),
+        SamplingParams(max_new_tokens=8, temperature=0.7, top_p=1e-6),
+    ):
         gens = engine.generate(prompts, params, seed=5)
         assert [g.token_ids for g in gens] == [g.token_ids for g in greedy]
         for p, g in zip(prompts, gens):
@@ -115,8 +124,9 @@ def test_stop_token_ends_row_others_continue(model, prompts):
     free = engine.generate(prompts, SamplingParams(max_new_tokens=16, temperature=0), seed=0)
     # A token row 0 emits at step k that does not appear in some other row.
     stop = next(t for t in free[0].token_ids[2:] if any(t not in g.token_ids for g in free[1:]))
-    gens = engine.generate(prompts, SamplingParams(max_new_tokens=16, temperature=0, stop_token_ids=(stop,)),
-                           seed=0)
+    gens = engine.generate(
+        prompts, SamplingParams(max_new_tokens=16, temperature=0, stop_token_ids=(stop,)), seed=0
+    )
     for g_free, g in zip(free, gens):
         if stop in g_free.token_ids:
             k = g_free.token_ids.index(stop)
@@ -126,15 +136,19 @@ def test_stop_token_ends_row_others_continue(model, prompts):
         else:  # continued to the end after other rows were dropped from the batch and cache
             assert g.token_ids == g_free.token_ids
             assert g.finish_reason == "length"
-    assert any(g.finish_reason == "stop" for g in gens) and any(g.finish_reason == "length" for g in gens)
+    assert any(g.finish_reason == "stop" for g in gens) and any(
+        g.finish_reason == "length" for g in gens
+    )
 
 
 def test_eos_token_ids_stop_like_stop_tokens(model, prompts):
     free = HFRolloutEngine(model, pad_token_id=PAD).generate(
-        prompts, SamplingParams(max_new_tokens=10, temperature=0), seed=0)
+        prompts, SamplingParams(max_new_tokens=10, temperature=0), seed=0
+    )
     stop = free[0].token_ids[4]
     gens = HFRolloutEngine(model, pad_token_id=PAD, eos_token_ids=[stop]).generate(
-        prompts, SamplingParams(max_new_tokens=10, temperature=0), seed=0)
+        prompts, SamplingParams(max_new_tokens=10, temperature=0), seed=0
+    )
     assert gens[0].token_ids == free[0].token_ids[: free[0].token_ids.index(stop) + 1]
     assert gens[0].finish_reason == "stop"
 
@@ -152,17 +166,22 @@ def test_stop_strings(model, prompts):
     free = engine.generate(prompts, SamplingParams(max_new_tokens=16, temperature=0), seed=0)
     text = tok.batch_decode([free[2].token_ids])[0]
     stop = text[5:8]
-    gens = engine.generate(prompts, SamplingParams(max_new_tokens=16, temperature=0, stop_strings=(stop,)),
-                           seed=0)
+    gens = engine.generate(
+        prompts, SamplingParams(max_new_tokens=16, temperature=0, stop_strings=(stop,)), seed=0
+    )
     for g_free, g in zip(free, gens):
         full = tok.batch_decode([g_free.token_ids])[0]
         if stop in full:
-            end = full.index(stop) + len(stop)  # one char per token: the token completing the string
+            end = full.index(stop) + len(
+                stop
+            )  # one char per token: the token completing the string
             assert g.token_ids == g_free.token_ids[:end] and g.finish_reason == "stop"
         else:
             assert g.token_ids == g_free.token_ids and g.finish_reason == "length"
     with pytest.raises(ValueError, match="tokenizer"):
-        HFRolloutEngine(model, pad_token_id=PAD).generate(prompts, SamplingParams(stop_strings=("x",)))
+        HFRolloutEngine(model, pad_token_id=PAD).generate(
+            prompts, SamplingParams(stop_strings=("x",))
+        )
 
 
 def test_max_new_tokens_and_empty_batch(model, prompts):
@@ -182,8 +201,11 @@ def test_context_window_and_truncation(model, prompts):
     g = torch.Generator().manual_seed(2)
     long_prompt = torch.randint(1, 512, (80,), generator=g).tolist()
     near_full = torch.randint(1, 512, (60,), generator=g).tolist()
-    gens = engine.generate([long_prompt, near_full, prompts[0]], SamplingParams(max_new_tokens=10, temperature=0),
-                           seed=0)
+    gens = engine.generate(
+        [long_prompt, near_full, prompts[0]],
+        SamplingParams(max_new_tokens=10, temperature=0),
+        seed=0,
+    )
     assert gens[0].meta["truncated_prompt_tokens"] == 80 - 63
     assert gens[0].meta["prompt_tokens"] == 63 and "warning" in gens[0].meta
     assert len(gens[0].token_ids) == 1 and gens[0].finish_reason == "context"
@@ -191,13 +213,19 @@ def test_context_window_and_truncation(model, prompts):
     assert gens[1].meta["truncated_prompt_tokens"] == 0
     assert len(gens[2].token_ids) == 10 and gens[2].finish_reason == "length"
     # Truncation keeps the last tokens: same output as the pre-truncated prompt.
-    alone = engine.generate([long_prompt[-63:]], SamplingParams(max_new_tokens=10, temperature=0), seed=0)
+    alone = engine.generate(
+        [long_prompt[-63:]], SamplingParams(max_new_tokens=10, temperature=0), seed=0
+    )
     assert alone[0].token_ids == gens[0].token_ids
 
 
-VARIANTS = {"prefill_chunk": {"prefill_chunk": 7}, "no_buckets": {"pad_tolerance": 0.99},
-            "lazy_compaction": {"compact_fraction": 0.5}, "no_compaction": {"compact_fraction": 1.0},
-            "dynamic_cache": {}}
+VARIANTS = {
+    "prefill_chunk": {"prefill_chunk": 7},
+    "no_buckets": {"pad_tolerance": 0.99},
+    "lazy_compaction": {"compact_fraction": 0.5},
+    "no_compaction": {"compact_fraction": 1.0},
+    "dynamic_cache": {},
+}
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
@@ -209,7 +237,9 @@ def test_prefill_and_cache_variants_agree(model, prompts, variant):
     other = HFRolloutEngine(model, pad_token_id=PAD, **kwargs)
     if variant == "dynamic_cache":
         other._preallocate = False
-    stop = base.generate(prompts, SamplingParams(max_new_tokens=12, temperature=0), seed=0)[0].token_ids[3]
+    stop = base.generate(prompts, SamplingParams(max_new_tokens=12, temperature=0), seed=0)[
+        0
+    ].token_ids[3]
     params = SamplingParams(max_new_tokens=12, temperature=0, stop_token_ids=(stop,))
     a, b = base.generate(prompts, params, seed=0), other.generate(prompts, params, seed=0)
     assert [g.token_ids for g in a] == [g.token_ids for g in b]
@@ -229,7 +259,11 @@ def test_load_state_dict_in_place(prompts):
     engine.load_state_dict(donor.state_dict())
     after = engine.generate(prompts, params, seed=0)
     expected = HFRolloutEngine(donor, pad_token_id=PAD).generate(prompts, params, seed=0)
-    assert [g.token_ids for g in after] == [g.token_ids for g in expected] != [g.token_ids for g in before]
+    assert (
+        [g.token_ids for g in after]
+        == [g.token_ids for g in expected]
+        != [g.token_ids for g in before]
+    )
     assert {k: v.data_ptr() for k, v in model.state_dict().items()} == ptrs
     with pytest.raises(KeyError, match="unknown keys"):
         engine.load_state_dict({**donor.state_dict(), "bogus.weight": torch.zeros(1)})
@@ -271,7 +305,9 @@ def test_unwritten_cache_memory_is_never_read(model, prompts, monkeypatch):
     expected = HFRolloutEngine(model, pad_token_id=PAD).generate(prompts, params, seed=0)
     real_empty, real_empty_like = torch.empty, torch.empty_like
     monkeypatch.setattr(torch, "empty", lambda *a, **k: real_empty(*a, **k).fill_(float("nan")))
-    monkeypatch.setattr(torch, "empty_like", lambda *a, **k: real_empty_like(*a, **k).fill_(float("nan")))
+    monkeypatch.setattr(
+        torch, "empty_like", lambda *a, **k: real_empty_like(*a, **k).fill_(float("nan"))
+    )
     gens = HFRolloutEngine(model, pad_token_id=PAD).generate(prompts, params, seed=0)
     assert [g.token_ids for g in gens] == [g.token_ids for g in expected]
     assert all(math.isfinite(x) for g in gens for x in g.logprobs)
@@ -292,11 +328,15 @@ def test_grouped_prompts_agree_with_per_row_cache(model, group_prompts, temperat
     plain = HFRolloutEngine(model, pad_token_id=PAD, grouped_prompts=False)
     grouped = HFRolloutEngine(model, pad_token_id=PAD, grouped_prompts=True)
     # Stop tokens taken from the same seeded run, so rows 0 and 5 stop early for sure.
-    probe = plain.generate(group_prompts, SamplingParams(max_new_tokens=16, temperature=temperature),
-                           seed=4)
+    probe = plain.generate(
+        group_prompts, SamplingParams(max_new_tokens=16, temperature=temperature), seed=4
+    )
     stops = (probe[0].token_ids[3], probe[5].token_ids[8])
     params = SamplingParams(max_new_tokens=16, temperature=temperature, stop_token_ids=stops)
-    a, b = plain.generate(group_prompts, params, seed=4), grouped.generate(group_prompts, params, seed=4)
+    a, b = (
+        plain.generate(group_prompts, params, seed=4),
+        grouped.generate(group_prompts, params, seed=4),
+    )
     assert [g.token_ids for g in a] == [g.token_ids for g in b]
     assert len({len(g.token_ids) for g in b}) > 1  # some rows stopped early: compaction ran
     for ga, gb, prompt in zip(a, b, group_prompts):
@@ -312,11 +352,14 @@ def test_grouped_prompts_auto_choice(model, group_prompts, prompts, monkeypatch)
 
     calls = []
     real = hf._grouped_prompt_attention
-    monkeypatch.setitem(hf.AttentionInterface._global_mapping, hf.GROUPED_PROMPT_ATTENTION,
-                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setitem(
+        hf.AttentionInterface._global_mapping,
+        hf.GROUPED_PROMPT_ATTENTION,
+        lambda *a, **k: calls.append(1) or real(*a, **k),
+    )
     engine = HFRolloutEngine(model, pad_token_id=PAD)
     assert engine.grouped_prompts
-    engine.generate(prompts, SamplingParams(max_new_tokens=3), seed=0)         # 6 of 7 distinct
+    engine.generate(prompts, SamplingParams(max_new_tokens=3), seed=0)  # 6 of 7 distinct
     assert calls == []
-    engine.generate(group_prompts, SamplingParams(max_new_tokens=3), seed=0)   # 4 of 16 distinct
+    engine.generate(group_prompts, SamplingParams(max_new_tokens=3), seed=0)  # 4 of 16 distinct
     assert len(calls) > 0

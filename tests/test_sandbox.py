@@ -25,8 +25,9 @@ from tether.envs.sandbox.isolation import INSIDE_WORK
 
 FAST = SandboxLimits(cpu_seconds=1, wall_seconds=2.0, output_bytes=64 * 1024)
 ADD_TESTS = (CodeTest([1, 2], 3), CodeTest([5, 5], 10))
-ADD = Problem("add", "Return a + b.", "add", "def add(a, b):", ADD_TESTS,
-              "def add(a, b):\n    return a + b")
+ADD = Problem(
+    "add", "Return a + b.", "add", "def add(a, b):", ADD_TESTS, "def add(a, b):\n    return a + b"
+)
 
 
 def attack_env() -> DeepCoderEnv:
@@ -36,11 +37,16 @@ def attack_env() -> DeepCoderEnv:
 
 
 def test_function_and_program_runs():
-    run = run_python("def f(a, b):\n    print('noise')\n    return [a + b, (1, 2), {'k': None}]",
-                     fn_name="f", args=[1, 2], limits=FAST)
+    run = run_python(
+        "def f(a, b):\n    print('noise')\n    return [a + b, (1, 2), {'k': None}]",
+        fn_name="f",
+        args=[1, 2],
+        limits=FAST,
+    )
     assert run.ok and run.stdout.strip().splitlines()[-1] == '{"result":[3,[1,2],{"k":null}]}'
-    run = run_python("import sys\nprint(sum(map(int, sys.stdin.read().split())))", stdin="3 4\n5",
-                     limits=FAST)
+    run = run_python(
+        "import sys\nprint(sum(map(int, sys.stdin.read().split())))", stdin="3 4\n5", limits=FAST
+    )
     assert (run.status, run.stdout) == ("ok", "12\n")
     run = run_python("raise ValueError('boom')", limits=FAST)
     assert run.status == "error" and "ValueError: boom" in run.stderr
@@ -51,7 +57,9 @@ def test_judging_counts_passed_tests_and_compares_leniently():
     assert [o.passed for o in outcomes] == [True, False]
     leetcode = "class Solution:\n    def add(self, a, b):\n        return a + b"
     assert [o.status for o in run_tests(leetcode, ADD_TESTS, "add", FAST)] == ["ok", "ok"]
-    assert run_tests("def other(a, b):\n    return a + b", ADD_TESTS, "add", FAST)[0].status == "error"
+    assert (
+        run_tests("def other(a, b):\n    return a + b", ADD_TESTS, "add", FAST)[0].status == "error"
+    )
     assert same_function_output((1, 2), [1, 2]) and same_function_output(3, [3])
     assert same_function_output(0.1 + 0.2, 0.3) and not same_function_output(True, 1)
     assert not same_function_output("3", 3) and not same_function_output([1], [1, 2])
@@ -69,8 +77,9 @@ def test_child_has_a_clean_env_and_a_throwaway_directory(isolation):
     else:
         assert os.path.basename(cwd).startswith("tether-sandbox-") and not os.path.exists(cwd)
     assert set(eval(env_keys)) <= {"PATH", "LANG", "LC_CTYPE", "PWD"}  # bwrap sets PWD
-    run = run_python("open('scratch.txt', 'w').write('ok')\nprint(open('scratch.txt').read())",
-                     limits=limits)
+    run = run_python(
+        "open('scratch.txt', 'w').write('ok')\nprint(open('scratch.txt').read())", limits=limits
+    )
     assert run.stdout == "ok\n"  # its own directory is writable
 
 
@@ -79,15 +88,18 @@ def test_as_root_the_child_runs_unprivileged_when_possible():
     run = run_python("import os\nprint(os.getuid())", limits=FAST)
     assert run.stdout.strip() == "65534"  # under bubblewrap: always, the real uid 65534
     interpreter, uid = _runner()  # isolation none: only with an interpreter nobody can run
-    run = run_python("import os\nprint(os.getuid())", limits=dataclasses.replace(FAST, isolation="none"))
+    run = run_python(
+        "import os\nprint(os.getuid())", limits=dataclasses.replace(FAST, isolation="none")
+    )
     assert run.stdout.strip() == str(uid if uid is not None else 0)
 
 
 def test_parallel_evaluation_uses_several_processes():
     tests = [CodeTest([0.6], None)] * 4
     started = time.perf_counter()
-    outcomes = run_tests("import time\ndef nap(s):\n    time.sleep(s)", tests, "nap", FAST,
-                         max_workers=4)
+    outcomes = run_tests(
+        "import time\ndef nap(s):\n    time.sleep(s)", tests, "nap", FAST, max_workers=4
+    )
     elapsed = time.perf_counter() - started
     assert all(o.passed for o in outcomes)
     assert elapsed < 1.9  # one after another would take at least 2.4 s
@@ -106,7 +118,9 @@ def test_fork_bomb_is_refused():
     run = run_python("import os\nwhile True:\n    os.fork()", limits=FAST)
     assert run.status == "error" and "os.fork" in run.stderr
     assert time.perf_counter() - started < 2.0
-    assert attack_env().step("import os\ndef add(a, b):\n    while True:\n        os.fork()")[1] == 0.0
+    assert (
+        attack_env().step("import os\ndef add(a, b):\n    while True:\n        os.fork()")[1] == 0.0
+    )
     run = run_python("import subprocess\nsubprocess.run(['true'])", limits=FAST)
     assert run.status == "error" and "not allowed" in run.stderr
 
@@ -114,7 +128,10 @@ def test_fork_bomb_is_refused():
 def test_ten_gigabyte_allocation_fails_inside_the_child():
     run = run_python("x = bytearray(10 * 2**30)\nprint(len(x))", limits=FAST)
     assert run.status == "error" and "MemoryError" in run.stderr
-    assert attack_env().step("def add(a, b):\n    x = bytearray(10 * 2**30)\n    return a + b")[1] == 0.0
+    assert (
+        attack_env().step("def add(a, b):\n    x = bytearray(10 * 2**30)\n    return a + b")[1]
+        == 0.0
+    )
 
 
 def test_writing_outside_the_working_directory_is_refused(tmp_path):
@@ -146,8 +163,10 @@ def test_network_sockets_are_refused():
     server.setblocking(False)
     port = server.getsockname()[1]
     try:
-        for code in (f"import socket\nsocket.create_connection(('127.0.0.1', {port}))",
-                     "import _socket\n_socket.socket()"):
+        for code in (
+            f"import socket\nsocket.create_connection(('127.0.0.1', {port}))",
+            "import _socket\n_socket.socket()",
+        ):
             run = run_python(code, limits=FAST)
             assert run.status == "error" and "not allowed" in run.stderr
         with pytest.raises(BlockingIOError):
@@ -171,8 +190,11 @@ def test_printing_a_gigabyte_is_cut_at_the_output_cap():
 
 def test_killing_the_parent_is_refused_and_we_keep_running():
     parent = os.getpid()
-    for code in ("import os\nos.kill(os.getppid(), 9)", "import os, signal\nos.killpg(0, 9)",
-                 "import os, signal\nsignal.pidfd_send_signal(os.pidfd_open(os.getppid()), 9)"):
+    for code in (
+        "import os\nos.kill(os.getppid(), 9)",
+        "import os, signal\nos.killpg(0, 9)",
+        "import os, signal\nsignal.pidfd_send_signal(os.pidfd_open(os.getppid()), 9)",
+    ):
         run = run_python(code, limits=FAST)
         assert run.status == "error", code
     assert attack_env().step("import os\ndef add(a, b):\n    os.kill(os.getppid(), 9)")[1] == 0.0
@@ -181,13 +203,18 @@ def test_killing_the_parent_is_refused_and_we_keep_running():
 
 
 def test_ffi_and_new_extension_modules_are_refused():
-    for code in ("import ctypes", "import _imp\n_imp.create_dynamic(None)",
-                 "import sys, os\nsys.addaudithook(lambda *a: None)\nos.fork()"):
+    for code in (
+        "import ctypes",
+        "import _imp\n_imp.create_dynamic(None)",
+        "import sys, os\nsys.addaudithook(lambda *a: None)\nos.fork()",
+    ):
         run = run_python(code, limits=FAST)
         assert run.status == "error", code
-    run = run_python("import json, re, heapq, collections, itertools, functools, math, bisect, "
-                     "random, fractions, decimal, datetime, dataclasses, typing, string\nprint('ok')",
-                     limits=FAST)
+    run = run_python(
+        "import json, re, heapq, collections, itertools, functools, math, bisect, "
+        "random, fractions, decimal, datetime, dataclasses, typing, string\nprint('ok')",
+        limits=FAST,
+    )
     assert run.stdout == "ok\n", run.stderr  # ordinary solutions still import what they need
 
 

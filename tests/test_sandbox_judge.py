@@ -41,11 +41,21 @@ from tether.platform.config import build_config
 ROOT = Path(__file__).resolve().parents[1]
 
 # -- the judge ----------------------------------------------------------------------------
-JSON_LEAVES = (st.none() | st.booleans() | st.integers() | st.integers(min_value=10**300)
-               | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=50))
-JSON_VALUES = st.recursive(JSON_LEAVES, lambda inner: st.lists(inner, max_size=5)
-                           | st.dictionaries(st.text(max_size=5), inner, max_size=5),
-                           max_leaves=40)
+JSON_LEAVES = (
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.integers(min_value=10**300)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=50)
+)
+JSON_VALUES = st.recursive(
+    JSON_LEAVES,
+    lambda inner: (
+        st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=5), inner, max_size=5)
+    ),
+    max_leaves=40,
+)
 
 
 @st.composite
@@ -60,7 +70,9 @@ def child_stdout(draw) -> str:
     if kind == "digits":
         return '{"result": ' + "9" * draw(st.integers(1, 20_000)) + "}"
     if kind == "number_words":
-        return '{"result": ' + draw(st.sampled_from(["NaN", "Infinity", "-Infinity", "1e999"])) + "}"
+        return (
+            '{"result": ' + draw(st.sampled_from(["NaN", "Infinity", "-Infinity", "1e999"])) + "}"
+        )
     return draw(st.text(max_size=2000))
 
 
@@ -68,13 +80,22 @@ def fuzz_judge(stdout: str, status: str, expected, fn_name) -> None:
     run = RunResult(status, stdout, "", 0 if status == "ok" else 1, 0.01)
     verdict = judge_output(run, CodeTest([1], expected), fn_name)
     assert isinstance(verdict.passed, bool) and verdict.status in (
-        "ok", "wrong_answer", "error", "timeout", "output_limit")  # never "judge_error"
+        "ok",
+        "wrong_answer",
+        "error",
+        "timeout",
+        "output_limit",
+    )  # never "judge_error"
     if status not in ("ok", "error"):
         assert not verdict.passed
 
 
-JUDGE_INPUTS = dict(stdout=child_stdout(), status=st.sampled_from(["ok", "error", "timeout"]),
-                    expected=JSON_VALUES, fn_name=st.sampled_from(["f", None]))
+JUDGE_INPUTS = dict(
+    stdout=child_stdout(),
+    status=st.sampled_from(["ok", "error", "timeout"]),
+    expected=JSON_VALUES,
+    fn_name=st.sampled_from(["f", None]),
+)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -87,8 +108,9 @@ def test_the_judge_never_raises(stdout, status, expected, fn_name):
 def test_the_judge_never_raises_on_ten_thousand_inputs():
     judged = []
 
-    @settings(max_examples=10_000, deadline=None, suppress_health_check=list(HealthCheck),
-              database=None)
+    @settings(
+        max_examples=10_000, deadline=None, suppress_health_check=list(HealthCheck), database=None
+    )
     @given(**JUDGE_INPUTS)
     def judge(stdout, status, expected, fn_name):
         fuzz_judge(stdout, status, expected, fn_name)
@@ -107,11 +129,15 @@ def test_comparisons_never_raise(got, expected, text):
 
 def test_result_lines_are_checked_with_their_reason():
     assert parse_report('noise\n{"result": [1, {"a": null}]}\n') == {"result": [1, {"a": None}]}
-    for line, reason in [("", "no result line"), ("[" * 100_000, "RecursionError"),
-                         ('{"result": ' + "[" * 150 + "]" * 150 + "}", "nested deeper than 100"),
-                         ('{"result": ' + "7" * 5000 + "}", "unreadable result line"),
-                         ('{"result": [' + "0," * 250_000 + "0]}", "more than 200000 values"),
-                         ('{"other": 1}', "is not"), ("[1, 2]", "is not")]:
+    for line, reason in [
+        ("", "no result line"),
+        ("[" * 100_000, "RecursionError"),
+        ('{"result": ' + "[" * 150 + "]" * 150 + "}", "nested deeper than 100"),
+        ('{"result": ' + "7" * 5000 + "}", "unreadable result line"),
+        ('{"result": [' + "0," * 250_000 + "0]}", "more than 200000 values"),
+        ('{"other": 1}', "is not"),
+        ("[1, 2]", "is not"),
+    ]:
         with pytest.raises(BadResult, match=reason):
             parse_report(line)
     huge = RunResult("ok", '{"result": ' + str(10**400) + "}", "", 0, 0.0)
@@ -130,8 +156,17 @@ def test_the_seccomp_program_denies_what_it_lists_and_allows_the_rest(machine):
     audit_arch, numbers = ARCHES[machine]
     rules = program(machine)
     eperm, run = RET_ERRNO | errno.EPERM, lambda nr, *args: evaluate(rules, nr, audit_arch, args)
-    for name in ("ptrace", "process_vm_readv", "process_vm_writev", "bpf", "keyctl", "unshare",
-                 "mount", "io_uring_setup", "setns"):
+    for name in (
+        "ptrace",
+        "process_vm_readv",
+        "process_vm_writev",
+        "bpf",
+        "keyctl",
+        "unshare",
+        "mount",
+        "io_uring_setup",
+        "setns",
+    ):
         assert run(numbers[name]) == eperm, name
     read, write, exit_group = {"x86_64": (0, 1, 231), "aarch64": (63, 64, 94)}[machine]
     assert run(read) == run(write) == run(exit_group) == RET_ALLOW
@@ -162,8 +197,10 @@ def test_auto_and_bwrap_refuse_without_bubblewrap_and_none_warns(no_bwrap, caplo
         with pytest.raises(SandboxUnavailable) as err:
             resolve_isolation(setting)
         message = str(err.value)
-        assert message.startswith(f"sandbox.isolation={setting}: cannot isolate untrusted code, "
-                                  "the bwrap program is not installed")
+        assert message.startswith(
+            f"sandbox.isolation={setting}: cannot isolate untrusted code, "
+            "the bwrap program is not installed"
+        )
         assert "sandbox.isolation=none" in message and "\n" not in message
         with pytest.raises(SandboxUnavailable):
             DeepCoderEnv(isolation=setting)
@@ -190,14 +227,27 @@ def test_the_setting_reaches_the_env_that_runs_code():
 
 def test_a_run_refuses_to_start_with_one_line_naming_the_setting(tmp_path):
     env = {**os.environ, "PATH": "/nonexistent"}
-    done = subprocess.run([sys.executable, "-m", "tether.platform.cli", "run",
-                           str(ROOT / "experiments/deepcoder.yaml"),
-                           f"experiment.output_dir={tmp_path}"], env=env, capture_output=True,
-                          text=True, timeout=120, cwd=tmp_path)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tether.platform.cli",
+            "run",
+            str(ROOT / "experiments/deepcoder.yaml"),
+            f"experiment.output_dir={tmp_path}",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert done.returncode == 2, done.stderr
     lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
-    assert lines == ["error: sandbox.isolation=auto: cannot isolate untrusted code, the bwrap "
-                     "program is not installed; install bubblewrap (apt-get install bubblewrap, "
-                     "or bash scripts/setup.sh) or set sandbox.isolation=none to run it without "
-                     "OS isolation"]
+    assert lines == [
+        "error: sandbox.isolation=auto: cannot isolate untrusted code, the bwrap "
+        "program is not installed; install bubblewrap (apt-get install bubblewrap, "
+        "or bash scripts/setup.sh) or set sandbox.isolation=none to run it without "
+        "OS isolation"
+    ]
     assert not (tmp_path / "artifacts").exists()

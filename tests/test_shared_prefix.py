@@ -26,23 +26,35 @@ from tether.rollout.base import SamplingParams
 
 @pytest.fixture(scope="module")
 def policy():
-    episodes = demonstration_episodes("tether/Countdown-v0", {}, 64, 0.0, seed=7,
-                                      max_reply_tokens=32)
+    episodes = demonstration_episodes(
+        "tether/Countdown-v0", {}, 64, 0.0, seed=7, max_reply_tokens=32
+    )
     tok = build_tokenizer(episodes, 256)
-    config = tiny_config("micro", vocab_size=max(256, len(tok)), eos_token_id=tok.eos_token_id,
-                         pad_token_id=tok.pad_token_id)
+    config = tiny_config(
+        "micro",
+        vocab_size=max(256, len(tok)),
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
     return build_tiny_model(config, seed=3), tok
 
 
 def _sampled_batch(policy, env_id, groups, group_size, max_new, seed):
     model, tok = policy
-    engine = make_engine("hf", copy.deepcopy(model), pad_token_id=tok.pad_token_id,
-                         eos_token_ids=[tok.eos_token_id], tokenizer=tok)
+    engine = make_engine(
+        "hf",
+        copy.deepcopy(model),
+        pad_token_id=tok.pad_token_id,
+        eos_token_ids=[tok.eos_token_id],
+        tokenizer=tok,
+    )
     specs = [EpisodeSpec(g, 11 + g, k) for g in range(groups) for k in range(group_size)]
-    sampling = SamplingParams(max_new_tokens=max_new, temperature=1.0,
-                              stop_token_ids=(tok.eos_token_id,))
-    trajs = run_episodes(engine, ChatFormatter(tok), LocalEnvBatch(env_id), specs, sampling,
-                         seed=seed, max_turns=2)
+    sampling = SamplingParams(
+        max_new_tokens=max_new, temperature=1.0, stop_token_ids=(tok.eos_token_id,)
+    )
+    trajs = run_episodes(
+        engine, ChatFormatter(tok), LocalEnvBatch(env_id), specs, sampling, seed=seed, max_turns=2
+    )
     batch = collate(trajs, tok.pad_token_id)
     # Rows of a group ending at different lengths: cut row i's last i % 5 tokens.
     for row in range(batch.size):
@@ -55,15 +67,15 @@ def _sampled_batch(policy, env_id, groups, group_size, max_new, seed):
 
 @pytest.fixture(scope="module")
 def countdown_batch(policy):
-    return _sampled_batch(policy, "tether/Countdown-v0", groups=3, group_size=4, max_new=24,
-                          seed=1)
+    return _sampled_batch(policy, "tether/Countdown-v0", groups=3, group_size=4, max_new=24, seed=1)
 
 
 @pytest.fixture(scope="module")
 def frozenlake_batch(policy):
     """Two turns: rows of a group share only the first prompt."""
-    return _sampled_batch(policy, "tether/FrozenLake-v0", groups=2, group_size=3, max_new=12,
-                          seed=2)
+    return _sampled_batch(
+        policy, "tether/FrozenLake-v0", groups=2, group_size=3, max_new=12, seed=2
+    )
 
 
 @pytest.mark.parametrize("which", ["countdown_batch", "frozenlake_batch"])
@@ -71,15 +83,22 @@ def frozenlake_batch(policy):
 def test_logprobs_and_entropy_match_the_plain_forward(policy, request, which, temperature):
     model, _ = policy
     batch = request.getfixturevalue(which)
-    inverse, _, prefix_len = group_prefix_lengths(batch.input_ids, batch.attention_mask,
-                                                  batch.group_index)
+    inverse, _, prefix_len = group_prefix_lengths(
+        batch.input_ids, batch.attention_mask, batch.group_index
+    )
     assert shared_prefix_saving(batch.attention_mask, inverse, prefix_len) < 0.8
     with torch.no_grad():
-        plain, plain_ent = token_logprobs(model, batch.input_ids, batch.attention_mask,
-                                          temperature, with_entropy=True)
+        plain, plain_ent = token_logprobs(
+            model, batch.input_ids, batch.attention_mask, temperature, with_entropy=True
+        )
         shared, shared_ent = shared_prefix_token_logprobs(
-            model, batch.input_ids, batch.attention_mask, batch.group_index, temperature,
-            with_entropy=True)
+            model,
+            batch.input_ids,
+            batch.attention_mask,
+            batch.group_index,
+            temperature,
+            with_entropy=True,
+        )
     real = batch.attention_mask.bool()
     real[:, 0] = False
     assert torch.allclose(shared[real], plain[real], atol=1e-5, rtol=0)
@@ -89,8 +108,9 @@ def test_logprobs_and_entropy_match_the_plain_forward(policy, request, which, te
 
 def test_prefix_lengths_are_the_groups_common_prompt(countdown_batch):
     b = countdown_batch
-    inverse, first_row, prefix_len = group_prefix_lengths(b.input_ids, b.attention_mask,
-                                                          b.group_index)
+    inverse, first_row, prefix_len = group_prefix_lengths(
+        b.input_ids, b.attention_mask, b.group_index
+    )
     for g in range(len(prefix_len)):
         rows = (inverse == g).nonzero().squeeze(-1)
         prompt_end = int(b.response_mask[rows[0]].nonzero()[0])  # first sampled token
@@ -105,8 +125,12 @@ def _one_step(model, reference, batch, settings):
     m = copy.deepcopy(model)
     b = copy.deepcopy(batch)
     b = prepare_batch(b, m, settings, recompute_old_logprobs=False, reference=reference)
-    inputs = AdvantageInputs(scores=b.scores, group_index=b.group_index,
-                             response_mask=b.response_mask, token_rewards=b.token_rewards)
+    inputs = AdvantageInputs(
+        scores=b.scores,
+        group_index=b.group_index,
+        response_mask=b.response_mask,
+        token_rewards=b.token_rewards,
+    )
     b.advantages, b.returns = compute_advantages("grpo", inputs)
     optimizer = torch.optim.SGD(m.parameters(), lr=0.0)
     metrics = policy_update(m, optimizer, b, settings, seed=0)
@@ -116,9 +140,9 @@ def _one_step(model, reference, batch, settings):
 
 @pytest.mark.parametrize("micro_batch_size", [4, 8, 12])
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
-def test_one_step_loss_and_gradients_match_the_unoptimised_path(policy, countdown_batch,
-                                                                monkeypatch, micro_batch_size,
-                                                                agg):
+def test_one_step_loss_and_gradients_match_the_unoptimised_path(
+    policy, countdown_batch, monkeypatch, micro_batch_size, agg
+):
     model, _ = policy
     torch.manual_seed(0)
     reference = copy.deepcopy(model).requires_grad_(False)
@@ -129,10 +153,18 @@ def test_one_step_loss_and_gradients_match_the_unoptimised_path(policy, countdow
     # Non-zero advantages in every group and old log-probs away from the current ones,
     # so the clipped surrogate, the KL and the entropy terms all carry gradient.
     batch.scores = torch.arange(batch.size, dtype=torch.float32) % 3
-    batch.sampling_logprobs = batch.sampling_logprobs + 0.1 * torch.randn_like(
-        batch.sampling_logprobs) * batch.response_mask
-    common = dict(kl_coef=0.04, kl_estimator="k3", entropy_coef=0.01, loss_agg=agg,
-                  micro_batch_size=micro_batch_size, max_grad_norm=1e9)
+    batch.sampling_logprobs = (
+        batch.sampling_logprobs
+        + 0.1 * torch.randn_like(batch.sampling_logprobs) * batch.response_mask
+    )
+    common = dict(
+        kl_coef=0.04,
+        kl_estimator="k3",
+        entropy_coef=0.01,
+        loss_agg=agg,
+        micro_batch_size=micro_batch_size,
+        max_grad_norm=1e9,
+    )
 
     calls = {"shared": 0}
     real_shared = update_module.shared_prefix_token_logprobs
@@ -143,10 +175,12 @@ def test_one_step_loss_and_gradients_match_the_unoptimised_path(policy, countdow
 
     monkeypatch.setattr(update_module, "shared_prefix_token_logprobs", counting)
     plain_metrics, plain_grad, plain_batch = _one_step(
-        model, reference, batch, UpdateSettings(shared_prefix=False, **common))
+        model, reference, batch, UpdateSettings(shared_prefix=False, **common)
+    )
     assert calls["shared"] == 0
     fast_metrics, fast_grad, fast_batch = _one_step(
-        model, reference, batch, UpdateSettings(shared_prefix=True, **common))
+        model, reference, batch, UpdateSettings(shared_prefix=True, **common)
+    )
     assert calls["shared"] > 0  # the optimised path really ran
 
     real = batch.response_mask.bool()

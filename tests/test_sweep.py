@@ -47,19 +47,41 @@ def write_spec(tmp_path: Path, sweep: dict, base: str = "filters_smoke.yaml", **
 
 def micro_sweep_sections(tmp_path: Path, models_dir: Path, name: str, iterations: int) -> dict:
     """A seconds-scale trial: the tests' micro model, 2 groups x 4, one rollout worker."""
-    return {"experiment": {"output_dir": str(tmp_path / "out"), "name": name},
-            "model": {"size": "micro", "cache_dir": str(models_dir), "warm_start": {
-                "episodes": 192, "epochs": 3, "batch_size": 8, "lr": 1e-2}},
-            "rollout": {"num_workers": 1, "groups": 2, "group_size": 4, "max_reply_tokens": 48,
-                        "num_cpus_per_worker": 0.5},
-            "trainer": {"iterations": iterations, "val_every": iterations, "val_episodes": 4,
-                        "samples_every": 1}}
+    return {
+        "experiment": {"output_dir": str(tmp_path / "out"), "name": name},
+        "model": {
+            "size": "micro",
+            "cache_dir": str(models_dir),
+            "warm_start": {"episodes": 192, "epochs": 3, "batch_size": 8, "lr": 1e-2},
+        },
+        "rollout": {
+            "num_workers": 1,
+            "groups": 2,
+            "group_size": 4,
+            "max_reply_tokens": 48,
+            "num_cpus_per_worker": 0.5,
+        },
+        "trainer": {
+            "iterations": iterations,
+            "val_every": iterations,
+            "val_episodes": 4,
+            "samples_every": 1,
+        },
+    }
 
 
 # -- shipped specs --------------------------------------------------------------------------
-@pytest.mark.parametrize("name, trials", [
-    ("sensitivity", 14), ("stochasticity", 16), ("filters", 12),
-    ("sensitivity_smoke", 4), ("stochasticity_smoke", 4), ("filters_smoke", 4)])
+@pytest.mark.parametrize(
+    "name, trials",
+    [
+        ("sensitivity", 14),
+        ("stochasticity", 16),
+        ("filters", 12),
+        ("sensitivity_smoke", 4),
+        ("stochasticity_smoke", 4),
+        ("filters_smoke", 4),
+    ],
+)
 def test_shipped_specs_validate(name, trials):
     spec = load_sweep_spec(EXPERIMENTS / f"{name}.yaml")
     assert spec.name == name and _expected_trials(spec) == trials
@@ -80,8 +102,12 @@ def test_sensitivity_varies_one_field_at_a_time():
     cases = param_space(spec)["case"]["grid_search"]
     decoded = [decode(spec, {"case": c}) for c in cases]
     assert all(len(d) == 1 for d in decoded)
-    assert [v for d in decoded for k, v in d.items() if k == "algo.kl_coef"] == \
-        [0.001, 0.01, 0.05, 0.1]
+    assert [v for d in decoded for k, v in d.items() if k == "algo.kl_coef"] == [
+        0.001,
+        0.01,
+        0.05,
+        0.1,
+    ]
     base = spec.base
     cfg = spec.build(decoded[0])  # entropy varied, KL and top-p at base values
     assert cfg.algo.kl_coef == base.algo.kl_coef and cfg.filter.value == base.filter.value
@@ -96,19 +122,34 @@ def test_section_grid_merges_into_the_section_and_round_trips_through_labels():
     cfg = spec.build(values)
     assert cfg.filter.strategy == "none" and cfg.env.stochasticity == 0.2
     assert cfg.filter.mode == spec.base.filter.mode  # untouched fields keep their values
-    assert swept_fields(spec) == {"env.stochasticity": 0.0, "filter.strategy": "top_p",
-                                  "filter.value": 0.9}
+    assert swept_fields(spec) == {
+        "env.stochasticity": 0.0,
+        "filter.strategy": "top_p",
+        "filter.value": 0.9,
+    }
     tree = {"filter": {"strategy": "top_p", "value": 0.5}}
-    assert apply_values(tree, {"filter": {"value": 0.7}}) == \
-        {"filter": {"strategy": "top_p", "value": 0.7}}
+    assert apply_values(tree, {"filter": {"value": 0.7}}) == {
+        "filter": {"strategy": "top_p", "value": 0.7}
+    }
     assert tree["filter"]["value"] == 0.5  # the base tree is not mutated
 
 
 def test_ranges_become_tune_domains(tmp_path):
-    spec = load_sweep_spec(write_spec(tmp_path, {
-        "search": "optuna", "num_samples": 3, "space": {
-            "algo.lr": {"loguniform": [1e-5, 1e-3]}, "filter.value": {"uniform": [0.5, 1.0]},
-            "rollout.group_size": {"randint": [2, 4]}, "algo.kl_coef": {"choice": [0.0, 0.1]}}}))
+    spec = load_sweep_spec(
+        write_spec(
+            tmp_path,
+            {
+                "search": "optuna",
+                "num_samples": 3,
+                "space": {
+                    "algo.lr": {"loguniform": [1e-5, 1e-3]},
+                    "filter.value": {"uniform": [0.5, 1.0]},
+                    "rollout.group_size": {"randint": [2, 4]},
+                    "algo.kl_coef": {"choice": [0.0, 0.1]},
+                },
+            },
+        )
+    )
     space = param_space(spec)
     assert (space["algo.lr"].lower, space["algo.lr"].upper) == (1e-5, 1e-3)
     assert (space["rollout.group_size"].lower, space["rollout.group_size"].upper) == (2, 5)
@@ -121,10 +162,20 @@ def test_tune_config_search_scheduler_and_concurrency(tmp_path):
     from ray.tune.search.basic_variant import BasicVariantGenerator
     from ray.tune.search.optuna import OptunaSearch
 
-    spec = load_sweep_spec(write_spec(tmp_path, {
-        "search": "optuna", "num_samples": 6, "max_concurrent": 2, "mode": "min",
-        "metric": "actor/entropy", "scheduler": {"asha": {"grace_period": 1}},
-        "space": {"algo.kl_coef": {"choice": [0.0, 0.1]}}}))
+    spec = load_sweep_spec(
+        write_spec(
+            tmp_path,
+            {
+                "search": "optuna",
+                "num_samples": 6,
+                "max_concurrent": 2,
+                "mode": "min",
+                "metric": "actor/entropy",
+                "scheduler": {"asha": {"grace_period": 1}},
+                "space": {"algo.kl_coef": {"choice": [0.0, 0.1]}},
+            },
+        )
+    )
     config = _tune_config(spec)
     assert isinstance(config.search_alg, OptunaSearch) and config.max_concurrent_trials == 2
     assert (config.metric, config.mode, config.num_samples) == ("actor/entropy", "min", 6)
@@ -134,32 +185,54 @@ def test_tune_config_search_scheduler_and_concurrency(tmp_path):
     # The variant generator limits concurrency itself (Tune ignores max_concurrent_trials).
     assert isinstance(grid.search_alg, BasicVariantGenerator) and grid.scheduler is None
     assert grid.search_alg.max_concurrent == 2 and grid.max_concurrent_trials is None
-    with pytest.raises(ConfigError, match=r"sweep.scheduler.asha.grace_period: 30 is more than "
-                                          r"max_t \(24"):
-        load_sweep_spec(EXPERIMENTS / "filters_smoke.yaml",
-                        ["sweep.scheduler={asha: {grace_period: 30}}"])
+    with pytest.raises(
+        ConfigError,
+        match=r"sweep.scheduler.asha.grace_period: 30 is more than "
+        r"max_t \(24",
+    ):
+        load_sweep_spec(
+            EXPERIMENTS / "filters_smoke.yaml", ["sweep.scheduler={asha: {grace_period: 30}}"]
+        )
 
 
 # -- bad input fails before anything starts, naming the field -------------------------------
-@pytest.mark.parametrize("space, search, expected", [
-    ({"algo.klcoef": {"grid": [0.1]}}, "grid", "sweep.space.algo.klcoef: no field 'klcoef'"),
-    ({"algo.kl_coef.x": {"grid": [0.1]}}, "grid", "algo.kl_coef is a value"),
-    ({"algo.kl_coef": {"grid": [0.1, -1]}}, "grid",
-     "sweep.space.algo.kl_coef: value -1 is refused: algo.kl_coef: Input should be greater"),
-    ({"filter.value": {"uniform": [0.5, 1.5]}}, "random",
-     "sweep.space.filter.value: value 1.5 is refused: filter: value must be in [0, 1]"),
-    ({"rollout.group_size": {"randint": [1, 4]}}, "random",
-     "sweep.space.rollout.group_size: value 1 is refused: rollout.group_size must be ≥ 2"),
-    ({"filter": {"grid": [{"strategy": "bogus"}]}}, "grid",
-     "sweep.space.filter: value {'strategy': 'bogus'} is refused: filter.strategy"),
-    ({"filter": {"grid": [0.5]}}, "grid", "filter is a section; its values must be mappings"),
-    ({"algo.lr": {"loguniform": [0, 1e-3]}}, "random",
-     "sweep.space.algo.lr: loguniform needs lo > 0"),
-    ({"algo.lr": {"uniform": [1e-3, 1e-4]}}, "random", "uniform needs lo < hi"),
-    ({"algo.lr": {"grid": [1e-3], "choice": [1e-4]}}, "grid", "give exactly one of"),
-    ({"algo.lr": {"grid": [1e-3]}}, "optuna", "search optuna cannot enumerate grid (algo.lr)"),
-    ({}, "grid", "space is empty"),
-])
+@pytest.mark.parametrize(
+    "space, search, expected",
+    [
+        ({"algo.klcoef": {"grid": [0.1]}}, "grid", "sweep.space.algo.klcoef: no field 'klcoef'"),
+        ({"algo.kl_coef.x": {"grid": [0.1]}}, "grid", "algo.kl_coef is a value"),
+        (
+            {"algo.kl_coef": {"grid": [0.1, -1]}},
+            "grid",
+            "sweep.space.algo.kl_coef: value -1 is refused: algo.kl_coef: Input should be greater",
+        ),
+        (
+            {"filter.value": {"uniform": [0.5, 1.5]}},
+            "random",
+            "sweep.space.filter.value: value 1.5 is refused: filter: value must be in [0, 1]",
+        ),
+        (
+            {"rollout.group_size": {"randint": [1, 4]}},
+            "random",
+            "sweep.space.rollout.group_size: value 1 is refused: rollout.group_size must be ≥ 2",
+        ),
+        (
+            {"filter": {"grid": [{"strategy": "bogus"}]}},
+            "grid",
+            "sweep.space.filter: value {'strategy': 'bogus'} is refused: filter.strategy",
+        ),
+        ({"filter": {"grid": [0.5]}}, "grid", "filter is a section; its values must be mappings"),
+        (
+            {"algo.lr": {"loguniform": [0, 1e-3]}},
+            "random",
+            "sweep.space.algo.lr: loguniform needs lo > 0",
+        ),
+        ({"algo.lr": {"uniform": [1e-3, 1e-4]}}, "random", "uniform needs lo < hi"),
+        ({"algo.lr": {"grid": [1e-3], "choice": [1e-4]}}, "grid", "give exactly one of"),
+        ({"algo.lr": {"grid": [1e-3]}}, "optuna", "search optuna cannot enumerate grid (algo.lr)"),
+        ({}, "grid", "space is empty"),
+    ],
+)
 def test_bad_space_is_refused_with_the_field_path(tmp_path, space, search, expected):
     with pytest.raises(ConfigError) as err:
         load_sweep_spec(write_spec(tmp_path, {"search": search, "space": space}))
@@ -169,8 +242,9 @@ def test_bad_space_is_refused_with_the_field_path(tmp_path, space, search, expec
 
 def test_unknown_sweep_key_and_base_errors(tmp_path):
     with pytest.raises(ConfigError, match=r"sweep.serach: .*\(unknown key\)"):
-        load_sweep_spec(write_spec(tmp_path, {"serach": "grid", "space": {
-            "algo.lr": {"grid": [1e-3]}}}))
+        load_sweep_spec(
+            write_spec(tmp_path, {"serach": "grid", "space": {"algo.lr": {"grid": [1e-3]}}})
+        )
     with pytest.raises(ConfigError, match=r"algo.kl_coef: Input should be greater"):
         load_sweep_spec(EXPERIMENTS / "filters_smoke.yaml", ["algo.kl_coef=-1"])
     with pytest.raises(ConfigError, match="needs a 'sweep:' section"):
@@ -178,21 +252,25 @@ def test_unknown_sweep_key_and_base_errors(tmp_path):
 
 
 def test_impossible_resources_name_the_fields_and_the_case():
-    spec = load_sweep_spec(EXPERIMENTS / "filters_smoke.yaml",
-                           ["sweep.space={rollout.num_workers: {grid: [2, 8]}}"])
-    check_trials_fit(load_sweep_spec(EXPERIMENTS / "filters_smoke.yaml"),
-                    {"CPU": 2.0}, {"CPU": 2.0})  # the smoke trial fits
+    spec = load_sweep_spec(
+        EXPERIMENTS / "filters_smoke.yaml", ["sweep.space={rollout.num_workers: {grid: [2, 8]}}"]
+    )
+    check_trials_fit(
+        load_sweep_spec(EXPERIMENTS / "filters_smoke.yaml"), {"CPU": 2.0}, {"CPU": 2.0}
+    )  # the smoke trial fits
     with pytest.raises(SweepError) as err:
         check_trials_fit(spec, {"CPU": 2.0}, {"CPU": 2.0})
     message = str(err.value)
-    assert message.startswith("sweep.resources: a trial with sweep.space.rollout.num_workers=8"
-                              " needs 4.5 CPU")
+    assert message.startswith(
+        "sweep.resources: a trial with sweep.space.rollout.num_workers=8 needs 4.5 CPU"
+    )
     assert "rollout.num_cpus_per_worker" in message and "the cluster has 2 CPU" in message
     gpu = load_sweep_spec(EXPERIMENTS / "filters_smoke.yaml", ["algo.num_gpus=1"])
     with pytest.raises(SweepError, match="needs 1 GPU .* the cluster has 0 GPU"):
         check_trials_fit(gpu, {"CPU": 2.0}, {"CPU": 2.0})
-    two_nodes = load_sweep_spec(EXPERIMENTS / "filters_smoke.yaml",
-                                ["rollout.num_cpus_per_worker=2.5"])
+    two_nodes = load_sweep_spec(
+        EXPERIMENTS / "filters_smoke.yaml", ["rollout.num_cpus_per_worker=2.5"]
+    )
     with pytest.raises(SweepError, match="on one node and the largest node has 2"):
         check_trials_fit(two_nodes, {"CPU": 8.0}, {"CPU": 2.0})
 
@@ -201,10 +279,20 @@ def test_cli_refuses_impossible_resources_before_any_trial(tmp_path):
     """Through the CLI with a real local Ray: one error line, exit code 2, no trial ran."""
     out = tmp_path / "out"
     proc = subprocess.run(
-        [sys.executable, "-m", "tether.platform.cli", "sweep",
-         str(EXPERIMENTS / "filters_smoke.yaml"), f"experiment.output_dir={out}",
-         "rollout.num_cpus_per_worker=4"],
-        capture_output=True, text=True, timeout=300, cwd=REPO)
+        [
+            sys.executable,
+            "-m",
+            "tether.platform.cli",
+            "sweep",
+            str(EXPERIMENTS / "filters_smoke.yaml"),
+            f"experiment.output_dir={out}",
+            "rollout.num_cpus_per_worker=4",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "error: sweep.resources: a trial needs 4.5 CPU" in " ".join(proc.stderr.split())
     assert "Traceback" not in proc.stderr
@@ -219,16 +307,26 @@ def test_results_rows_rank_trials_and_keep_the_finished_attempt(tmp_path):
     parent = Tracker(uri, "rank-test", tmp_path / "artifacts", run_name="sweep")
     histories = {"t0": [0.1, 0.5, 0.3], "t1": [0.2, 0.9], "t2": [0.0, 0.4]}
     for trial, success in histories.items():
-        child = Tracker(uri, "rank-test", run_name=trial, parent_run_id=parent.run_id,
-                        tags={"sweep.trial_id": trial, "sweep.param.algo.kl_coef": trial[-1]})
+        child = Tracker(
+            uri,
+            "rank-test",
+            run_name=trial,
+            parent_run_id=parent.run_id,
+            tags={"sweep.trial_id": trial, "sweep.param.algo.kl_coef": trial[-1]},
+        )
         for step, value in enumerate(success, 1):
             child.log_metrics({"rollout/success": value}, step)
         child.log_metrics({"collapse/first_turn/mi_zscore_ema": 1.5}, step=len(success))
         if trial == "t2":
             child.set_tags({"alarm.low_entropy_collapse": 2})
         child.finish("FINISHED")
-    killed = Tracker(uri, "rank-test", run_name="t1-old", parent_run_id=parent.run_id,
-                     tags={"sweep.trial_id": "t1"})  # an interrupted earlier attempt
+    killed = Tracker(
+        uri,
+        "rank-test",
+        run_name="t1-old",
+        parent_run_id=parent.run_id,
+        tags={"sweep.trial_id": "t1"},
+    )  # an interrupted earlier attempt
     killed.log_metrics({"rollout/success": 1.0}, 1)
     killed.finish("KILLED")
     rows = results_rows(uri, parent.experiment_id, parent.run_id, "rollout/success", "max")
@@ -239,8 +337,10 @@ def test_results_rows_rank_trials_and_keep_the_finished_attempt(tmp_path):
     assert rows[0]["status"] == "FINISHED" and rows[0]["algo.kl_coef"] == "1"
     assert rows[1]["alarms"] == "low_entropy_collapse" and t0["alarms"] == ""
     assert t0["mi_zscore_ema_final"] == 1.5
-    assert [r["trial"] for r in results_rows(uri, parent.experiment_id, parent.run_id,
-                                             "rollout/success", "min")] == ["t0", "t2", "t1"]
+    assert [
+        r["trial"]
+        for r in results_rows(uri, parent.experiment_id, parent.run_id, "rollout/success", "min")
+    ] == ["t0", "t2", "t1"]
     write_results_csv(rows, "rollout/success", tmp_path / "r.csv")
     with (tmp_path / "r.csv").open() as f:
         table = list(csv.DictReader(f))
@@ -248,15 +348,20 @@ def test_results_rows_rank_trials_and_keep_the_finished_attempt(tmp_path):
     assert [row["trial"] for row in table] == ["t1", "t2", "t0"]
     # t2's MI collapsed (an MI alarm fired): flagged, and last once penalised by 0.2.
     assert [r["collapsed"] for r in rows] == [False, True, False]
-    penalised = results_rows(uri, parent.experiment_id, parent.run_id, "rollout/success", "max",
-                             collapse_penalty=0.2)
+    penalised = results_rows(
+        uri, parent.experiment_id, parent.run_id, "rollout/success", "max", collapse_penalty=0.2
+    )
     assert [(r["trial"], round(r["objective"], 6)) for r in penalised] == [
-        ("t1", 0.9), ("t0", 0.3), ("t2", 0.2)]
+        ("t1", 0.9),
+        ("t0", 0.3),
+        ("t2", 0.2),
+    ]
 
 
 # -- a real sweep ---------------------------------------------------------------------------
-def test_a_collapsing_trial_is_stopped_early_and_flagged(micro_policy, models_dir, ray_local,
-                                                        tmp_path):
+def test_a_collapsing_trial_is_stopped_early_and_flagged(
+    micro_policy, models_dir, ray_local, tmp_path
+):
     """A grid of 2 trials with sweep.stop_collapsed: the trial whose alarm holds ends after
     `points` iterations (cleanly: FINISHED, checkpoint, stop reason), the other runs on;
     the results table flags the stopped one and ranks it last under the penalty.
@@ -266,14 +371,21 @@ def test_a_collapsing_trial_is_stopped_early_and_flagged(micro_policy, models_di
     min_rate 0 never does; the swept min_rate picks which trial collapses."""
     from tether.platform.sweep_results import results_table
 
-    path = write_spec(tmp_path, {"name": "stop-collapsed", "search": "grid",
-                                 "space": {"alarms.format_collapse.min_rate": {"grid": [0.0, 0.5]}},
-                                 "resources": {"cpu": 0.2}, "max_concurrent": 1,
-                                 "stop_collapsed": {"alarms": ["format_collapse"], "points": 2},
-                                 "collapse_penalty": 10.0},
-                      **micro_sweep_sections(tmp_path, models_dir, "stop-test", iterations=4),
-                      diagnostics={"enabled": False},
-                      alarms={"format_collapse": {"reasoning_metric": "rollout/worker_failures"}})
+    path = write_spec(
+        tmp_path,
+        {
+            "name": "stop-collapsed",
+            "search": "grid",
+            "space": {"alarms.format_collapse.min_rate": {"grid": [0.0, 0.5]}},
+            "resources": {"cpu": 0.2},
+            "max_concurrent": 1,
+            "stop_collapsed": {"alarms": ["format_collapse"], "points": 2},
+            "collapse_penalty": 10.0,
+        },
+        **micro_sweep_sections(tmp_path, models_dir, "stop-test", iterations=4),
+        diagnostics={"enabled": False},
+        alarms={"format_collapse": {"reasoning_metric": "rollout/worker_failures"}},
+    )
     outcome = run_sweep(load_sweep_spec(path), echo=lambda line: None)
     assert outcome.status == "FINISHED" and outcome.trials == 2
     by_rate = {r["alarms.format_collapse.min_rate"]: r for r in outcome.rows}
@@ -296,17 +408,31 @@ def test_a_collapsing_trial_is_stopped_early_and_flagged(micro_policy, models_di
     assert "COLLAPSED, stopped" in text and "objective" in text
 
 
-def test_optuna_smoke_sweep_through_tune_is_tracked_in_mlflow(micro_policy, models_dir,
-                                                               ray_local, tmp_path):
+def test_optuna_smoke_sweep_through_tune_is_tracked_in_mlflow(
+    micro_policy, models_dir, ray_local, tmp_path
+):
     """4 Optuna (TPE) trials on local Ray: one MLflow parent, 4 nested children with their
     params, sweep tags and metric histories, and the results CSV on the parent."""
-    space = {"algo.entropy_coef": {"loguniform": [1e-4, 1e-2]},
-             "filter.value": {"uniform": [0.5, 1.0]}, "algo.kl_coef": {"choice": [0.0, 0.01]}}
-    path = write_spec(tmp_path, {"name": "optuna-smoke", "search": "optuna", "space": space,
-                                 "num_samples": 4, "max_concurrent": 2, "resources": {"cpu": 0.2},
-                                 "metric": "rollout/success", "mode": "max"},
-                      **micro_sweep_sections(tmp_path, models_dir, "sweep-test", iterations=2),
-                      diagnostics={"every": 2})
+    space = {
+        "algo.entropy_coef": {"loguniform": [1e-4, 1e-2]},
+        "filter.value": {"uniform": [0.5, 1.0]},
+        "algo.kl_coef": {"choice": [0.0, 0.01]},
+    }
+    path = write_spec(
+        tmp_path,
+        {
+            "name": "optuna-smoke",
+            "search": "optuna",
+            "space": space,
+            "num_samples": 4,
+            "max_concurrent": 2,
+            "resources": {"cpu": 0.2},
+            "metric": "rollout/success",
+            "mode": "max",
+        },
+        **micro_sweep_sections(tmp_path, models_dir, "sweep-test", iterations=2),
+        diagnostics={"every": 2},
+    )
     lines: list[str] = []
     outcome = run_sweep(load_sweep_spec(path), echo=lines.append)
     assert outcome.status == "FINISHED" and outcome.trials == 4
@@ -316,7 +442,8 @@ def test_optuna_smoke_sweep_through_tune_is_tracked_in_mlflow(micro_policy, mode
     experiment = parent.info.experiment_id
     assert len(client.search_runs([experiment], "tags.`tether.kind` = 'sweep'")) == 1
     children = client.search_runs(
-        [experiment], f"tags.`mlflow.parentRunId` = '{outcome.parent_run_id}'")
+        [experiment], f"tags.`mlflow.parentRunId` = '{outcome.parent_run_id}'"
+    )
     assert len(children) == 4 and all(c.info.status == "FINISHED" for c in children)
     sampled = []
     for child in children:
@@ -330,8 +457,9 @@ def test_optuna_smoke_sweep_through_tune_is_tracked_in_mlflow(micro_policy, mode
         success = client.get_metric_history(child.info.run_id, "rollout/success")
         assert sorted(m.step for m in success) == [1, 2]
         assert all(0.0 <= m.value <= 1.0 for m in success)
-        assert sorted(m.step for m in client.get_metric_history(child.info.run_id,
-                                                                "val/success")) == [0, 2]
+        assert sorted(
+            m.step for m in client.get_metric_history(child.info.run_id, "val/success")
+        ) == [0, 2]
         sampled.append((entropy, value))
     assert len(set(sampled)) == 4  # TPE drew 4 different points
     # Tune ran later trials in the processes of earlier ones (reuse_actors), whose actor
@@ -347,16 +475,24 @@ def test_optuna_smoke_sweep_through_tune_is_tracked_in_mlflow(micro_policy, mode
     assert any(p.name.startswith("searcher-state") for p in outcome.experiment_path.iterdir())
     artifacts = {a.path for a in client.list_artifacts(outcome.parent_run_id)}
     assert {"sweep_results.csv", "sweep_spec.yaml"} <= artifacts
-    local = Path(client.download_artifacts(outcome.parent_run_id, "sweep_results.csv",
-                                           str(tmp_path)))
+    local = Path(
+        client.download_artifacts(outcome.parent_run_id, "sweep_results.csv", str(tmp_path))
+    )
     with local.open() as f:
         table = list(csv.DictReader(f))
     assert sorted(r["run_id"] for r in table) == sorted(c.info.run_id for c in children)
     assert [int(r["rank"]) for r in table] == [1, 2, 3, 4]
     finals = [float(r["rollout/success"]) for r in table]
     assert finals == sorted(finals, reverse=True)
-    assert {"algo.entropy_coef", "filter.value", "algo.kl_coef", "success_peak",
-            "success_final", "mi_zscore_ema_final", "alarms"} <= set(table[0])
+    assert {
+        "algo.entropy_coef",
+        "filter.value",
+        "algo.kl_coef",
+        "success_peak",
+        "success_final",
+        "mi_zscore_ema_final",
+        "alarms",
+    } <= set(table[0])
     assert any(line.startswith(f"MLflow parent run {outcome.parent_run_id}") for line in lines)
     state = json.loads((outcome.experiment_path / "tether_sweep.json").read_text())
     assert state["parent_run_id"] == outcome.parent_run_id

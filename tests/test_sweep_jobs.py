@@ -31,8 +31,14 @@ REPO = Path(__file__).resolve().parents[1]
 RAY = shutil.which("ray") or str(Path(os.sys.executable).parent / "ray")
 SWEEP_YAML = "experiments/stochasticity_smoke.yaml"
 #: The smoke spec cut to 2 short iterations a trial: these tests are about jobs, not training.
-SHORT = ("trainer.iterations=2", "trainer.val_every=2", "trainer.val_episodes=4",
-         "trainer.samples_every=1", "rollout.groups=2", "diagnostics.every=2")
+SHORT = (
+    "trainer.iterations=2",
+    "trainer.val_every=2",
+    "trainer.val_episodes=4",
+    "trainer.samples_every=1",
+    "rollout.groups=2",
+    "diagnostics.every=2",
+)
 
 
 def _free_port() -> int:
@@ -59,19 +65,37 @@ def cluster(tmp_path_factory, micro_policy):
     dashboard = f"http://127.0.0.1:{_free_port()}"
     # Ray >= 2.59 starts clusters with token auth; the `ray` CLI sends the local token
     # only in mode "token".
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token",
-           "PATH": f"{Path(os.sys.executable).parent}:{os.environ.get('PATH', '')}"}
+    env = {
+        **os.environ,
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "RAY_AUTH_MODE": "token",
+        "PATH": f"{Path(os.sys.executable).parent}:{os.environ.get('PATH', '')}",
+    }
     env.pop("RAY_ADDRESS", None)
     with log.open("w") as out:
         head = subprocess.Popen(
-            [RAY, "start", "--head", f"--port={_free_port()}", "--node-ip-address=127.0.0.1",
-             "--include-dashboard=true", "--dashboard-host=127.0.0.1",
-             f"--dashboard-port={dashboard.rsplit(':', 1)[1]}", "--num-cpus=2",
-             # Its own agent port: another Ray on this machine (a test's local instance)
-             # holds the default 52365, and job submission then finds "no available agent".
-             f"--dashboard-agent-listen-port={_free_port()}",
-             f"--temp-dir={temp_dir}", "--disable-usage-stats", "--block"],
-            stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            [
+                RAY,
+                "start",
+                "--head",
+                f"--port={_free_port()}",
+                "--node-ip-address=127.0.0.1",
+                "--include-dashboard=true",
+                "--dashboard-host=127.0.0.1",
+                f"--dashboard-port={dashboard.rsplit(':', 1)[1]}",
+                "--num-cpus=2",
+                # Its own agent port: another Ray on this machine (a test's local instance)
+                # holds the default 52365, and job submission then finds "no available agent".
+                f"--dashboard-agent-listen-port={_free_port()}",
+                f"--temp-dir={temp_dir}",
+                "--disable-usage-stats",
+                "--block",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
 
     def dashboard_up():
         if head.poll() is not None:
@@ -101,8 +125,9 @@ def cluster(tmp_path_factory, micro_policy):
 
 
 def _ray(cluster, *args, check=True, timeout=300) -> subprocess.CompletedProcess:
-    proc = subprocess.run([RAY, *args], cwd=REPO, env=cluster["env"], capture_output=True,
-                          text=True, timeout=timeout)
+    proc = subprocess.run(
+        [RAY, *args], cwd=REPO, env=cluster["env"], capture_output=True, text=True, timeout=timeout
+    )
     if check:
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
@@ -112,9 +137,26 @@ def _submit(cluster, job_id: str, *sweep_args: str) -> None:
     # A longer stop grace than Ray's 3 s default, so `ray job stop` lets Tune end the
     # trials and save its state (the README's recipe).
     runtime_env = json.dumps({"env_vars": {"RAY_JOB_STOP_WAIT_TIME_S": "90"}})
-    _ray(cluster, "job", "submit", "--address", cluster["address"], "--submission-id", job_id,
-         "--working-dir", ".", "--runtime-env-json", runtime_env, "--no-wait", "--",
-         "tether", "sweep", SWEEP_YAML, *SHORT, *sweep_args)
+    _ray(
+        cluster,
+        "job",
+        "submit",
+        "--address",
+        cluster["address"],
+        "--submission-id",
+        job_id,
+        "--working-dir",
+        ".",
+        "--runtime-env-json",
+        runtime_env,
+        "--no-wait",
+        "--",
+        "tether",
+        "sweep",
+        SWEEP_YAML,
+        *SHORT,
+        *sweep_args,
+    )
 
 
 def _status(cluster, job_id: str) -> str:
@@ -129,8 +171,19 @@ def _status(cluster, job_id: str) -> str:
 
 
 def _alive_actor_classes(cluster) -> list[str]:
-    out = _ray(cluster, "list", "actors", "--address", cluster["address"], "--filter",
-               "state=ALIVE", "--format", "json", "--limit", "1000")
+    out = _ray(
+        cluster,
+        "list",
+        "actors",
+        "--address",
+        cluster["address"],
+        "--filter",
+        "state=ALIVE",
+        "--format",
+        "json",
+        "--limit",
+        "1000",
+    )
     text = out.stdout.strip()
     return [a["class_name"] for a in json.loads(text)] if text.startswith("[") else []
 
@@ -140,8 +193,12 @@ def _logs(cluster, job_id: str) -> str:
 
 
 def _wait_for_job(cluster, job_id: str, timeout: float) -> str:
-    return _wait(lambda: (s := _status(cluster, job_id)) in ("SUCCEEDED", "FAILED", "STOPPED")
-                 and s, timeout, f"job {job_id}", every=5)
+    return _wait(
+        lambda: (s := _status(cluster, job_id)) in ("SUCCEEDED", "FAILED", "STOPPED") and s,
+        timeout,
+        f"job {job_id}",
+        every=5,
+    )
 
 
 def _runs(out: Path):
@@ -165,8 +222,14 @@ def _results_csv(client, parent_id: str, tmp_path: Path) -> list[dict]:
 def test_ray_job_submit_runs_a_sweep_to_success(cluster, tmp_path):
     out = tmp_path / "out"
     two_filters = "sweep.space={filter: {grid: [{strategy: top_p}, {strategy: none}]}}"
-    _submit(cluster, "sweep-ok", f"experiment.output_dir={out}",
-            f"model.cache_dir={cluster['models']}", "rollout.max_reply_tokens=48", two_filters)
+    _submit(
+        cluster,
+        "sweep-ok",
+        f"experiment.output_dir={out}",
+        f"model.cache_dir={cluster['models']}",
+        "rollout.max_reply_tokens=48",
+        two_filters,
+    )
     status = _wait_for_job(cluster, "sweep-ok", 1800)
     logs = _logs(cluster, "sweep-ok")
     assert status == "SUCCEEDED", logs[-4000:]
@@ -187,13 +250,17 @@ def test_ray_job_submit_runs_a_sweep_to_success(cluster, tmp_path):
 
 def test_ray_job_stop_then_resume_reruns_only_unfinished_trials(cluster, tmp_path):
     out = tmp_path / "out"
-    args = (f"experiment.output_dir={out}", f"model.cache_dir={cluster['models']}",
-            "rollout.max_reply_tokens=48")
+    args = (
+        f"experiment.output_dir={out}",
+        f"model.cache_dir={cluster['models']}",
+        "rollout.max_reply_tokens=48",
+    )
     _submit(cluster, "sweep-stop", *args)
 
     def one_finished_one_running():
-        assert _status(cluster, "sweep-stop") in ("PENDING", "RUNNING"), \
-            _logs(cluster, "sweep-stop")[-3000:]
+        assert _status(cluster, "sweep-stop") in ("PENDING", "RUNNING"), _logs(
+            cluster, "sweep-stop"
+        )[-3000:]
         _, _, children = _runs(out)
         states = [c.info.status for c in children]
         return states.count("FINISHED") >= 1 and states.count("RUNNING") >= 1
@@ -208,15 +275,23 @@ def test_ray_job_stop_then_resume_reruns_only_unfinished_trials(cluster, tmp_pat
     client, parent, children = _runs(out)
     assert parent.info.status == "KILLED", logs[-3000:]
     assert parent.data.tags["sweep.status"] == "interrupted"
-    assert all(c.info.status in ("FINISHED", "KILLED") for c in children), \
-        ([(c.data.tags.get("sweep.trial_id"), c.info.status) for c in children], logs[-3000:])
-    finished = {c.data.tags["sweep.trial_id"]: c.info.run_id for c in children
-                if c.info.status == "FINISHED"}
+    assert all(c.info.status in ("FINISHED", "KILLED") for c in children), (
+        [(c.data.tags.get("sweep.trial_id"), c.info.status) for c in children],
+        logs[-3000:],
+    )
+    finished = {
+        c.data.tags["sweep.trial_id"]: c.info.run_id
+        for c in children
+        if c.info.status == "FINISHED"
+    }
     assert 1 <= len(finished) < 4
 
     trial_actors = {"RolloutWorker", "Learner", "EnvPoolActor", "ImplicitFunc"}
-    _wait(lambda: not trial_actors & set(_alive_actor_classes(cluster)), 120,
-          "the trial actors to end")
+    _wait(
+        lambda: not trial_actors & set(_alive_actor_classes(cluster)),
+        120,
+        "the trial actors to end",
+    )
 
     _submit(cluster, "sweep-resume", *args, "--resume")
     status = _wait_for_job(cluster, "sweep-resume", 1800)

@@ -22,10 +22,12 @@ def null_matrix(rng, m=32, n=8):
 def test_grounded_matrix_is_significant_with_intervals_around_the_estimates():
     rng = np.random.default_rng(0)
     L, column = null_matrix(rng)
-    L[np.arange(len(column)), column] += 1.0          # each reasoning fits its own prompt
+    L[np.arange(len(column)), column] += 1.0  # each reasoning fits its own prompt
     metrics, _ = mi_proxies(L, 5 * L, column, None, FAST, rng)
     assert metrics["p_grounded"] == pytest.approx(1 / 401) and metrics["grounded"] == 1.0
-    assert metrics["retrieval_acc_p_grounded"] < 0.01 and metrics["mi_seq_estimate_p_grounded"] < 0.01
+    assert (
+        metrics["retrieval_acc_p_grounded"] < 0.01 and metrics["mi_seq_estimate_p_grounded"] < 0.01
+    )
     for key in CI_KEYS:
         assert metrics[f"{key}_ci_low"] <= metrics[key] <= metrics[f"{key}_ci_high"], key
     for key in NULL_KEYS:
@@ -72,7 +74,9 @@ def test_one_prompt_gives_entropy_intervals_only_and_no_test():
     metrics, _ = mi_proxies(L, 3 * L, np.zeros(5, dtype=int), None, FAST, rng)
     assert "p_grounded" not in metrics and "mi_estimate_ci_low" not in metrics
     assert metrics["conditional_entropy_est_ci_low"] < metrics["conditional_entropy_est_ci_high"]
-    assert mi_uncertainty(np.zeros((0, 0)), np.zeros((0, 0)), np.zeros(0, dtype=int), None, FAST) == {}
+    assert (
+        mi_uncertainty(np.zeros((0, 0)), np.zeros((0, 0)), np.zeros(0, dtype=int), None, FAST) == {}
+    )
 
 
 def test_zero_resamples_switch_each_part_off_and_a_seed_repeats():
@@ -96,10 +100,10 @@ def test_resampled_marginals_and_retrieval_equal_the_direct_computation():
     rng = np.random.default_rng(5)
     column = np.repeat(np.arange(6), 3)
     L = rng.normal(-2, 1, (18, 6))
-    L[0, 5] = 900.0                                   # one row with a far-off best prompt
-    L[1, [0, 1]] = L[1, [1, 0]] = -1.0                # a tie with its own prompt
+    L[0, 5] = 900.0  # one row with a far-off best prompt
+    L[1, [0, 1]] = L[1, [1, 0]] = -1.0  # a tie with its own prompt
     draws = rng.multinomial(6, np.full(6, 1 / 6), size=50).astype(float)
-    draws[0] = [3, 0, 0, 3, 0, 0]                     # row 0's best prompt (5) not drawn
+    draws[0] = [3, 0, 0, 3, 0, 0]  # row 0's best prompt (5) not drawn
     weights = draws[:, column]
     out = _resampled_columns(L, 3 * L, column, draws, weights)
     for b in range(len(draws)):

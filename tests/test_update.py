@@ -16,11 +16,13 @@ from tether.algos.update import UpdateSettings, policy_update
 def sampled(micro_policy):
     model, tok, formatter, engine, sampling = _setup(micro_policy)
     specs = [EpisodeSpec(g, 40 + g, k) for g in range(2) for k in range(3)]
-    trajs = run_episodes(engine, formatter, LocalEnvBatch("tether/FrozenLake-v0"), specs, sampling, 5)
+    trajs = run_episodes(
+        engine, formatter, LocalEnvBatch("tether/FrozenLake-v0"), specs, sampling, 5
+    )
     batch = collate(trajs, tok.pad_token_id)
     batch.old_logprobs = batch.sampling_logprobs.clone()
     sign = torch.tensor([1.0 if t.group_id == 0 else -1.0 for t in trajs])
-    batch.advantages = sign[:, None] * batch.response_mask                    # [B, T]
+    batch.advantages = sign[:, None] * batch.response_mask  # [B, T]
     return model, batch, sign
 
 
@@ -37,8 +39,9 @@ def test_update_raises_positive_and_lowers_negative_advantage_tokens(sampled):
     pos, neg = torch.nonzero(sign > 0).squeeze(-1), torch.nonzero(sign < 0).squeeze(-1)
     before = _mean_logprob(model, batch, pos), _mean_logprob(model, batch, neg)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    metrics = policy_update(model, optimizer, batch, UpdateSettings(micro_batch_size=4,
-                                                                    minibatches=1))
+    metrics = policy_update(
+        model, optimizer, batch, UpdateSettings(micro_batch_size=4, minibatches=1)
+    )
     after = _mean_logprob(model, batch, pos), _mean_logprob(model, batch, neg)
     assert after[0] > before[0] and after[1] < before[1]
     assert metrics["actor/grad_norm"] > 0 and metrics["actor/pg_clipfrac"] == 0.0
@@ -51,8 +54,14 @@ def test_micro_batching_does_not_change_the_gradient(sampled, agg):
     for micro in (1, 2, 6):
         m = copy.deepcopy(model)
         optimizer = torch.optim.SGD(m.parameters(), lr=0.0)  # keep the weights, read the grads
-        policy_update(m, optimizer, batch, UpdateSettings(micro_batch_size=micro, loss_agg=agg,
-                                                          entropy_coef=0.01, max_grad_norm=1e9))
+        policy_update(
+            m,
+            optimizer,
+            batch,
+            UpdateSettings(
+                micro_batch_size=micro, loss_agg=agg, entropy_coef=0.01, max_grad_norm=1e9
+            ),
+        )
         grads.append(torch.cat([p.grad.flatten() for p in m.parameters() if p.grad is not None]))
     assert torch.allclose(grads[0], grads[1], atol=1e-5, rtol=1e-4)
     assert torch.allclose(grads[0], grads[2], atol=1e-5, rtol=1e-4)
@@ -65,7 +74,9 @@ def test_reasoning_token_entropy_is_the_policy_entropy_on_reasoning_tokens(sampl
     model, batch, _ = sampled
     _, tok, formatter, engine, sampling = _setup(micro_policy)
     specs = [EpisodeSpec(g, 40 + g, k) for g in range(2) for k in range(3)]
-    trajs = run_episodes(engine, formatter, LocalEnvBatch("tether/FrozenLake-v0"), specs, sampling, 5)
+    trajs = run_episodes(
+        engine, formatter, LocalEnvBatch("tether/FrozenLake-v0"), specs, sampling, 5
+    )
     spans = SpanExtractor(ChatFormatter(tok))
     masks = [spans.reasoning_mask(t) for t in trajs]
     # The mask covers exactly each turn's reasoning span, inside the agent's tokens.
@@ -74,11 +85,11 @@ def test_reasoning_token_entropy_is_the_policy_entropy_on_reasoning_tokens(sampl
         assert [t for t, m in zip(traj.token_ids, mask) if m] == expected
         assert all(traj.loss_mask[i] for i, m in enumerate(mask) if m)
     with_mask = collate(trajs, tok.pad_token_id, reasoning_masks=masks)
-    assert torch.equal(with_mask.input_ids, batch.input_ids)      # same episodes as the fixture
+    assert torch.equal(with_mask.input_ids, batch.input_ids)  # same episodes as the fixture
     assert 0 < with_mask.reasoning_mask.sum() < with_mask.response_mask.sum()
     with_mask.old_logprobs, with_mask.advantages = batch.old_logprobs, batch.advantages
     m = copy.deepcopy(model)
-    optimizer = torch.optim.SGD(m.parameters(), lr=0.0)            # weights stay: pre-update entropy
+    optimizer = torch.optim.SGD(m.parameters(), lr=0.0)  # weights stay: pre-update entropy
     metrics = policy_update(m, optimizer, with_mask, UpdateSettings(micro_batch_size=4))
     with torch.no_grad():
         _, entropy = token_logprobs(model, batch.input_ids, batch.attention_mask, with_entropy=True)
@@ -86,7 +97,8 @@ def test_reasoning_token_entropy_is_the_policy_entropy_on_reasoning_tokens(sampl
     expected = float((entropy * reasoning).sum() / reasoning.sum())
     assert metrics["collapse/reasoning_token_entropy"] == pytest.approx(expected, rel=1e-5)
     response = float((entropy * batch.response_mask).sum() / batch.response_mask.sum())
-    assert expected != pytest.approx(response, rel=1e-3)           # not the all-response entropy
-    plain = copy.deepcopy(model)                                   # no reasoning mask: no metric
+    assert expected != pytest.approx(response, rel=1e-3)  # not the all-response entropy
+    plain = copy.deepcopy(model)  # no reasoning mask: no metric
     assert "collapse/reasoning_token_entropy" not in policy_update(
-        plain, torch.optim.SGD(plain.parameters(), lr=0.0), batch, UpdateSettings())
+        plain, torch.optim.SGD(plain.parameters(), lr=0.0), batch, UpdateSettings()
+    )

@@ -35,8 +35,10 @@ class EnvPoolActor:
     def step(self, items: list[tuple[int, str | None]]) -> list[StepOutcome]:
         lost = [index for index, _ in items if index >= self.live]
         if lost:
-            raise EpisodesLost(f"environment pool restarted: episodes {lost[:5]} of this "
-                               f"collection are gone; collect the share again")
+            raise EpisodesLost(
+                f"environment pool restarted: episodes {lost[:5]} of this "
+                f"collection are gone; collect the share again"
+            )
         self.steps += 1
         return self.pool.step(items)
 

@@ -50,14 +50,23 @@ class Learner:
     a pool reuses the actor for a run with the same arguments.  What a run is (weights,
     optimisers, update settings, seed) comes with ``start_run``, called for every run."""
 
-    def __init__(self, model_path: str, use_critic: bool, threads: int, dtype: str = "float32",
-                 use_reference: bool = False, rank: int = 0, world_size: int = 1) -> None:
+    def __init__(
+        self,
+        model_path: str,
+        use_critic: bool,
+        threads: int,
+        dtype: str = "float32",
+        use_reference: bool = False,
+        rank: int = 0,
+        world_size: int = 1,
+    ) -> None:
         torch.set_num_threads(max(1, math.ceil(threads)))
         self.model_path, self.dtype = model_path, dtype
         self.use_critic, self.use_reference = use_critic, use_reference
         self.rank, self.world_size = rank, world_size
-        self.device = torch.device("cuda" if torch.cuda.is_available() and ray.get_gpu_ids()
-                                   else "cpu")
+        self.device = torch.device(
+            "cuda" if torch.cuda.is_available() and ray.get_gpu_ids() else "cpu"
+        )
         self.tokenizer = load_tokenizer(model_path)
         self.mesh = None  # the FSDP device mesh (world size > 1), made by setup()
         self.model = self.critic = self.reference = None
@@ -83,8 +92,9 @@ class Learner:
             from torch.distributed.device_mesh import init_device_mesh
 
             backend = "nccl" if self.device.type == "cuda" else "gloo"
-            dist.init_process_group(backend, init_method=init_method, rank=self.rank,
-                                    world_size=self.world_size)
+            dist.init_process_group(
+                backend, init_method=init_method, rank=self.rank, world_size=self.world_size
+            )
             self.mesh = init_device_mesh(self.device.type, (self.world_size,))
         return backend
 
@@ -110,11 +120,15 @@ class Learner:
             module = getattr(self, name)
             if module is not None:
                 module = module.to(self.device)
-                setattr(self, name, module if self.mesh is None else
-                        shard_with_fsdp(module, self.mesh))
+                setattr(
+                    self, name, module if self.mesh is None else shard_with_fsdp(module, self.mesh)
+                )
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=0.0)
-        self.critic_optimizer = (torch.optim.AdamW(self.critic.parameters(), lr=critic_lr)
-                                 if self.critic is not None else None)
+        self.critic_optimizer = (
+            torch.optim.AdamW(self.critic.parameters(), lr=critic_lr)
+            if self.critic is not None
+            else None
+        )
         self.updates = 0
         self.extractor = None
 
@@ -128,7 +142,9 @@ class Learner:
         if settings.kl_coef > 0 and self.reference is None:
             reference = load_model(self.model_path, self.dtype).to(self.device)
             reference.requires_grad_(False)
-            self.reference = reference if self.mesh is None else shard_with_fsdp(reference, self.mesh)
+            self.reference = (
+                reference if self.mesh is None else shard_with_fsdp(reference, self.mesh)
+            )
 
     def _sum_over_ranks(self, tensor: torch.Tensor) -> torch.Tensor:
         """Rows computed on different ranks (zeros elsewhere), joined by summing."""
@@ -146,21 +162,39 @@ class Learner:
 
         per_rank: list = [None] * self.world_size
         dist.all_gather_object(per_rank, metrics)
-        return {k: [v for m in per_rank for v in m.get(k, [])]
-                for k in dict.fromkeys(k for m in per_rank for k in m)}
+        return {
+            k: [v for m in per_rank for v in m.get(k, [])]
+            for k in dict.fromkeys(k for m in per_rank for k in m)
+        }
 
     # -- training ---------------------------------------------------------------------
     def prepare(self, batch: TrajectoryBatch, recompute_old_logprobs: bool) -> TrajectoryBatch:
         """Old-policy log-probs, reference log-probs and critic values (``prepare_batch``)."""
-        return prepare_batch(batch, self.model, self.settings, recompute_old_logprobs,
-                             reference=self.reference, critic=self.critic, rank=self.rank,
-                             world_size=self.world_size, join=self._sum_over_ranks)
+        return prepare_batch(
+            batch,
+            self.model,
+            self.settings,
+            recompute_old_logprobs,
+            reference=self.reference,
+            critic=self.critic,
+            rank=self.rank,
+            world_size=self.world_size,
+            join=self._sum_over_ranks,
+        )
 
     def update(self, batch: TrajectoryBatch) -> dict[str, float]:
-        metrics = policy_update(self.model, self.optimizer, batch, self.settings,
-                                seed=self.updates, critic=self.critic,
-                                critic_optimizer=self.critic_optimizer, rank=self.rank,
-                                world_size=self.world_size, gather_metrics=self._gather_metrics)
+        metrics = policy_update(
+            self.model,
+            self.optimizer,
+            batch,
+            self.settings,
+            seed=self.updates,
+            critic=self.critic,
+            critic_optimizer=self.critic_optimizer,
+            rank=self.rank,
+            world_size=self.world_size,
+            gather_metrics=self._gather_metrics,
+        )
         self.updates += 1
         return metrics
 
@@ -180,8 +214,15 @@ class Learner:
         self.full_model.load_state_dict(state)
         return self.full_model
 
-    def diagnose(self, trajectories, diagnostics_cfg, ema_state: dict | None, seed: int,
-                 keep_matrices: bool, information_chain: bool = True):
+    def diagnose(
+        self,
+        trajectories,
+        diagnostics_cfg,
+        ema_state: dict | None,
+        seed: int,
+        keep_matrices: bool,
+        information_chain: bool = True,
+    ):
         """Cross-score MI proxies with the current (pre-update) policy."""
         from ..agent.chat import ChatFormatter
         from ..agent.pairs import SpanExtractor
@@ -194,10 +235,20 @@ class Learner:
             self.extractor = SpanExtractor(ChatFormatter(self.tokenizer))
         with torch.no_grad():
             return collapse_diagnostics(
-                model, trajectories, self.extractor, diagnostics_cfg.samplings,
-                diagnostics_cfg.max_pairs, self.settings.temperature, ema_state, seed,
-                information_chain, diagnostics_cfg.method, keep_matrices,
-                max_cells=diagnostics_cfg.max_cells, uncertainty=diagnostics_cfg.uncertainty())
+                model,
+                trajectories,
+                self.extractor,
+                diagnostics_cfg.samplings,
+                diagnostics_cfg.max_pairs,
+                self.settings.temperature,
+                ema_state,
+                seed,
+                information_chain,
+                diagnostics_cfg.method,
+                keep_matrices,
+                max_cells=diagnostics_cfg.max_cells,
+                uncertainty=diagnostics_cfg.uncertainty(),
+            )
 
     def grad_snr(self, batch: TrajectoryBatch, n_buckets: int) -> dict[str, float] | None:
         from ..diagnostics.runner import gradient_snr
@@ -212,8 +263,9 @@ class Learner:
             return {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        return get_model_state_dict(self.model, options=StateDictOptions(
-            full_state_dict=True, cpu_offload=True))
+        return get_model_state_dict(
+            self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+        )
 
     def save(self, path: str) -> str | None:
         model = self._analysis_model()
@@ -231,21 +283,33 @@ class Learner:
 
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         state = {"updates": self.updates, "torch_rng": torch.get_rng_state()}
-        state["model"], state["optimizer"] = get_state_dict(self.model, self.optimizer,
-                                                            options=options)
+        state["model"], state["optimizer"] = get_state_dict(
+            self.model, self.optimizer, options=options
+        )
         if self.critic is not None:
             state["critic"], state["critic_optimizer"] = get_state_dict(
-                self.critic, self.critic_optimizer, options=options)
+                self.critic, self.critic_optimizer, options=options
+            )
         return state
 
     def load_full_state(self, state: dict) -> None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
         options = StateDictOptions(full_state_dict=True)
-        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
-                       optim_state_dict=state["optimizer"], options=options)
+        set_state_dict(
+            self.model,
+            self.optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optimizer"],
+            options=options,
+        )
         self.updates = state["updates"]
         torch.set_rng_state(state["torch_rng"])
         if self.critic is not None and "critic" in state:
-            set_state_dict(self.critic, self.critic_optimizer, model_state_dict=state["critic"],
-                           optim_state_dict=state["critic_optimizer"], options=options)
+            set_state_dict(
+                self.critic,
+                self.critic_optimizer,
+                model_state_dict=state["critic"],
+                optim_state_dict=state["critic_optimizer"],
+                options=options,
+            )

@@ -27,14 +27,33 @@ class LearnerGroup:
         self.ranks = ranks
 
     @classmethod
-    def start(cls, model_path: str, settings: UpdateSettings, *, lr: float, critic_lr: float,
-              use_critic: bool, use_reference: bool, threads: int, seed: int,
-              dtype: str = "float32", world_size: int = 1, num_cpus: float = 1.0,
-              num_gpus: float = 0.0) -> LearnerGroup:
+    def start(
+        cls,
+        model_path: str,
+        settings: UpdateSettings,
+        *,
+        lr: float,
+        critic_lr: float,
+        use_critic: bool,
+        use_reference: bool,
+        threads: int,
+        seed: int,
+        dtype: str = "float32",
+        world_size: int = 1,
+        num_cpus: float = 1.0,
+        num_gpus: float = 0.0,
+    ) -> LearnerGroup:
         """``launch`` then ``start_run``: a group ready for one run."""
-        group = cls.launch(model_path, use_critic=use_critic, use_reference=use_reference,
-                           threads=threads, dtype=dtype, world_size=world_size,
-                           num_cpus=num_cpus, num_gpus=num_gpus)
+        group = cls.launch(
+            model_path,
+            use_critic=use_critic,
+            use_reference=use_reference,
+            threads=threads,
+            dtype=dtype,
+            world_size=world_size,
+            num_cpus=num_cpus,
+            num_gpus=num_gpus,
+        )
         try:
             group.start_run(settings, lr=lr, critic_lr=critic_lr, seed=seed)
         except BaseException:
@@ -43,15 +62,32 @@ class LearnerGroup:
         return group
 
     @classmethod
-    def launch(cls, model_path: str, *, use_critic: bool, use_reference: bool, threads: int,
-               dtype: str = "float32", world_size: int = 1, num_cpus: float = 1.0,
-               num_gpus: float = 0.0) -> LearnerGroup:
+    def launch(
+        cls,
+        model_path: str,
+        *,
+        use_critic: bool,
+        use_reference: bool,
+        threads: int,
+        dtype: str = "float32",
+        world_size: int = 1,
+        num_cpus: float = 1.0,
+        num_gpus: float = 0.0,
+    ) -> LearnerGroup:
         """Start the ranks (``num_cpus``/``num_gpus`` each) and form the process group.
         The arguments are all a pool compares; a run's own state comes with ``start_run``."""
-        ranks = [Learner.options(num_cpus=num_cpus, num_gpus=num_gpus).remote(
-            model_path, use_critic, threads, dtype, use_reference=use_reference, rank=rank,
-            world_size=world_size)
-            for rank in range(world_size)]
+        ranks = [
+            Learner.options(num_cpus=num_cpus, num_gpus=num_gpus).remote(
+                model_path,
+                use_critic,
+                threads,
+                dtype,
+                use_reference=use_reference,
+                rank=rank,
+                world_size=world_size,
+            )
+            for rank in range(world_size)
+        ]
         group = cls(ranks)
         try:
             init_method = ray.get(ranks[0].rendezvous.remote()) if world_size > 1 else None
@@ -61,8 +97,9 @@ class LearnerGroup:
             raise
         return group
 
-    def start_run(self, settings: UpdateSettings, *, lr: float, critic_lr: float,
-                  seed: int) -> None:
+    def start_run(
+        self, settings: UpdateSettings, *, lr: float, critic_lr: float, seed: int
+    ) -> None:
         """Per-run state on every rank (``Learner.start_run``): weights from the model path,
         fresh optimisers, this run's settings and seed."""
         self._all("start_run", settings, lr, critic_lr, seed)
@@ -78,8 +115,11 @@ class LearnerGroup:
     def _all(self, method: str, *args):
         """Call ``method`` on every rank (large arguments go to the object store once)
         and return rank 0's result."""
-        args = tuple(ray.put(a) if isinstance(a, (TrajectoryBatch, list, dict)) else a
-                     for a in args) if self.world_size > 1 else args
+        args = (
+            tuple(ray.put(a) if isinstance(a, (TrajectoryBatch, list, dict)) else a for a in args)
+            if self.world_size > 1
+            else args
+        )
         return ray.get([getattr(rank, method).remote(*args) for rank in self.ranks])[0]
 
     def prepare(self, batch: TrajectoryBatch, recompute_old_logprobs: bool) -> TrajectoryBatch:
@@ -88,10 +128,24 @@ class LearnerGroup:
     def update(self, batch: TrajectoryBatch) -> dict[str, float]:
         return self._all("update", batch)
 
-    def diagnose(self, trajectories, diagnostics_cfg, ema_state, seed: int, keep_matrices: bool,
-                 information_chain: bool = True):
-        return self._all("diagnose", trajectories, diagnostics_cfg, ema_state, seed, keep_matrices,
-                         information_chain)
+    def diagnose(
+        self,
+        trajectories,
+        diagnostics_cfg,
+        ema_state,
+        seed: int,
+        keep_matrices: bool,
+        information_chain: bool = True,
+    ):
+        return self._all(
+            "diagnose",
+            trajectories,
+            diagnostics_cfg,
+            ema_state,
+            seed,
+            keep_matrices,
+            information_chain,
+        )
 
     def grad_snr(self, batch: TrajectoryBatch, n_buckets: int) -> dict[str, float]:
         return self._all("grad_snr", batch, n_buckets)

@@ -18,9 +18,17 @@ from .env_pool import EnvPoolActor, RemoteEnvBatch
 
 @ray.remote(max_restarts=-1, max_task_retries=0)
 class RolloutWorker:
-    def __init__(self, model_path: str, env_id: str, env_kwargs: dict, engine: str,
-                 threads: float, dtype: str = "float32", engine_kwargs: dict | None = None,
-                 seed: int = 0) -> None:
+    def __init__(
+        self,
+        model_path: str,
+        env_id: str,
+        env_kwargs: dict,
+        engine: str,
+        threads: float,
+        dtype: str = "float32",
+        engine_kwargs: dict | None = None,
+        seed: int = 0,
+    ) -> None:
         torch.set_num_threads(max(1, math.ceil(threads)))
         self.model_path, self.dtype = model_path, dtype
         if engine == "vllm":  # vLLM loads the weights itself; here only the tokenizer
@@ -30,9 +38,14 @@ class RolloutWorker:
         else:
             model, self.tokenizer = load_model_and_tokenizer(model_path, dtype)
         self.formatter = ChatFormatter(self.tokenizer)
-        self.engine = make_engine(engine, model, pad_token_id=self.tokenizer.pad_token_id,
-                                  eos_token_ids=[self.tokenizer.eos_token_id],
-                                  tokenizer=self.tokenizer, **(engine_kwargs or {}))
+        self.engine = make_engine(
+            engine,
+            model,
+            pad_token_id=self.tokenizer.pad_token_id,
+            eos_token_ids=[self.tokenizer.eos_token_id],
+            tokenizer=self.tokenizer,
+            **(engine_kwargs or {}),
+        )
         self.env_pool = EnvPoolActor.options(num_cpus=0).remote(env_id, env_kwargs)
         self.envs = RemoteEnvBatch(self.env_pool)
         self.weights_version = -1
@@ -62,10 +75,16 @@ class RolloutWorker:
         self.weights_version = version
         return version
 
-    def collect(self, specs: list[EpisodeSpec], sampling: SamplingParams, seed: int,
-                max_turns: int | None = None) -> list[Trajectory]:
-        return run_episodes(self.engine, self.formatter, self.envs, specs, sampling, seed,
-                            max_turns=max_turns)
+    def collect(
+        self,
+        specs: list[EpisodeSpec],
+        sampling: SamplingParams,
+        seed: int,
+        max_turns: int | None = None,
+    ) -> list[Trajectory]:
+        return run_episodes(
+            self.engine, self.formatter, self.envs, specs, sampling, seed, max_turns=max_turns
+        )
 
     def env_pool_handle(self):
         return self.env_pool

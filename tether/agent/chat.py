@@ -28,21 +28,30 @@ class ChatFormatter:
         self.tokenizer = tokenizer
         name = getattr(tokenizer, "name_or_path", "") or "the model"
         if getattr(tokenizer, "chat_template", None) is None:
-            raise ValueError(f"{name} has no chat template: Tether needs a chat model (set "
-                             f"model.path to an instruct/chat checkpoint, or add a "
-                             f"chat_template to its tokenizer_config.json)")
+            raise ValueError(
+                f"{name} has no chat template: Tether needs a chat model (set "
+                f"model.path to an instruct/chat checkpoint, or add a "
+                f"chat_template to its tokenizer_config.json)"
+            )
         #: False when the template refuses the system role (Gemma-family templates raise
         #: 'System role not supported'): the system text then opens the first user turn.
         self.system_role = self._accepts_system()
         if not self.system_role:
-            log.warning("the chat template of %s refuses the system role; the system prompt "
-                        "goes into the first user turn", name)
+            log.warning(
+                "the chat template of %s refuses the system role; the system prompt "
+                "goes into the first user turn",
+                name,
+            )
         probe = [{"role": "user", "content": "u"}]
-        if self._render(probe, generation_prompt=True) == self._render(probe, generation_prompt=False):
-            raise ValueError(f"the chat template of {name} adds no generation prompt "
-                             f"(add_generation_prompt changes nothing), so replies cannot be "
-                             f"sampled as the assistant: use a chat/instruct checkpoint or a "
-                             f"template that supports add_generation_prompt")
+        if self._render(probe, generation_prompt=True) == self._render(
+            probe, generation_prompt=False
+        ):
+            raise ValueError(
+                f"the chat template of {name} adds no generation prompt "
+                f"(add_generation_prompt changes nothing), so replies cannot be "
+                f"sampled as the assistant: use a chat/instruct checkpoint or a "
+                f"template that supports add_generation_prompt"
+            )
         self._continuation_prefix = self._find_continuation_prefix()
         self.eos_token_id = tokenizer.eos_token_id
 
@@ -50,7 +59,9 @@ class ChatFormatter:
         try:
             self.tokenizer.apply_chat_template(
                 [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}],
-                tokenize=False, add_generation_prompt=True)
+                tokenize=False,
+                add_generation_prompt=True,
+            )
         except Exception:  # jinja2 TemplateError from the template's raise_exception, or others
             return False
         return True
@@ -61,21 +72,28 @@ class ChatFormatter:
         if self.system_role or not messages or messages[0]["role"] != "system":
             return messages
         system, first, *rest = messages
-        return [{"role": first["role"], "content": f"{system['content']}\n\n{first['content']}"}, *rest]
+        return [
+            {"role": first["role"], "content": f"{system['content']}\n\n{first['content']}"},
+            *rest,
+        ]
 
     def _render(self, messages: list[dict], generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(self._messages(messages), tokenize=False,
-                                                  add_generation_prompt=generation_prompt)
+        return self.tokenizer.apply_chat_template(
+            self._messages(messages), tokenize=False, add_generation_prompt=generation_prompt
+        )
 
     def _find_continuation_prefix(self) -> tuple[str, str]:
         """What the template puts between an assistant reply and the next user text,
         and between the user text and the generation prompt."""
         marker = "\u2063TETHER_USER\u2063"
-        messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
-                    {"role": "assistant", "content": _PLACEHOLDER},
-                    {"role": "user", "content": marker}]
+        messages = [
+            {"role": "system", "content": "s"},
+            {"role": "user", "content": "u"},
+            {"role": "assistant", "content": _PLACEHOLDER},
+            {"role": "user", "content": marker},
+        ]
         text = self._render(messages, generation_prompt=True)
-        after_reply = text[text.index(_PLACEHOLDER) + len(_PLACEHOLDER):]
+        after_reply = text[text.index(_PLACEHOLDER) + len(_PLACEHOLDER) :]
         before_user, after_user = after_reply.split(marker, 1)
         return before_user, after_user
 
@@ -94,8 +112,13 @@ class ChatFormatter:
         text = before_user + user + after_user + THINK_OPEN
         ids = self.encode(text)
         # A reply that ended on EOS already closed the assistant turn.
-        if reply_ids and self.eos_token_id is not None and reply_ids[-1] == self.eos_token_id \
-                and ids and ids[0] == self.eos_token_id:
+        if (
+            reply_ids
+            and self.eos_token_id is not None
+            and reply_ids[-1] == self.eos_token_id
+            and ids
+            and ids[0] == self.eos_token_id
+        ):
             ids = ids[1:]
         return ids
 

@@ -78,7 +78,9 @@ class LocalEnvBatch:
         out = []
         for env, seed in zip(self.envs, seeds):
             state, _ = env.reset(seed=int(seed))
-            out.append(EnvObservation(state, env.rules(), int(env.max_turns), self._actions_left(env)))
+            out.append(
+                EnvObservation(state, env.rules(), int(env.max_turns), self._actions_left(env))
+            )
         return out
 
     def step(self, items: list[tuple[int, str | None]]) -> list[StepOutcome]:
@@ -87,20 +89,41 @@ class LocalEnvBatch:
             env = self.envs[index]
             if answer is None:
                 single_turn = env.max_turns <= 1
-                out.append(StepOutcome(env.render(), env.format_penalty, single_turn, False, False,
-                                       self._actions_left(env)))
+                out.append(
+                    StepOutcome(
+                        env.render(),
+                        env.format_penalty,
+                        single_turn,
+                        False,
+                        False,
+                        self._actions_left(env),
+                    )
+                )
                 continue
             state, reward, terminated, truncated, info = env.step(answer)
-            out.append(StepOutcome(state, float(reward), bool(terminated or truncated),
-                                   bool(info.get("success", False)),
-                                   bool(info.get("action_is_valid", False)), self._actions_left(env),
-                                   list(info.get("executed_actions", []))))
+            out.append(
+                StepOutcome(
+                    state,
+                    float(reward),
+                    bool(terminated or truncated),
+                    bool(info.get("success", False)),
+                    bool(info.get("action_is_valid", False)),
+                    self._actions_left(env),
+                    list(info.get("executed_actions", [])),
+                )
+            )
         return out
 
 
-def run_episodes(engine: RolloutEngine, formatter: ChatFormatter, envs: EnvBatch,
-                 specs: list[EpisodeSpec], sampling: SamplingParams, seed: int = 0,
-                 max_turns: int | None = None) -> list[Trajectory]:
+def run_episodes(
+    engine: RolloutEngine,
+    formatter: ChatFormatter,
+    envs: EnvBatch,
+    specs: list[EpisodeSpec],
+    sampling: SamplingParams,
+    seed: int = 0,
+    max_turns: int | None = None,
+) -> list[Trajectory]:
     """Play ``specs`` to the end, batching all live episodes of each turn."""
     if not specs:
         return []
@@ -109,10 +132,18 @@ def run_episodes(engine: RolloutEngine, formatter: ChatFormatter, envs: EnvBatch
     for spec, obs in zip(specs, observations):
         ids = formatter.first_prompt_ids(
             system_prompt(obs.rules),
-            user_prompt(1, obs.state, obs.actions_left, sampling.max_new_tokens))
-        trajectories.append(Trajectory(spec.group_id, spec.env_seed, spec.sample_index,
-                                       token_ids=ids, loss_mask=[0] * len(ids),
-                                       sampling_logprobs=[0.0] * len(ids)))
+            user_prompt(1, obs.state, obs.actions_left, sampling.max_new_tokens),
+        )
+        trajectories.append(
+            Trajectory(
+                spec.group_id,
+                spec.env_seed,
+                spec.sample_index,
+                token_ids=ids,
+                loss_mask=[0] * len(ids),
+                sampling_logprobs=[0.0] * len(ids),
+            )
+        )
     turn_limit = max(o.max_turns for o in observations)
     if max_turns is not None:
         turn_limit = min(turn_limit, max_turns)
@@ -120,15 +151,21 @@ def run_episodes(engine: RolloutEngine, formatter: ChatFormatter, envs: EnvBatch
     live = list(range(len(specs)))
     for turn_number in range(1, turn_limit + 1):
         # An episode whose next reply may not fit the model window ends here.
-        fits = [i for i in live
-                if len(trajectories[i].token_ids) + sampling.max_new_tokens <= engine.max_context]
+        fits = [
+            i
+            for i in live
+            if len(trajectories[i].token_ids) + sampling.max_new_tokens <= engine.max_context
+        ]
         for i in set(live) - set(fits):
             trajectories[i].context_truncated = True
         live = fits
         if not live:
             break
-        generations = engine.generate([trajectories[i].token_ids for i in live], sampling,
-                                      seed=seeds.sampling_turn(seed, turn_number))
+        generations = engine.generate(
+            [trajectories[i].token_ids for i in live],
+            sampling,
+            seed=seeds.sampling_turn(seed, turn_number),
+        )
         answers: list[tuple[int, str | None]] = []
         parsed_replies = []
         for i, gen in zip(live, generations):
@@ -144,20 +181,36 @@ def run_episodes(engine: RolloutEngine, formatter: ChatFormatter, envs: EnvBatch
             traj.token_ids.extend(gen.token_ids)
             traj.loss_mask.extend([1] * len(gen.token_ids))
             traj.sampling_logprobs.extend(gen.logprobs)
-            traj.turns.append(Turn(
-                prompt_end=prompt_end, reply_start=prompt_end, reply_end=len(traj.token_ids),
-                state=states[i], reply_text=reply_text, reasoning=parsed.reasoning,
-                answer=parsed.answer, format_ok=parsed.format_ok,
-                action_valid=outcome.action_valid, reward=outcome.reward,
-                executed_actions=outcome.executed_actions, finish_reason=gen.finish_reason))
+            traj.turns.append(
+                Turn(
+                    prompt_end=prompt_end,
+                    reply_start=prompt_end,
+                    reply_end=len(traj.token_ids),
+                    state=states[i],
+                    reply_text=reply_text,
+                    reasoning=parsed.reasoning,
+                    answer=parsed.answer,
+                    format_ok=parsed.format_ok,
+                    action_valid=outcome.action_valid,
+                    reward=outcome.reward,
+                    executed_actions=outcome.executed_actions,
+                    finish_reason=gen.finish_reason,
+                )
+            )
             traj.success = traj.success or outcome.success
             states[i] = outcome.state
             if outcome.done or turn_number == turn_limit:
                 continue
             segment = formatter.continuation_ids(
-                user_prompt(turn_number + 1, outcome.state, outcome.actions_left,
-                            sampling.max_new_tokens, previous_reward=outcome.reward),
-                gen.token_ids)
+                user_prompt(
+                    turn_number + 1,
+                    outcome.state,
+                    outcome.actions_left,
+                    sampling.max_new_tokens,
+                    previous_reward=outcome.reward,
+                ),
+                gen.token_ids,
+            )
             traj.token_ids.extend(segment)
             traj.loss_mask.extend([0] * len(segment))
             traj.sampling_logprobs.extend([0.0] * len(segment))

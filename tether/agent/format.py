@@ -66,8 +66,13 @@ def system_prompt(env_rules: str) -> str:
     return f"{SYSTEM_PREAMBLE}\n{env_rules.strip()}"
 
 
-def user_prompt(turn: int, state: str, actions_left: int | None, max_reply_tokens: int,
-                previous_reward: float | None = None) -> str:
+def user_prompt(
+    turn: int,
+    state: str,
+    actions_left: int | None,
+    max_reply_tokens: int,
+    previous_reward: float | None = None,
+) -> str:
     """One user turn: reward of the last turn, turn number, state, actions left, format."""
     lines = []
     if previous_reward is not None:
@@ -76,8 +81,9 @@ def user_prompt(turn: int, state: str, actions_left: int | None, max_reply_token
     lines.append(f"State:\n{state.strip()}")
     if actions_left is not None:
         lines.append(f"Actions left: {actions_left}")
-    lines.append(f"Answer as <think>...</think><answer>...</answer> in at most "
-                 f"{max_reply_tokens} tokens.")
+    lines.append(
+        f"Answer as <think>...</think><answer>...</answer> in at most {max_reply_tokens} tokens."
+    )
     return "\n".join(lines)
 
 

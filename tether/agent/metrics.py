@@ -22,10 +22,15 @@ def group_trajectories(trajectories: list[Trajectory]) -> dict[int, list[Traject
 def group_rewards(trajectories: list[Trajectory]) -> list[dict]:
     """Per prompt (group): its env seed, the members' rewards and successes, in group order.
     The prompt-level reward and reward-variance heatmaps of the report read these."""
-    return [{"group_id": g, "env_seed": ts[0].env_seed,
-             "rewards": [float(t.reward) for t in ts],
-             "success": [float(t.success) for t in ts]}
-            for g, ts in group_trajectories(trajectories).items()]
+    return [
+        {
+            "group_id": g,
+            "env_seed": ts[0].env_seed,
+            "rewards": [float(t.reward) for t in ts],
+            "success": [float(t.success) for t in ts],
+        }
+        for g, ts in group_trajectories(trajectories).items()
+    ]
 
 
 def _mean_interval(name: str, values: list[float], z: float = 1.96) -> dict[str, float]:
@@ -44,8 +49,9 @@ def _proportion_interval(name: str, successes: int, n: int) -> dict[str, float]:
     return {f"{name}_ci_low": float(interval.low), f"{name}_ci_high": float(interval.high)}
 
 
-def rollout_metrics(trajectories: list[Trajectory], prefix: str = "rollout",
-                    reasoning_tokens=None) -> dict[str, float]:
+def rollout_metrics(
+    trajectories: list[Trajectory], prefix: str = "rollout", reasoning_tokens=None
+) -> dict[str, float]:
     """Success, reward statistics, in-group reward spread, lengths and format rates.
 
     ``reasoning_tokens(text) -> int`` counts reasoning tokens (default: words).
@@ -56,13 +62,16 @@ def rollout_metrics(trajectories: list[Trajectory], prefix: str = "rollout",
     rewards = np.array([t.reward for t in trajectories])
     turns = [turn for t in trajectories for turn in t.turns]
     groups = group_trajectories(trajectories)
-    group_std = np.array([np.std([t.reward for t in ts], ddof=1) if len(ts) > 1 else 0.0
-                          for ts in groups.values()])
+    group_std = np.array(
+        [np.std([t.reward for t in ts], ddof=1) if len(ts) > 1 else 0.0 for ts in groups.values()]
+    )
     reasoning = [count(turn.reasoning) for turn in turns if turn.reasoning is not None]
     reply_lengths = [turn.reply_end - turn.reply_start for turn in turns]
     out = {
         "success": float(np.mean([t.success for t in trajectories])),
-        **_proportion_interval("success", sum(bool(t.success) for t in trajectories), len(trajectories)),
+        **_proportion_interval(
+            "success", sum(bool(t.success) for t in trajectories), len(trajectories)
+        ),
         "reward_mean": float(rewards.mean()),
         "reward_std": float(rewards.std()),
         "in_group_reward_std": float(group_std.mean()),
@@ -71,11 +80,16 @@ def rollout_metrics(trajectories: list[Trajectory], prefix: str = "rollout",
         "response_length": float(np.mean(reply_lengths)) if reply_lengths else 0.0,
         "reasoning_length": float(np.mean(reasoning)) if reasoning else 0.0,
         **_mean_interval("reasoning_length", reasoning),
-        "valid_reasoning_rate": float(np.mean([bool(turn.reasoning) for turn in turns])) if turns else 0.0,
+        "valid_reasoning_rate": float(np.mean([bool(turn.reasoning) for turn in turns]))
+        if turns
+        else 0.0,
         "format_ok_rate": float(np.mean([turn.format_ok for turn in turns])) if turns else 0.0,
-        "action_valid_rate": float(np.mean([turn.action_valid for turn in turns])) if turns else 0.0,
+        "action_valid_rate": float(np.mean([turn.action_valid for turn in turns]))
+        if turns
+        else 0.0,
         "length_truncated_rate": float(np.mean([turn.finish_reason == "length" for turn in turns]))
-        if turns else 0.0,
+        if turns
+        else 0.0,
         "context_truncated": float(np.mean([t.context_truncated for t in trajectories])),
         "trajectories": float(len(trajectories)),
         "generated_tokens": float(sum(reply_lengths)),
@@ -85,10 +99,15 @@ def rollout_metrics(trajectories: list[Trajectory], prefix: str = "rollout",
 
 def transcript(trajectory: Trajectory, decode) -> str:
     """A readable transcript with the per-turn outcome, for sample artifacts."""
-    lines = [f"=== group {trajectory.group_id} sample {trajectory.sample_index} "
-             f"(env seed {trajectory.env_seed}) reward {trajectory.reward:+.2f} "
-             f"success {trajectory.success}", decode(trajectory.token_ids)]
+    lines = [
+        f"=== group {trajectory.group_id} sample {trajectory.sample_index} "
+        f"(env seed {trajectory.env_seed}) reward {trajectory.reward:+.2f} "
+        f"success {trajectory.success}",
+        decode(trajectory.token_ids),
+    ]
     for k, turn in enumerate(trajectory.turns, 1):
-        lines.append(f"--- turn {k}: format_ok={turn.format_ok} valid={turn.action_valid} "
-                     f"executed={turn.executed_actions} reward={turn.reward:+.2f}")
+        lines.append(
+            f"--- turn {k}: format_ok={turn.format_ok} valid={turn.action_valid} "
+            f"executed={turn.executed_actions} reward={turn.reward:+.2f}"
+        )
     return "\n".join(lines)

@@ -29,8 +29,9 @@ class SpanExtractor:
         self.formatter = formatter
         ids = [formatter.encode(tag) for tag in (THINK_CLOSE, ANSWER_OPEN, ANSWER_CLOSE)]
         self.single = all(len(i) == 1 for i in ids)
-        self.think_close, self.answer_open, self.answer_close = (i[0] if len(i) == 1 else None
-                                                                 for i in ids)
+        self.think_close, self.answer_open, self.answer_close = (
+            i[0] if len(i) == 1 else None for i in ids
+        )
         #: Tokens between reasoning and action, for I(Z;A) and I(X;A) contexts.
         self.answer_prefix_ids = tuple(formatter.encode(THINK_CLOSE + ANSWER_OPEN))
 
@@ -39,7 +40,7 @@ class SpanExtractor:
             return (), ()
         end = reply.index(self.think_close)
         reasoning = tuple(reply[:end])
-        rest = reply[end + 1:]
+        rest = reply[end + 1 :]
         if self.answer_open in rest and self.answer_close in rest:
             start = rest.index(self.answer_open) + 1
             stop = rest.index(self.answer_close)
@@ -55,19 +56,21 @@ class SpanExtractor:
         """
         mask = [0] * len(trajectory.token_ids)
         for turn in trajectory.turns:
-            reply = trajectory.token_ids[turn.reply_start:turn.reply_end]
+            reply = trajectory.token_ids[turn.reply_start : turn.reply_end]
             if self.single:
                 n = reply.index(self.think_close) if self.think_close in reply else 0
             else:
-                n = min(len(self.formatter.encode(turn.reasoning)) if turn.reasoning else 0, len(reply))
-            mask[turn.reply_start:turn.reply_start + n] = [1] * n
+                n = min(
+                    len(self.formatter.encode(turn.reasoning)) if turn.reasoning else 0, len(reply)
+                )
+            mask[turn.reply_start : turn.reply_start + n] = [1] * n
         return mask
 
     def turns(self, trajectory: Trajectory) -> list[TurnSpans]:
         out = []
         for turn in trajectory.turns:
-            prompt = tuple(trajectory.token_ids[:turn.reply_start])
-            reply = trajectory.token_ids[turn.reply_start:turn.reply_end]
+            prompt = tuple(trajectory.token_ids[: turn.reply_start])
+            reply = trajectory.token_ids[turn.reply_start : turn.reply_end]
             if self.single:
                 reasoning, action = self._by_id(reply)
             else:

@@ -16,12 +16,26 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
-    "advantages": ("ADVANTAGE_ESTIMATORS", "AdvantageInputs", "compute_advantages", "masked_mean",
-                   "masked_whiten", "outcome_token_rewards"),
-    "filters": ("FILTER_STRATEGIES", "LOSS_SCALINGS", "FilterResult", "group_scores",
-                "snr_filter"),
-    "losses": ("AGGREGATION_MODES", "KL_ESTIMATORS", "aggregate", "entropy_from_logits",
-               "kl_penalty", "policy_loss", "ppo_objective", "regularizer_loss", "value_loss"),
+    "advantages": (
+        "ADVANTAGE_ESTIMATORS",
+        "AdvantageInputs",
+        "compute_advantages",
+        "masked_mean",
+        "masked_whiten",
+        "outcome_token_rewards",
+    ),
+    "filters": ("FILTER_STRATEGIES", "LOSS_SCALINGS", "FilterResult", "group_scores", "snr_filter"),
+    "losses": (
+        "AGGREGATION_MODES",
+        "KL_ESTIMATORS",
+        "aggregate",
+        "entropy_from_logits",
+        "kl_penalty",
+        "policy_loss",
+        "ppo_objective",
+        "regularizer_loss",
+        "value_loss",
+    ),
     "presets": ("PRESETS",),
     "settings": ("AlgoConfig", "FilterConfig"),
 }

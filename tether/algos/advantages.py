@@ -68,8 +68,9 @@ def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     return (x * mask).sum(dim) / mask.sum(dim).clamp_min(1.0)
 
 
-def masked_whiten(x: Tensor, mask: Tensor, shift_mean: bool = True, eps: float = 1e-8,
-                  unbiased: bool = True) -> Tensor:
+def masked_whiten(
+    x: Tensor, mask: Tensor, shift_mean: bool = True, eps: float = 1e-8, unbiased: bool = True
+) -> Tensor:
     """(x − mean) / sqrt(var + eps) over masked positions; zero outside the mask.
 
     ``unbiased`` uses the n−1 variance (veRL's ``masked_whiten``); with fewer than two
@@ -109,7 +110,9 @@ def _group_stats(scores: Tensor, group_index: Tensor, ddof: int) -> tuple[Tensor
     mean = total / count  # [G]
     sq_dev = zeros.clone().index_add_(0, inverse, (scores - mean[inverse]) ** 2)
     dof = (count - ddof).clamp_min(0.0)
-    std = torch.where(dof > 0, torch.sqrt(sq_dev / dof.clamp_min(1.0)), torch.zeros_like(sq_dev))  # [G]
+    std = torch.where(
+        dof > 0, torch.sqrt(sq_dev / dof.clamp_min(1.0)), torch.zeros_like(sq_dev)
+    )  # [G]
     return mean[inverse], std[inverse], count[inverse]
 
 
@@ -128,7 +131,9 @@ def _discounted_agent_returns(token_rewards: Tensor, response_mask: Tensor, gamm
     maskf = response_mask.to(token_rewards.dtype)
     B, T = maskf.shape
     returns = torch.zeros_like(token_rewards)  # [B,T]
-    running = torch.zeros(B, dtype=token_rewards.dtype, device=token_rewards.device)  # [B] G of the next agent token
+    running = torch.zeros(
+        B, dtype=token_rewards.dtype, device=token_rewards.device
+    )  # [B] G of the next agent token
     for t in reversed(range(T)):
         m = maskf[:, t]  # [B]
         g = token_rewards[:, t] + gamma * running
@@ -140,19 +145,27 @@ def _discounted_agent_returns(token_rewards: Tensor, response_mask: Tensor, gamm
 # --------------------------------------------------------------------------- estimators
 
 
-def gae_advantages(inputs: AdvantageInputs, gamma: float = 1.0, lam: float = 1.0,
-                   whiten: bool = True) -> tuple[Tensor, Tensor]:
+def gae_advantages(
+    inputs: AdvantageInputs, gamma: float = 1.0, lam: float = 1.0, whiten: bool = True
+) -> tuple[Tensor, Tensor]:
     """GAE over agent tokens only (env tokens skipped); returns = A + V (pre-whitening)."""
     if inputs.values is None:
-        raise ValueError("advantage estimator 'gae' needs critic values (AdvantageInputs.values); "
-                         "enable the critic or choose grpo/drgrpo/rloo/reinforce_pp")
+        raise ValueError(
+            "advantage estimator 'gae' needs critic values (AdvantageInputs.values); "
+            "enable the critic or choose grpo/drgrpo/rloo/reinforce_pp"
+        )
     values = inputs.values.detach().to(_float_dtype(inputs))  # [B,T]
-    rewards = (inputs.token_rewards if inputs.token_rewards is not None
-               else outcome_token_rewards(inputs.scores, inputs.response_mask)).to(values.dtype)  # [B,T]
+    rewards = (
+        inputs.token_rewards
+        if inputs.token_rewards is not None
+        else outcome_token_rewards(inputs.scores, inputs.response_mask)
+    ).to(values.dtype)  # [B,T]
     maskf = inputs.response_mask.to(values.dtype)  # [B,T]
     B, T = values.shape
     advantages = torch.zeros_like(values)  # [B,T]
-    next_value = torch.zeros(B, dtype=values.dtype, device=values.device)  # [B] V of the next agent token (0 at the end)
+    next_value = torch.zeros(
+        B, dtype=values.dtype, device=values.device
+    )  # [B] V of the next agent token (0 at the end)
     next_adv = torch.zeros_like(next_value)  # [B] A of the next agent token
     for t in reversed(range(T)):
         m = maskf[:, t]  # [B]
@@ -167,8 +180,9 @@ def gae_advantages(inputs: AdvantageInputs, gamma: float = 1.0, lam: float = 1.0
     return advantages, returns
 
 
-def grpo_advantages(inputs: AdvantageInputs, eps: float = 1e-6, std_ddof: int = 1,
-                    norm_by_std: bool = True) -> tuple[Tensor, Tensor]:
+def grpo_advantages(
+    inputs: AdvantageInputs, eps: float = 1e-6, std_ddof: int = 1, norm_by_std: bool = True
+) -> tuple[Tensor, Tensor]:
     """(r − group mean) / (group std + eps); singleton / zero-std groups -> 0."""
     mean, std, count = _group_stats(inputs.scores, inputs.group_index, std_ddof)  # [B] each
     centred = inputs.scores.to(torch.float64) - mean  # [B]
@@ -190,7 +204,9 @@ def rloo_advantages(inputs: AdvantageInputs) -> tuple[Tensor, Tensor]:
     """r_i − mean of the other members of the group = n/(n−1)·(r_i − mean)."""
     mean, _, count = _group_stats(inputs.scores, inputs.group_index, ddof=0)  # [B] each
     centred = inputs.scores.to(torch.float64) - mean
-    per_row = torch.where(count > 1, centred * count / (count - 1.0).clamp_min(1.0), torch.zeros_like(centred))
+    per_row = torch.where(
+        count > 1, centred * count / (count - 1.0).clamp_min(1.0), torch.zeros_like(centred)
+    )
     advantages = _broadcast(per_row, inputs.response_mask, _float_dtype(inputs))  # [B,T]
     return advantages, advantages.clone()
 
@@ -198,8 +214,11 @@ def rloo_advantages(inputs: AdvantageInputs) -> tuple[Tensor, Tensor]:
 def reinforce_pp_advantages(inputs: AdvantageInputs, gamma: float = 1.0) -> tuple[Tensor, Tensor]:
     """REINFORCE++: agent-token returns-to-go, whitened over the batch's agent tokens."""
     dtype = _float_dtype(inputs)
-    rewards = (inputs.token_rewards if inputs.token_rewards is not None
-               else outcome_token_rewards(inputs.scores, inputs.response_mask)).to(dtype)  # [B,T]
+    rewards = (
+        inputs.token_rewards
+        if inputs.token_rewards is not None
+        else outcome_token_rewards(inputs.scores, inputs.response_mask)
+    ).to(dtype)  # [B,T]
     returns = _discounted_agent_returns(rewards, inputs.response_mask, gamma)  # [B,T]
     advantages = masked_whiten(returns, inputs.response_mask)  # [B,T]
     return advantages, returns
@@ -217,16 +236,22 @@ ADVANTAGE_ESTIMATORS: dict[str, Callable[..., tuple[Tensor, Tensor]]] = {
 def compute_advantages(name: str, inputs: AdvantageInputs, **params) -> tuple[Tensor, Tensor]:
     """Run the estimator registered as ``name``: -> (advantages[B,T], returns[B,T])."""
     if name not in ADVANTAGE_ESTIMATORS:
-        raise ValueError(f"unknown advantage estimator {name!r}; valid: {sorted(ADVANTAGE_ESTIMATORS)}")
+        raise ValueError(
+            f"unknown advantage estimator {name!r}; valid: {sorted(ADVANTAGE_ESTIMATORS)}"
+        )
     B, T = inputs.response_mask.shape
     for field_name in ("token_rewards", "values"):
         tensor = getattr(inputs, field_name)
         if tensor is not None and tuple(tensor.shape) != (B, T):
-            raise ValueError(f"AdvantageInputs.{field_name} has shape {tuple(tensor.shape)}, "
-                             f"expected response_mask's {(B, T)}")
+            raise ValueError(
+                f"AdvantageInputs.{field_name} has shape {tuple(tensor.shape)}, "
+                f"expected response_mask's {(B, T)}"
+            )
     for field_name in ("scores", "group_index"):
         tensor = getattr(inputs, field_name)
         if tuple(tensor.shape) != (B,):
-            raise ValueError(f"AdvantageInputs.{field_name} has shape {tuple(tensor.shape)}, expected {(B,)}")
+            raise ValueError(
+                f"AdvantageInputs.{field_name} has shape {tuple(tensor.shape)}, expected {(B,)}"
+            )
     with torch.no_grad():
         return ADVANTAGE_ESTIMATORS[name](inputs, **params)

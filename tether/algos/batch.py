@@ -14,18 +14,18 @@ import torch
 
 @dataclass
 class TrajectoryBatch:
-    input_ids: torch.Tensor          # [B, T] long, right-padded
-    attention_mask: torch.Tensor     # [B, T] long
-    response_mask: torch.Tensor      # [B, T] float, agent tokens
-    token_rewards: torch.Tensor      # [B, T] float, turn rewards on each reply's last token
-    scores: torch.Tensor             # [B] float, trajectory rewards
-    group_index: torch.Tensor        # [B] long
+    input_ids: torch.Tensor  # [B, T] long, right-padded
+    attention_mask: torch.Tensor  # [B, T] long
+    response_mask: torch.Tensor  # [B, T] float, agent tokens
+    token_rewards: torch.Tensor  # [B, T] float, turn rewards on each reply's last token
+    scores: torch.Tensor  # [B] float, trajectory rewards
+    group_index: torch.Tensor  # [B] long
     sampling_logprobs: torch.Tensor  # [B, T] float
-    old_logprobs: torch.Tensor | None = None    # [B, T]
-    ref_logprobs: torch.Tensor | None = None    # [B, T]
-    values: torch.Tensor | None = None          # [B, T]
-    advantages: torch.Tensor | None = None      # [B, T]
-    returns: torch.Tensor | None = None         # [B, T]
+    old_logprobs: torch.Tensor | None = None  # [B, T]
+    ref_logprobs: torch.Tensor | None = None  # [B, T]
+    values: torch.Tensor | None = None  # [B, T]
+    advantages: torch.Tensor | None = None  # [B, T]
+    returns: torch.Tensor | None = None  # [B, T]
     reasoning_mask: torch.Tensor | None = None  # [B, T] float, reasoning tokens (inside <think>)
     meta: dict = field(default_factory=dict)
 
@@ -35,9 +35,14 @@ class TrajectoryBatch:
 
     def to(self, device) -> TrajectoryBatch:
         """The same batch with its tensors on ``device``."""
-        return TrajectoryBatch(**{f.name: getattr(self, f.name).to(device)
-                                  if isinstance(getattr(self, f.name), torch.Tensor)
-                                  else getattr(self, f.name) for f in fields(self)})
+        return TrajectoryBatch(
+            **{
+                f.name: getattr(self, f.name).to(device)
+                if isinstance(getattr(self, f.name), torch.Tensor)
+                else getattr(self, f.name)
+                for f in fields(self)
+            }
+        )
 
     def select(self, rows) -> TrajectoryBatch:
         rows = torch.as_tensor(rows, dtype=torch.long)
@@ -70,25 +75,35 @@ def collate(trajectories, pad_id: int, reasoning_masks=None) -> TrajectoryBatch:
     if reasoning_masks is not None:
         reasoning = torch.zeros((n, width))
         for row, mask in enumerate(reasoning_masks):
-            reasoning[row, :len(mask)] = torch.tensor(mask, dtype=torch.float32)
+            reasoning[row, : len(mask)] = torch.tensor(mask, dtype=torch.float32)
     groups = {g: k for k, g in enumerate(dict.fromkeys(t.group_id for t in trajectories))}
     return TrajectoryBatch(
-        input_ids=input_ids, attention_mask=attention, response_mask=response,
-        token_rewards=rewards, scores=torch.tensor([t.reward for t in trajectories]),
+        input_ids=input_ids,
+        attention_mask=attention,
+        response_mask=response,
+        token_rewards=rewards,
+        scores=torch.tensor([t.reward for t in trajectories]),
         group_index=torch.tensor([groups[t.group_id] for t in trajectories]),
-        sampling_logprobs=sampling, reasoning_mask=reasoning)
+        sampling_logprobs=sampling,
+        reasoning_mask=reasoning,
+    )
 
 
-def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                   temperature: float = 1.0, with_entropy: bool = False):
+def token_logprobs(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+):
     """log p(token_t | tokens_<t) at ``temperature`` (and the entropy of that distribution)."""
     logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1]  # [B,T-1,V]
     if temperature > 0 and temperature != 1.0:
         logits = logits / temperature
-    log_probs = torch.log_softmax(logits.float(), dim=-1)                              # [B,T-1,V]
-    picked = log_probs.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)         # [B,T-1]
-    picked = torch.nn.functional.pad(picked, (1, 0))                                   # [B,T]
+    log_probs = torch.log_softmax(logits.float(), dim=-1)  # [B,T-1,V]
+    picked = log_probs.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)  # [B,T-1]
+    picked = torch.nn.functional.pad(picked, (1, 0))  # [B,T]
     if not with_entropy:
         return picked, None
-    entropy = -(log_probs.exp() * log_probs).sum(-1)                                   # [B,T-1]
-    return picked, torch.nn.functional.pad(entropy, (1, 0))                            # [B,T]
+    entropy = -(log_probs.exp() * log_probs).sum(-1)  # [B,T-1]
+    return picked, torch.nn.functional.pad(entropy, (1, 0))  # [B,T]

@@ -72,7 +72,9 @@ class FilterResult:
     scores: np.ndarray = field(default_factory=lambda: np.zeros(0))  # [G] score of every group
 
 
-def group_scores(group_rewards: Sequence[np.ndarray], score: str = "std", ddof: int = 1) -> np.ndarray:
+def group_scores(
+    group_rewards: Sequence[np.ndarray], score: str = "std", ddof: int = 1
+) -> np.ndarray:
     """Std or variance of each group's rewards -> [G]; groups with ≤ ddof members score 0."""
     out = np.zeros(len(group_rewards), dtype=np.float64)
     for g, rewards in enumerate(group_rewards):
@@ -100,7 +102,9 @@ def _keep_top_p(sorted_scores: np.ndarray, n_groups: int, cfg: FilterConfig) -> 
     if cfg.mode == "softmax":
         if len(sorted_scores) == 0:
             return 0
-        p = np.exp(sorted_scores - sorted_scores.max())  # stable softmax, already in descending order
+        p = np.exp(
+            sorted_scores - sorted_scores.max()
+        )  # stable softmax, already in descending order
         cumulative = np.cumsum(p / p.sum())
         return min(int(np.searchsorted(cumulative, cfg.value, side="left")) + 1, len(sorted_scores))
     threshold = cfg.value * float(sorted_scores.sum()) - cfg.selection_eps
@@ -150,8 +154,12 @@ LOSS_SCALINGS: dict[str, Callable[[float], float]] = {
 # --------------------------------------------------------------------------- breakdown
 
 
-def _zero_variance_kind(g: int, rewards: np.ndarray, success: Sequence[np.ndarray] | None,
-                        reward_range: tuple[float, float] | None) -> str:
+def _zero_variance_kind(
+    g: int,
+    rewards: np.ndarray,
+    success: Sequence[np.ndarray] | None,
+    reward_range: tuple[float, float] | None,
+) -> str:
     """failed | succeeded | uninformative | unclassified for a zero-variance group."""
     if rewards.size == 0:
         return "unclassified"
@@ -177,9 +185,14 @@ def _zero_variance_kind(g: int, rewards: np.ndarray, success: Sequence[np.ndarra
 # --------------------------------------------------------------------------- entry point
 
 
-def snr_filter(group_rewards: Sequence[np.ndarray], config: FilterConfig | None = None, *,
-               success: Sequence[np.ndarray] | None = None,
-               reward_range: tuple[float, float] | None = None, **overrides) -> FilterResult:
+def snr_filter(
+    group_rewards: Sequence[np.ndarray],
+    config: FilterConfig | None = None,
+    *,
+    success: Sequence[np.ndarray] | None = None,
+    reward_range: tuple[float, float] | None = None,
+    **overrides,
+) -> FilterResult:
     """Select the groups to train on.  ``group_rewards[g]`` = rewards of group g's trajectories.
 
     ``config`` defaults to ``FilterConfig()``; keyword ``overrides`` replace its fields
@@ -190,8 +203,9 @@ def snr_filter(group_rewards: Sequence[np.ndarray], config: FilterConfig | None 
     if overrides:
         unknown = sorted(set(overrides) - set(FilterConfig.model_fields))
         if unknown:
-            raise ValueError(f"unknown filter option(s) {unknown}; "
-                             f"valid: {sorted(FilterConfig.model_fields)}")
+            raise ValueError(
+                f"unknown filter option(s) {unknown}; valid: {sorted(FilterConfig.model_fields)}"
+            )
         cfg = FilterConfig.model_validate({**cfg.model_dump(), **overrides})
     groups = [np.asarray(r, dtype=np.float64).reshape(-1) for r in group_rewards]
     n_groups = len(groups)

@@ -37,7 +37,9 @@ def _token_mean(values: Tensor, mask: Tensor, denominator: float | None) -> Tens
     return total / count
 
 
-def _seq_mean(values: Tensor, mask: Tensor, denominator: float | None, per_token_mean: bool) -> Tensor:
+def _seq_mean(
+    values: Tensor, mask: Tensor, denominator: float | None, per_token_mean: bool
+) -> Tensor:
     token_sum = (values * mask).sum(dim=-1)  # [B]
     tokens = mask.sum(dim=-1)  # [B]
     per_seq = token_sum / tokens.clamp_min(1.0) if per_token_mean else token_sum  # [B]
@@ -53,8 +55,9 @@ AGGREGATION_MODES: dict[str, Callable[[Tensor, Tensor, float | None], Tensor]] =
 }
 
 
-def aggregate(values: Tensor, mask: Tensor, mode: str = "token-mean",
-              denominator: float | None = None) -> Tensor:
+def aggregate(
+    values: Tensor, mask: Tensor, mode: str = "token-mean", denominator: float | None = None
+) -> Tensor:
     """Reduce per-token ``values[B,T]`` over ``mask[B,T]`` to a scalar with ``mode``."""
     if mode not in AGGREGATION_MODES:
         raise ValueError(f"unknown loss aggregation {mode!r}; valid: {sorted(AGGREGATION_MODES)}")
@@ -71,10 +74,17 @@ def _masked_mean_float(x: Tensor, mask: Tensor) -> float:
 # --------------------------------------------------------------------------- policy loss
 
 
-def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
-                clip_low: float = 0.2, clip_high: float = 0.28, agg: str = "token-mean",
-                dual_clip: float | None = None, denominator: float | None = None
-                ) -> tuple[Tensor, dict[str, float]]:
+def policy_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    clip_low: float = 0.2,
+    clip_high: float = 0.28,
+    agg: str = "token-mean",
+    dual_clip: float | None = None,
+    denominator: float | None = None,
+) -> tuple[Tensor, dict[str, float]]:
     """PPO clipped surrogate with separate low/high clip (DAPO's clip-higher).
 
     per token: max(−A·ρ, −A·clip(ρ, 1−clip_low, 1+clip_high)), ρ = exp(logπ − logπ_old).
@@ -180,19 +190,25 @@ class _ChunkedEntropy(torch.autograd.Function):
         ctx.save_for_backward(flat_logits)
         ctx.chunk_size = chunk_size
         with torch.no_grad():
-            return torch.cat([_entropy_chunk(flat_logits[i:i + chunk_size])
-                              for i in range(0, flat_logits.shape[0], chunk_size)])
+            return torch.cat(
+                [
+                    _entropy_chunk(flat_logits[i : i + chunk_size])
+                    for i in range(0, flat_logits.shape[0], chunk_size)
+                ]
+            )
 
     @staticmethod
     def backward(ctx, grad_entropy: Tensor) -> tuple[Tensor, None]:  # [N] -> [N,V]
         (flat_logits,) = ctx.saved_tensors
         grad = torch.empty_like(flat_logits)
         for i in range(0, flat_logits.shape[0], ctx.chunk_size):
-            z = flat_logits[i:i + ctx.chunk_size]
+            z = flat_logits[i : i + ctx.chunk_size]
             z = z.to(torch.promote_types(z.dtype, torch.float32))  # [n,V]
             p = F.softmax(z, dim=-1)
             expected_z = (p * z).sum(dim=-1, keepdim=True)  # [n,1]
-            grad[i:i + ctx.chunk_size] = (-p * (z - expected_z) * grad_entropy[i:i + ctx.chunk_size, None]).to(grad.dtype)
+            grad[i : i + ctx.chunk_size] = (
+                -p * (z - expected_z) * grad_entropy[i : i + ctx.chunk_size, None]
+            ).to(grad.dtype)
         return grad, None
 
 
@@ -213,9 +229,15 @@ def entropy_from_logits(logits: Tensor, chunk_size: int | None = 1024) -> Tensor
 # --------------------------------------------------------------------------- value loss
 
 
-def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor,
-               clip: float | None = 0.2, agg: str = "token-mean", denominator: float | None = None
-               ) -> tuple[Tensor, dict[str, float]]:
+def value_loss(
+    values: Tensor,
+    old_values: Tensor,
+    returns: Tensor,
+    mask: Tensor,
+    clip: float | None = 0.2,
+    agg: str = "token-mean",
+    denominator: float | None = None,
+) -> tuple[Tensor, dict[str, float]]:
     """Clipped value loss: ½·max((V − R)², (V_old + clip(V − V_old, ±clip) − R)²)."""
     maskf = mask.to(values.dtype)  # [B,T]
     returns = returns.detach()
@@ -241,10 +263,17 @@ def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor
 # --------------------------------------------------------------------------- regulariser and objective
 
 
-def regularizer_loss(mask: Tensor, logprobs: Tensor | None = None, ref_logprobs: Tensor | None = None,
-                     entropy: Tensor | None = None, kl_coef: float = 0.0, entropy_coef: float = 0.0,
-                     kl_estimator: str = "k3", agg: str = "token-mean",
-                     denominator: float | None = None) -> tuple[Tensor, dict[str, float]]:
+def regularizer_loss(
+    mask: Tensor,
+    logprobs: Tensor | None = None,
+    ref_logprobs: Tensor | None = None,
+    entropy: Tensor | None = None,
+    kl_coef: float = 0.0,
+    entropy_coef: float = 0.0,
+    kl_estimator: str = "k3",
+    agg: str = "token-mean",
+    denominator: float | None = None,
+) -> tuple[Tensor, dict[str, float]]:
     """kl_coef·agg(KL(π‖π_ref)) − entropy_coef·agg(H), input-agnostic regularisers.
 
     A term with coefficient 0 is skipped (its inputs may be None).  When both are
@@ -256,7 +285,9 @@ def regularizer_loss(mask: Tensor, logprobs: Tensor | None = None, ref_logprobs:
     metrics: dict[str, float] = {}
     if kl_coef != 0.0:
         if logprobs is None or ref_logprobs is None:
-            raise ValueError("kl_coef != 0 needs logprobs and ref_logprobs (is the reference model on?)")
+            raise ValueError(
+                "kl_coef != 0 needs logprobs and ref_logprobs (is the reference model on?)"
+            )
         kl_tokens = kl_penalty(logprobs, ref_logprobs, kl_estimator)  # [B,T]
         kl = aggregate(kl_tokens, maskf, agg, denominator)
         reg = reg + kl_coef * kl
@@ -272,24 +303,51 @@ def regularizer_loss(mask: Tensor, logprobs: Tensor | None = None, ref_logprobs:
     return reg, metrics
 
 
-def ppo_objective(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, *,
-                  ref_logprobs: Tensor | None = None, entropy: Tensor | None = None,
-                  clip_low: float = 0.2, clip_high: float = 0.28, dual_clip: float | None = None,
-                  kl_coef: float = 0.0, kl_estimator: str = "k3", entropy_coef: float = 0.0,
-                  agg: str = "token-mean", denominator: float | None = None
-                  ) -> tuple[Tensor, Tensor, dict[str, float]]:
+def ppo_objective(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    ref_logprobs: Tensor | None = None,
+    entropy: Tensor | None = None,
+    clip_low: float = 0.2,
+    clip_high: float = 0.28,
+    dual_clip: float | None = None,
+    kl_coef: float = 0.0,
+    kl_estimator: str = "k3",
+    entropy_coef: float = 0.0,
+    agg: str = "token-mean",
+    denominator: float | None = None,
+) -> tuple[Tensor, Tensor, dict[str, float]]:
     """-> (task_loss, reg_loss, metrics); minimise task_loss + reg_loss.
 
     The two are separate graphs' worth of terms on the same forward pass, so
     ``task_loss.backward(retain_graph=True)`` and ``reg_loss.backward()`` give the
     task and regulariser gradients separately (the gradient-SNR analysis).
     """
-    task_loss, metrics = policy_loss(logprobs, old_logprobs, advantages, mask, clip_low=clip_low,
-                                     clip_high=clip_high, agg=agg, dual_clip=dual_clip,
-                                     denominator=denominator)
-    reg_loss, reg_metrics = regularizer_loss(mask, logprobs=logprobs, ref_logprobs=ref_logprobs,
-                                             entropy=entropy, kl_coef=kl_coef, entropy_coef=entropy_coef,
-                                             kl_estimator=kl_estimator, agg=agg, denominator=denominator)
+    task_loss, metrics = policy_loss(
+        logprobs,
+        old_logprobs,
+        advantages,
+        mask,
+        clip_low=clip_low,
+        clip_high=clip_high,
+        agg=agg,
+        dual_clip=dual_clip,
+        denominator=denominator,
+    )
+    reg_loss, reg_metrics = regularizer_loss(
+        mask,
+        logprobs=logprobs,
+        ref_logprobs=ref_logprobs,
+        entropy=entropy,
+        kl_coef=kl_coef,
+        entropy_coef=entropy_coef,
+        kl_estimator=kl_estimator,
+        agg=agg,
+        denominator=denominator,
+    )
     metrics.update(reg_metrics)
     if entropy is not None:
         metrics["actor/entropy"] = _masked_mean_float(entropy.detach(), mask)

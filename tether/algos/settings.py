@@ -42,50 +42,80 @@ class AlgoConfig(_Section):
     """Advantages, policy loss, regularisers, optimiser and learner resources."""
 
     preset: Literal[PRESET_NAMES] | None = Field(
-        "grpo", description="Algorithm preset; explicitly set fields override it.")
+        "grpo", description="Algorithm preset; explicitly set fields override it."
+    )
     advantage: Literal[ADVANTAGE_NAMES] = Field(
-        "grpo", description="Advantage estimator (docs/methods.md, section 7).")
+        "grpo", description="Advantage estimator (docs/methods.md, section 7)."
+    )
     gamma: float = Field(1.0, ge=0.0, le=1.0, description="Discount (gae, reinforce_pp).")
     lam: float = Field(1.0, ge=0.0, le=1.0, description="GAE lambda.")
     loss_agg: Literal[AGGREGATION_NAMES] = Field(
-        "seq-mean-token-mean", description="Loss aggregation mode.")
+        "seq-mean-token-mean", description="Loss aggregation mode."
+    )
     clip_low: float = Field(0.2, ge=0.0, le=1.0, description="PPO lower clip ε_low.")
-    clip_high: float = Field(0.28, ge=0.0, le=10.0, description="PPO upper clip ε_high "
-                             "(0.28 = DAPO clip-higher).")
-    dual_clip: float | None = Field(None, gt=1.0, description="Dual-clip constant c > 1: caps "
-                                    "the loss of a negative-advantage token at −A·c (None = off).")
-    kl_coef: float = Field(0.0, ge=0.0, description="KL-to-reference coefficient (0 = no "
-                           "reference model).")
+    clip_high: float = Field(
+        0.28, ge=0.0, le=10.0, description="PPO upper clip ε_high (0.28 = DAPO clip-higher)."
+    )
+    dual_clip: float | None = Field(
+        None,
+        gt=1.0,
+        description="Dual-clip constant c > 1: caps "
+        "the loss of a negative-advantage token at −A·c (None = off).",
+    )
+    kl_coef: float = Field(
+        0.0, ge=0.0, description="KL-to-reference coefficient (0 = no reference model)."
+    )
     kl_estimator: Literal[KL_ESTIMATOR_NAMES] = Field(
-        "k3", description="Per-token KL estimator: k1, k2, k3, abs, or low_var_kl (k3 clamped).")
+        "k3", description="Per-token KL estimator: k1, k2, k3, abs, or low_var_kl (k3 clamped)."
+    )
     entropy_coef: float = Field(0.001, ge=0.0, description="Entropy bonus (paper: 0.001).")
-    lr: float = Field(1e-4, gt=0.0, description="Policy learning rate (tiny model; paper 1e-6 "
-                      "for 3B).")
+    lr: float = Field(
+        1e-4, gt=0.0, description="Policy learning rate (tiny model; paper 1e-6 for 3B)."
+    )
     critic_lr: float = Field(5e-4, gt=0.0, description="Critic learning rate (gae).")
     ppo_epochs: int = Field(1, ge=1, description="Passes over each batch.")
     minibatches: int = Field(1, ge=1, description="Optimiser steps per epoch.")
-    micro_batch_size: int = Field(16, ge=1, description="Trajectories per forward/backward "
-                                  "(gradient accumulation; memory only).")
+    micro_batch_size: int = Field(
+        16,
+        ge=1,
+        description="Trajectories per forward/backward (gradient accumulation; memory only).",
+    )
     max_grad_norm: float = Field(1.0, gt=0.0, description="Gradient clipping norm.")
-    dynamic_sampling: bool = Field(False, description="DAPO: drop zero-variance groups and "
-                                   "re-collect until the batch is full.")
-    max_resample_rounds: int = Field(3, ge=0, description="Re-collection rounds (dynamic "
-                                     "sampling).")
-    shared_prefix: bool = Field(True, description="Learner forwards run each GRPO group's "
-                                "common prompt once per micro-batch (rows ordered by group); the "
-                                "same loss and gradients as the plain forward, on fewer tokens.")
-    recompute_old_logprobs: bool = Field(False, description="Recompute old-policy log-probs "
-                                         "in the learner instead of reusing the sampler's (they "
-                                         "agree when weights sync every iteration; recompute "
-                                         "when the engine's numerics differ, e.g. vLLM).")
+    dynamic_sampling: bool = Field(
+        False, description="DAPO: drop zero-variance groups and re-collect until the batch is full."
+    )
+    max_resample_rounds: int = Field(
+        3, ge=0, description="Re-collection rounds (dynamic sampling)."
+    )
+    shared_prefix: bool = Field(
+        True,
+        description="Learner forwards run each GRPO group's "
+        "common prompt once per micro-batch (rows ordered by group); the "
+        "same loss and gradients as the plain forward, on fewer tokens.",
+    )
+    recompute_old_logprobs: bool = Field(
+        False,
+        description="Recompute old-policy log-probs "
+        "in the learner instead of reusing the sampler's (they "
+        "agree when weights sync every iteration; recompute "
+        "when the engine's numerics differ, e.g. vLLM).",
+    )
     use_critic: bool = Field(False, description="Train a value model (gae).")
-    learner_world_size: int = Field(1, ge=1, description="Learner ranks: Ray actors forming "
-                                    "one torch.distributed group (gloo on CPU, NCCL on GPU) "
-                                    "that shards policy, critic and reference with FSDP2 "
-                                    "(1 = a single unsharded learner).")
+    learner_world_size: int = Field(
+        1,
+        ge=1,
+        description="Learner ranks: Ray actors forming "
+        "one torch.distributed group (gloo on CPU, NCCL on GPU) "
+        "that shards policy, critic and reference with FSDP2 "
+        "(1 = a single unsharded learner).",
+    )
     num_cpus: float = Field(1.0, ge=0.0, description="Ray CPUs of each learner rank.")
-    num_gpus: float = Field(0.0, ge=0.0, description="Ray GPUs of each learner rank (> 0 "
-                            "puts the learner on GPU, NCCL between ranks).")
+    num_gpus: float = Field(
+        0.0,
+        ge=0.0,
+        description="Ray GPUs of each learner rank (> 0 "
+        "puts the learner on GPU, NCCL between ranks).",
+    )
     threads: int = Field(2, ge=1, description="torch threads of each learner rank.")
 
     @model_validator(mode="before")
@@ -113,20 +143,31 @@ class FilterConfig(_Section):
     """The SNR-aware filter: which prompt groups train (docs/methods.md, section 5)."""
 
     strategy: Literal[FILTER_STRATEGY_NAMES] = Field(
-        "top_p", description="SNR-aware filter: which prompt groups train.")
-    value: float = Field(0.9, ge=0.0, description="ρ for top_p, fraction for top_k, count for "
-                         "top_k_abs, ratio for min_p.")
-    mode: Literal["linear", "softmax"] = Field("linear", description="top_p mode: linear "
-                                               "(score mass) or softmax (probability mass).")
+        "top_p", description="SNR-aware filter: which prompt groups train."
+    )
+    value: float = Field(
+        0.9,
+        ge=0.0,
+        description="ρ for top_p, fraction for top_k, count for top_k_abs, ratio for min_p.",
+    )
+    mode: Literal["linear", "softmax"] = Field(
+        "linear", description="top_p mode: linear (score mass) or softmax (probability mass)."
+    )
     score: Literal["std", "var"] = Field("std", description="Group score: reward std or var.")
     ddof: int = Field(1, ge=0, description="Degrees of freedom of the group std/var.")
     include_zero: bool = Field(False, description="Keep zero-score groups eligible (top_p).")
     loss_scaling: Literal[LOSS_SCALING_NAMES] = Field(
-        "none", description="Scale advantages by the kept ratio (linear) or its root (sqrt).")
-    selection_eps: float = Field(0.01, ge=0.0, description="Linear top_p keeps groups until "
-                                 "their score mass reaches ρ·Σs − selection_eps.")
-    zero_tol: float = Field(1e-10, ge=0.0, description="A group scoring at most this counts "
-                            "as zero-variance.")
+        "none", description="Scale advantages by the kept ratio (linear) or its root (sqrt)."
+    )
+    selection_eps: float = Field(
+        0.01,
+        ge=0.0,
+        description="Linear top_p keeps groups until "
+        "their score mass reaches ρ·Σs − selection_eps.",
+    )
+    zero_tol: float = Field(
+        1e-10, ge=0.0, description="A group scoring at most this counts as zero-variance."
+    )
 
     @model_validator(mode="after")
     def _value_range(self):
@@ -135,6 +176,8 @@ class FilterConfig(_Section):
         if self.strategy in ("top_p", "top_k", "min_p") and not 0.0 <= self.value <= 1.0:
             raise ValueError(f"value must be in [0, 1] for strategy {self.strategy!r}")
         if self.strategy == "top_k_abs" and self.value < 1:
-            raise ValueError(f"value for top_k_abs is a group count and must be ≥ 1 (got "
-                             f"{self.value}; a fraction is truncated)")
+            raise ValueError(
+                f"value for top_k_abs is a group count and must be ≥ 1 (got "
+                f"{self.value}; a fraction is truncated)"
+            )
         return self

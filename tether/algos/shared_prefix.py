@@ -33,25 +33,28 @@ import torch
 Tensor = torch.Tensor
 
 
-def group_prefix_lengths(input_ids: Tensor, attention_mask: Tensor, group_index: Tensor
-                         ) -> tuple[Tensor, Tensor, Tensor]:
+def group_prefix_lengths(
+    input_ids: Tensor, attention_mask: Tensor, group_index: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
     """(inverse [B]: each row's group 0..G-1, first_row [G], prefix_len [G]).
 
     A group's prefix is the longest run of leading tokens every row of the group
     shares, capped one token below the group's shortest row (so each row keeps at
     least one token for the suffix forward)."""
-    _, inverse = torch.unique(group_index, return_inverse=True)              # [B]
+    _, inverse = torch.unique(group_index, return_inverse=True)  # [B]
     n_groups = int(inverse.max()) + 1
     rows = torch.arange(len(inverse))
     # First row of each group: the smallest row index with that inverse label.
     first_row = torch.full((n_groups,), len(inverse), dtype=torch.long).scatter_reduce(
-        0, inverse, rows, reduce="amin")                                      # [G]
-    lengths = attention_mask.sum(-1)                                          # [B]
+        0, inverse, rows, reduce="amin"
+    )  # [G]
+    lengths = attention_mask.sum(-1)  # [B]
     same = (input_ids == input_ids[first_row[inverse]]) & attention_mask.bool()  # [B, T]
-    common = same.long().cumprod(-1).sum(-1)                                 # [B] leading matches
-    cap = torch.minimum(common, lengths - 1)                                 # [B]
+    common = same.long().cumprod(-1).sum(-1)  # [B] leading matches
+    cap = torch.minimum(common, lengths - 1)  # [B]
     prefix_len = torch.full((n_groups,), input_ids.shape[1], dtype=torch.long).scatter_reduce(
-        0, inverse, cap, reduce="amin")                                       # [G]
+        0, inverse, cap, reduce="amin"
+    )  # [G]
     return inverse, first_row, prefix_len
 
 
@@ -63,12 +66,13 @@ def shared_prefix_saving(attention_mask: Tensor, inverse: Tensor, prefix_len: Te
     return shared / float(attention_mask.shape[0] * attention_mask.shape[1])
 
 
-def _left_aligned_prefixes(input_ids: Tensor, first_row: Tensor, prefix_len: Tensor,
-                           pad_id: int) -> tuple[Tensor, Tensor]:
+def _left_aligned_prefixes(
+    input_ids: Tensor, first_row: Tensor, prefix_len: Tensor, pad_id: int
+) -> tuple[Tensor, Tensor]:
     """[G, Pmax] ids and mask: group g's first P_g tokens right-aligned, left-padded."""
     width = int(prefix_len.max())
-    cols = torch.arange(width, device=input_ids.device)                       # [Pmax]
-    src = cols[None, :] - (width - prefix_len)[:, None]                        # [G, Pmax]
+    cols = torch.arange(width, device=input_ids.device)  # [Pmax]
+    src = cols[None, :] - (width - prefix_len)[:, None]  # [G, Pmax]
     valid = src >= 0
     ids = input_ids[first_row].gather(1, src.clamp(min=0))
     return ids.masked_fill(~valid, pad_id), valid.long()
@@ -77,15 +81,21 @@ def _left_aligned_prefixes(input_ids: Tensor, first_row: Tensor, prefix_len: Ten
 def _log_softmax_and_entropy(logits: Tensor, temperature: float, with_entropy: bool):
     if temperature > 0 and temperature != 1.0:
         logits = logits / temperature
-    log_probs = torch.log_softmax(logits.float(), dim=-1)                      # [..., V]
+    log_probs = torch.log_softmax(logits.float(), dim=-1)  # [..., V]
     entropy = -(log_probs.exp() * log_probs).sum(-1) if with_entropy else None
     return log_probs, entropy
 
 
-def shared_prefix_token_logprobs(model, input_ids: Tensor, attention_mask: Tensor,
-                                 group_index: Tensor, temperature: float = 1.0,
-                                 with_entropy: bool = False, pad_id: int = 0,
-                                 prefixes: tuple[Tensor, Tensor, Tensor] | None = None):
+def shared_prefix_token_logprobs(
+    model,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    group_index: Tensor,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    pad_id: int = 0,
+    prefixes: tuple[Tensor, Tensor, Tensor] | None = None,
+):
     """``token_logprobs`` of right-padded rows [B, T], each group's common prefix run once.
 
     Returns (log-probs [B, T], entropy [B, T] or None), 0 at position 0 and at padding."""
@@ -95,31 +105,42 @@ def shared_prefix_token_logprobs(model, input_ids: Tensor, attention_mask: Tenso
 
     device = input_ids.device
     inverse, first_row, prefix_len = prefixes or group_prefix_lengths(
-        input_ids.cpu(), attention_mask.cpu(), group_index.cpu())
+        input_ids.cpu(), attention_mask.cpu(), group_index.cpu()
+    )
     inverse, first_row, prefix_len = inverse.to(device), first_row.to(device), prefix_len.to(device)
     batch, width = input_ids.shape
-    lengths = attention_mask.sum(-1)                                          # [B]
-    row_prefix = prefix_len[inverse]                                          # [B]
+    lengths = attention_mask.sum(-1)  # [B]
+    row_prefix = prefix_len[inverse]  # [B]
     p_max = int(prefix_len.max())
 
     # 1. Each group's prefix once.
     prefix_ids, prefix_mask = _left_aligned_prefixes(input_ids, first_row, prefix_len, pad_id)
     prefix_pos = (prefix_mask.cumsum(-1) - 1).clamp(min=0)
     cache = DynamicCache(config=model.config)
-    prefix_logits = model(input_ids=prefix_ids, attention_mask=prefix_mask, position_ids=prefix_pos,
-                          past_key_values=cache, use_cache=True).logits          # [G, Pmax, V]
+    prefix_logits = model(
+        input_ids=prefix_ids,
+        attention_mask=prefix_mask,
+        position_ids=prefix_pos,
+        past_key_values=cache,
+        use_cache=True,
+    ).logits  # [G, Pmax, V]
     for layer in cache.layers:  # expand K/V to the rows; gradients flow back into the prefix
         layer.keys = layer.keys.index_select(0, inverse)
         layer.values = layer.values.index_select(0, inverse)
 
     # 2. Every row's remaining tokens on top of its group's prefix.
     suffix_width = int((lengths - row_prefix).max())
-    cols = row_prefix[:, None] + torch.arange(suffix_width, device=device)       # [B, S]
+    cols = row_prefix[:, None] + torch.arange(suffix_width, device=device)  # [B, S]
     suffix_valid = cols < lengths[:, None]
     suffix_ids = input_ids.gather(1, cols.clamp(max=width - 1)).masked_fill(~suffix_valid, pad_id)
     mask = torch.cat([prefix_mask.index_select(0, inverse), suffix_valid.long()], dim=1)
-    suffix_logits = model(input_ids=suffix_ids, attention_mask=mask, position_ids=cols,
-                          past_key_values=cache, use_cache=True).logits          # [B, S, V]
+    suffix_logits = model(
+        input_ids=suffix_ids,
+        attention_mask=mask,
+        position_ids=cols,
+        past_key_values=cache,
+        use_cache=True,
+    ).logits  # [B, S, V]
 
     # 3. Pick each token's log-prob from the column whose distribution predicts it.
     prefix_lp, prefix_ent = _log_softmax_and_entropy(prefix_logits, temperature, with_entropy)
@@ -130,11 +151,13 @@ def shared_prefix_token_logprobs(model, input_ids: Tensor, attention_mask: Tenso
     per_row = torch.cat([picked_prefix.index_select(0, inverse), first_suffix, picked_suffix], 1)
     # Position t of row b <- column t - 1 + Pmax - P_b of per_row; t = 0 and padding get 0.
     t = torch.arange(width, device=device)
-    source = t[None, :] - 1 + p_max - row_prefix[:, None]                    # [B, T]
+    source = t[None, :] - 1 + p_max - row_prefix[:, None]  # [B, T]
     real = (t[None, :] >= 1) & (t[None, :] < lengths[:, None])
     source = source.clamp(0, per_row.shape[1] - 1)
     logprobs = torch.where(real, per_row.gather(1, source), 0.0)
     if not with_entropy:
         return logprobs, None
-    ent_row = torch.cat([prefix_ent.index_select(0, inverse), suffix_ent[:, :-1]], 1)  # [B, Pmax+S-1]
+    ent_row = torch.cat(
+        [prefix_ent.index_select(0, inverse), suffix_ent[:, :-1]], 1
+    )  # [B, Pmax+S-1]
     return logprobs, torch.where(real, ent_row.gather(1, source), 0.0)

@@ -70,25 +70,49 @@ class UpdateSettings:
     def from_config(cls, algo: AlgoConfig, rollout_temperature: float) -> UpdateSettings:
         """The settings of a run: the ``algo`` section, and the sampling temperature the
         log-probs are taken at (greedy sampling, temperature 0, scores at 1)."""
-        return cls(clip_low=algo.clip_low, clip_high=algo.clip_high, kl_coef=algo.kl_coef,
-                   kl_estimator=algo.kl_estimator, entropy_coef=algo.entropy_coef,
-                   loss_agg=algo.loss_agg, ppo_epochs=algo.ppo_epochs,
-                   minibatches=algo.minibatches, micro_batch_size=algo.micro_batch_size,
-                   max_grad_norm=algo.max_grad_norm, shared_prefix=algo.shared_prefix,
-                   temperature=rollout_temperature if rollout_temperature > 0 else 1.0,
-                   dual_clip=algo.dual_clip)
+        return cls(
+            clip_low=algo.clip_low,
+            clip_high=algo.clip_high,
+            kl_coef=algo.kl_coef,
+            kl_estimator=algo.kl_estimator,
+            entropy_coef=algo.entropy_coef,
+            loss_agg=algo.loss_agg,
+            ppo_epochs=algo.ppo_epochs,
+            minibatches=algo.minibatches,
+            micro_batch_size=algo.micro_batch_size,
+            max_grad_norm=algo.max_grad_norm,
+            shared_prefix=algo.shared_prefix,
+            temperature=rollout_temperature if rollout_temperature > 0 else 1.0,
+            dual_clip=algo.dual_clip,
+        )
 
 
-def objective(s: UpdateSettings, logprobs: torch.Tensor, old_logprobs: torch.Tensor,
-              mb: TrajectoryBatch, entropy: torch.Tensor | None,
-              denominator: float | None = None) -> tuple[torch.Tensor, torch.Tensor, dict]:
+def objective(
+    s: UpdateSettings,
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    mb: TrajectoryBatch,
+    entropy: torch.Tensor | None,
+    denominator: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, dict]:
     """(task loss, regulariser loss, metrics) of a micro-batch under the settings ``s``:
     the one objective the update minimises and the gradient-SNR analysis takes apart."""
     return ppo_objective(
-        logprobs, old_logprobs, mb.advantages, mb.response_mask, ref_logprobs=mb.ref_logprobs,
-        entropy=entropy, clip_low=s.clip_low, clip_high=s.clip_high, dual_clip=s.dual_clip,
-        kl_coef=s.kl_coef, kl_estimator=s.kl_estimator, entropy_coef=s.entropy_coef,
-        agg=s.loss_agg, denominator=denominator)
+        logprobs,
+        old_logprobs,
+        mb.advantages,
+        mb.response_mask,
+        ref_logprobs=mb.ref_logprobs,
+        entropy=entropy,
+        clip_low=s.clip_low,
+        clip_high=s.clip_high,
+        dual_clip=s.dual_clip,
+        kl_coef=s.kl_coef,
+        kl_estimator=s.kl_estimator,
+        entropy_coef=s.entropy_coef,
+        agg=s.loss_agg,
+        denominator=denominator,
+    )
 
 
 def aggregation_denominator(mask: torch.Tensor, mode: str) -> float:
@@ -97,30 +121,45 @@ def aggregation_denominator(mask: torch.Tensor, mode: str) -> float:
     return float((mask.sum(-1) > 0).sum().clamp_min(1))
 
 
-def trimmed_rows(batch: TrajectoryBatch, rows: torch.Tensor,
-          device: torch.device | None = None) -> TrajectoryBatch:
+def trimmed_rows(
+    batch: TrajectoryBatch, rows: torch.Tensor, device: torch.device | None = None
+) -> TrajectoryBatch:
     """Rows of a batch, cut to their longest sequence (less padding to compute), on ``device``."""
     sub = batch.select(rows)
     width = int(sub.attention_mask.sum(-1).max())
-    for name in ("input_ids", "attention_mask", "response_mask", "token_rewards",
-                 "sampling_logprobs", "old_logprobs", "ref_logprobs", "values", "advantages",
-                 "returns", "reasoning_mask"):
+    for name in (
+        "input_ids",
+        "attention_mask",
+        "response_mask",
+        "token_rewards",
+        "sampling_logprobs",
+        "old_logprobs",
+        "ref_logprobs",
+        "values",
+        "advantages",
+        "returns",
+        "reasoning_mask",
+    ):
         value = getattr(sub, name)
         if value is not None:
-            setattr(sub, name, value[:, :width].to(device) if device is not None
-                    else value[:, :width])
+            setattr(
+                sub, name, value[:, :width].to(device) if device is not None else value[:, :width]
+            )
     return sub
 
 
-def rank_micro_batches(rows: torch.Tensor, micro_batch_size: int, rank: int = 0,
-                       world_size: int = 1) -> list[tuple[torch.Tensor, float]]:
+def rank_micro_batches(
+    rows: torch.Tensor, micro_batch_size: int, rank: int = 0, world_size: int = 1
+) -> list[tuple[torch.Tensor, float]]:
     """This rank's micro-batches of ``rows`` as (rows, weight): micro-batch k goes to
     rank k % world_size; a rank left short pads with a one-row copy of weight 0, so
     every rank makes ceil(n_micro / world_size) passes."""
     chunks = list(torch.split(rows, micro_batch_size))
     passes = math.ceil(len(chunks) / world_size)
-    return [(chunks[k], 1.0) if k < len(chunks) else (chunks[0][:1], 0.0)
-            for k in (step * world_size + rank for step in range(passes))]
+    return [
+        (chunks[k], 1.0) if k < len(chunks) else (chunks[0][:1], 0.0)
+        for k in (step * world_size + rank for step in range(passes))
+    ]
 
 
 def _device(model) -> torch.device:
@@ -132,25 +171,45 @@ def group_ordered(rows: torch.Tensor, group_index: torch.Tensor) -> torch.Tensor
     return rows[torch.argsort(group_index[rows], stable=True)]
 
 
-def micro_batch_logprobs(model, mb: TrajectoryBatch, temperature: float,
-                         with_entropy: bool = False, shared_prefix: bool = True):
+def micro_batch_logprobs(
+    model,
+    mb: TrajectoryBatch,
+    temperature: float,
+    with_entropy: bool = False,
+    shared_prefix: bool = True,
+):
     """(log-probs, entropy or None) [b, T] of a micro-batch: the shared-prefix forward
     when its rows share enough leading tokens, else the plain one.  Both agree on
     every non-padding position."""
     if shared_prefix and mb.size > 1:
         mask = mb.attention_mask.cpu()
         prefixes = group_prefix_lengths(mb.input_ids.cpu(), mask, mb.group_index.cpu())
-        if int(prefixes[2].min()) >= 1 and \
-                shared_prefix_saving(mask, prefixes[0], prefixes[2]) <= SHARED_PREFIX_MAX_FRACTION:
-            return shared_prefix_token_logprobs(model, mb.input_ids, mb.attention_mask,
-                                                mb.group_index, temperature, with_entropy,
-                                                prefixes=prefixes)
+        if (
+            int(prefixes[2].min()) >= 1
+            and shared_prefix_saving(mask, prefixes[0], prefixes[2]) <= SHARED_PREFIX_MAX_FRACTION
+        ):
+            return shared_prefix_token_logprobs(
+                model,
+                mb.input_ids,
+                mb.attention_mask,
+                mb.group_index,
+                temperature,
+                with_entropy,
+                prefixes=prefixes,
+            )
     return token_logprobs(model, mb.input_ids, mb.attention_mask, temperature, with_entropy)
 
 
 @torch.no_grad()
-def batch_logprobs(model, batch: TrajectoryBatch, temperature: float, micro_batch_size: int,
-                   rank: int = 0, world_size: int = 1, shared_prefix: bool = True):
+def batch_logprobs(
+    model,
+    batch: TrajectoryBatch,
+    temperature: float,
+    micro_batch_size: int,
+    rank: int = 0,
+    world_size: int = 1,
+    shared_prefix: bool = True,
+):
     """Per-token log-probs of the batch under ``model`` (no grad), [B, T].
 
     With ``world_size`` > 1 only this rank's rows are filled (the others stay 0), so
@@ -164,27 +223,37 @@ def batch_logprobs(model, batch: TrajectoryBatch, temperature: float, micro_batc
         sub = trimmed_rows(batch, rows, _device(model))
         lp, _ = micro_batch_logprobs(model, sub, temperature, shared_prefix=shared_prefix)
         if weight:
-            out[rows, :lp.shape[1]] = lp.float().cpu()
+            out[rows, : lp.shape[1]] = lp.float().cpu()
     return out
 
 
 @torch.no_grad()
-def batch_values(critic, batch: TrajectoryBatch, micro_batch_size: int,
-                 rank: int = 0, world_size: int = 1):
+def batch_values(
+    critic, batch: TrajectoryBatch, micro_batch_size: int, rank: int = 0, world_size: int = 1
+):
     """Critic values [B, T]; rows split over ranks as in ``batch_logprobs``."""
     out = torch.zeros(batch.input_ids.shape)
-    for rows, weight in rank_micro_batches(torch.arange(batch.size), micro_batch_size,
-                                           rank, world_size):
+    for rows, weight in rank_micro_batches(
+        torch.arange(batch.size), micro_batch_size, rank, world_size
+    ):
         sub = trimmed_rows(batch, rows, _device(critic))
         v = critic(sub.input_ids, sub.attention_mask)
         if weight:
-            out[rows, :v.shape[1]] = v.float().cpu()
+            out[rows, : v.shape[1]] = v.float().cpu()
     return out
 
 
-def prepare_batch(batch: TrajectoryBatch, model, s: UpdateSettings, recompute_old_logprobs: bool,
-                  reference=None, critic=None, rank: int = 0, world_size: int = 1,
-                  join: Callable[[torch.Tensor], torch.Tensor] = lambda t: t) -> TrajectoryBatch:
+def prepare_batch(
+    batch: TrajectoryBatch,
+    model,
+    s: UpdateSettings,
+    recompute_old_logprobs: bool,
+    reference=None,
+    critic=None,
+    rank: int = 0,
+    world_size: int = 1,
+    join: Callable[[torch.Tensor], torch.Tensor] = lambda t: t,
+) -> TrajectoryBatch:
     """Old-policy log-probs, reference log-probs and critic values before the update.
 
     The sampler ran on exactly these weights, so its log-probs are the old policy's
@@ -193,14 +262,29 @@ def prepare_batch(batch: TrajectoryBatch, model, s: UpdateSettings, recompute_ol
     sums the ranks' partial results (data parallel)."""
     split = {"rank": rank, "world_size": world_size}
     if recompute_old_logprobs:
-        batch.old_logprobs = join(batch_logprobs(model, batch, s.temperature, s.micro_batch_size,
-                                                 shared_prefix=s.shared_prefix, **split))
+        batch.old_logprobs = join(
+            batch_logprobs(
+                model,
+                batch,
+                s.temperature,
+                s.micro_batch_size,
+                shared_prefix=s.shared_prefix,
+                **split,
+            )
+        )
     else:
         batch.old_logprobs = batch.sampling_logprobs.clone()
     if reference is not None:
-        batch.ref_logprobs = join(batch_logprobs(reference, batch, s.temperature,
-                                                 s.micro_batch_size,
-                                                 shared_prefix=s.shared_prefix, **split))
+        batch.ref_logprobs = join(
+            batch_logprobs(
+                reference,
+                batch,
+                s.temperature,
+                s.micro_batch_size,
+                shared_prefix=s.shared_prefix,
+                **split,
+            )
+        )
     if critic is not None:
         batch.values = join(batch_values(critic, batch, s.micro_batch_size, **split))
     return batch
@@ -222,11 +306,18 @@ def _accumulate(metrics: dict[str, list[float]], new: dict[str, float]) -> None:
         metrics.setdefault(key, []).append(float(value))
 
 
-def policy_update(model, optimizer, batch: TrajectoryBatch, s: UpdateSettings,
-                  seed: int = 0, critic=None, critic_optimizer=None, rank: int = 0,
-                  world_size: int = 1,
-                  gather_metrics: Callable[[dict[str, list[float]]], dict[str, list[float]]]
-                  | None = None) -> dict[str, float]:
+def policy_update(
+    model,
+    optimizer,
+    batch: TrajectoryBatch,
+    s: UpdateSettings,
+    seed: int = 0,
+    critic=None,
+    critic_optimizer=None,
+    rank: int = 0,
+    world_size: int = 1,
+    gather_metrics: Callable[[dict[str, list[float]]], dict[str, list[float]]] | None = None,
+) -> dict[str, float]:
     """PPO epochs over ``batch`` (advantages and old log-probs already set).
 
     Data parallel: every rank passes the whole batch and its ``rank``; the caller's
@@ -240,7 +331,7 @@ def policy_update(model, optimizer, batch: TrajectoryBatch, s: UpdateSettings,
     need_entropy = True  # logged always; differentiated only when entropy_coef > 0
     shared_prefix = s.shared_prefix and world_size == 1  # FSDP ranks: same forward count
     # Token entropy on the reasoning tokens, token-weighted over the update's forwards.
-    reasoning_entropy = torch.zeros(2, dtype=torch.float64)          # [sum, count]
+    reasoning_entropy = torch.zeros(2, dtype=torch.float64)  # [sum, count]
     for _ in range(s.ppo_epochs):
         order = torch.as_tensor(rng.permutation(batch.size))
         for mb_rows in torch.tensor_split(order, min(s.minibatches, batch.size)):
@@ -253,23 +344,32 @@ def policy_update(model, optimizer, batch: TrajectoryBatch, s: UpdateSettings,
                 critic_optimizer.zero_grad(set_to_none=True)
             for rows, weight in rank_micro_batches(mb_rows, s.micro_batch_size, rank, world_size):
                 mb = trimmed_rows(batch, rows, device)
-                logprobs, entropy = micro_batch_logprobs(model, mb, s.temperature, need_entropy,
-                                                         shared_prefix)
+                logprobs, entropy = micro_batch_logprobs(
+                    model, mb, s.temperature, need_entropy, shared_prefix
+                )
                 if s.entropy_coef == 0.0 and entropy is not None:
                     entropy = entropy.detach()
-                task_loss, reg_loss, m = objective(s, logprobs, mb.old_logprobs, mb, entropy,
-                                                   denominator)
+                task_loss, reg_loss, m = objective(
+                    s, logprobs, mb.old_logprobs, mb, entropy, denominator
+                )
                 (weight * (task_loss + reg_loss)).backward()
                 if weight:
                     _accumulate(metrics, m)
                     if mb.reasoning_mask is not None:
                         with torch.no_grad():
                             reasoning_entropy += torch.stack(
-                                [(entropy * mb.reasoning_mask).sum(), mb.reasoning_mask.sum()]).double()
+                                [(entropy * mb.reasoning_mask).sum(), mb.reasoning_mask.sum()]
+                            ).double()
                 if critic is not None:
                     values = critic(mb.input_ids, mb.attention_mask)
-                    vf_loss, vm = value_loss(values, mb.values, mb.returns, mb.response_mask,
-                                             agg=s.loss_agg, denominator=denominator)
+                    vf_loss, vm = value_loss(
+                        values,
+                        mb.values,
+                        mb.returns,
+                        mb.response_mask,
+                        agg=s.loss_agg,
+                        denominator=denominator,
+                    )
                     (weight * vf_loss).backward()
                     if weight:
                         _accumulate(metrics, vm)

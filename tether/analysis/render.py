@@ -16,8 +16,18 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2",
-           "#7f7f7f", "#bcbd22", "#17becf"]
+PALETTE = [
+    "#1f77b4",
+    "#d62728",
+    "#2ca02c",
+    "#ff7f0e",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#7f7f7f",
+    "#bcbd22",
+    "#17becf",
+]
 
 
 @dataclass
@@ -25,12 +35,12 @@ class Series:
     name: str
     x: list
     y: list
-    mode: str = "lines+markers"           # lines | markers | lines+markers | bar
+    mode: str = "lines+markers"  # lines | markers | lines+markers | bar
     error: tuple[list, list] | None = None  # (low, high) absolute bounds: error bars on
     #                                          bars and markers, a shaded band on lines
     text: list[str] | None = None
     color: str | None = None
-    dash: bool = False                       # dashed line: a reference level (null, chance)
+    dash: bool = False  # dashed line: a reference level (null, chance)
 
 
 @dataclass
@@ -64,7 +74,7 @@ def _grid(n: int, columns: int) -> tuple[int, int]:
 def to_matplotlib(figure: Figure):
     rows, cols = _grid(len(figure.panels), figure.columns)
     fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.8 * rows), squeeze=False)
-    for ax in axes.flat[len(figure.panels):]:
+    for ax in axes.flat[len(figure.panels) :]:
         ax.set_visible(False)
     for ax, panel in zip(axes.flat, figure.panels):
         _draw_panel(ax, panel, fig)
@@ -93,17 +103,32 @@ def _draw_panel(ax, panel: Panel, fig) -> None:
             pos = np.arange(len(s.x)) + (k - (len(bars) - 1) / 2) * width
             err = None if s.error is None else np.abs(np.array(s.error) - np.array(s.y))
             ax.bar(pos, s.y, width, yerr=err, label=s.name, color=color, capsize=3)
-            ax.set_xticks(np.arange(len(s.x)), [str(v) for v in s.x], rotation=30,
-                          ha="right", fontsize=7)
+            ax.set_xticks(
+                np.arange(len(s.x)), [str(v) for v in s.x], rotation=30, ha="right", fontsize=7
+            )
             continue
         style = {"lines": "-", "markers": "o", "lines+markers": "-o"}[s.mode]
         if s.dash:
             style = style.replace("-", "--")
-        ax.plot(s.x, s.y, style, label=s.name, color=color, markersize=4,
-                linewidth=0.9 if s.dash else None)
+        ax.plot(
+            s.x,
+            s.y,
+            style,
+            label=s.name,
+            color=color,
+            markersize=4,
+            linewidth=0.9 if s.dash else None,
+        )
         if s.error is not None and s.mode == "markers":
-            ax.errorbar(s.x, s.y, yerr=np.abs(np.array(s.error) - np.array(s.y)), fmt="none",
-                        ecolor=color, capsize=2, linewidth=0.8)
+            ax.errorbar(
+                s.x,
+                s.y,
+                yerr=np.abs(np.array(s.error) - np.array(s.y)),
+                fmt="none",
+                ecolor=color,
+                capsize=2,
+                linewidth=0.8,
+            )
         elif s.error is not None:
             ax.fill_between(s.x, s.error[0], s.error[1], color=color, alpha=0.2, linewidth=0)
         if s.mode != "lines" and s.text:
@@ -111,8 +136,16 @@ def _draw_panel(ax, panel: Panel, fig) -> None:
                 ax.annotate(t, (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
     for x, label in panel.vlines:
         ax.axvline(x, color="red", linestyle="--", linewidth=1)
-        ax.annotate(label, (x, 1), xycoords=("data", "axes fraction"), rotation=90,
-                    fontsize=6, color="red", va="top", ha="right")
+        ax.annotate(
+            label,
+            (x, 1),
+            xycoords=("data", "axes fraction"),
+            rotation=90,
+            fontsize=6,
+            color="red",
+            va="top",
+            ha="right",
+        )
     if panel.zero_line:
         ax.axhline(0, color="gray", linewidth=0.8)
     if panel.quadrants is not None:
@@ -120,9 +153,15 @@ def _draw_panel(ax, panel: Panel, fig) -> None:
         ax.axvline(xc, color="gray", linestyle=":")
         ax.axhline(yc, color="gray", linestyle=":")
         for (x_high, y_high), label in labels.items():
-            ax.annotate(label, (0.98 if x_high else 0.02, 0.97 if y_high else 0.03),
-                        xycoords="axes fraction", ha="right" if x_high else "left",
-                        va="top" if y_high else "bottom", fontsize=7, color="gray")
+            ax.annotate(
+                label,
+                (0.98 if x_high else 0.02, 0.97 if y_high else 0.03),
+                xycoords="axes fraction",
+                ha="right" if x_high else "left",
+                va="top" if y_high else "bottom",
+                fontsize=7,
+                color="gray",
+            )
     if panel.xlabel == "iteration":
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     if panel.series:
@@ -139,42 +178,92 @@ def to_plotly(figure: Figure):
         row, col = k // cols + 1, k % cols + 1
         if panel.heatmap is not None:
             matrix, xlabels, ylabels = panel.heatmap
-            fig.add_trace(go.Heatmap(z=matrix, x=[str(v) for v in xlabels],
-                                     y=[str(v) for v in ylabels], colorscale="Viridis",
-                                     showscale=False), row=row, col=col)
+            fig.add_trace(
+                go.Heatmap(
+                    z=matrix,
+                    x=[str(v) for v in xlabels],
+                    y=[str(v) for v in ylabels],
+                    colorscale="Viridis",
+                    showscale=False,
+                ),
+                row=row,
+                col=col,
+            )
         for j, s in enumerate(panel.series):
             color = s.color or PALETTE[j % len(PALETTE)]
             if s.mode == "bar":
-                err = None if s.error is None else dict(
-                    type="data", symmetric=False, array=list(np.array(s.error[1]) - s.y),
-                    arrayminus=list(np.array(s.y) - s.error[0]))
-                trace = go.Bar(x=[str(v) for v in s.x], y=s.y, name=s.name, error_y=err,
-                               marker_color=color)
+                err = (
+                    None
+                    if s.error is None
+                    else dict(
+                        type="data",
+                        symmetric=False,
+                        array=list(np.array(s.error[1]) - s.y),
+                        arrayminus=list(np.array(s.y) - s.error[0]),
+                    )
+                )
+                trace = go.Bar(
+                    x=[str(v) for v in s.x], y=s.y, name=s.name, error_y=err, marker_color=color
+                )
             else:
-                err = None if s.error is None or s.mode != "markers" else dict(
-                    type="data", symmetric=False, array=list(np.array(s.error[1]) - s.y),
-                    arrayminus=list(np.array(s.y) - s.error[0]))
-                trace = go.Scatter(x=list(s.x), y=list(s.y), mode=s.mode, name=s.name,
-                                   text=s.text, error_y=err,
-                                   line=dict(color=color, dash="dash" if s.dash else None))
-                if s.error is not None and s.mode != "markers":   # the band, under the line
-                    fig.add_trace(go.Scatter(
-                        x=list(s.x) + list(s.x)[::-1], y=list(s.error[1]) + list(s.error[0])[::-1],
-                        fill="toself", fillcolor=color, opacity=0.2, line=dict(width=0),
-                        hoverinfo="skip", showlegend=False, name=f"{s.name} interval"),
-                        row=row, col=col)
+                err = (
+                    None
+                    if s.error is None or s.mode != "markers"
+                    else dict(
+                        type="data",
+                        symmetric=False,
+                        array=list(np.array(s.error[1]) - s.y),
+                        arrayminus=list(np.array(s.y) - s.error[0]),
+                    )
+                )
+                trace = go.Scatter(
+                    x=list(s.x),
+                    y=list(s.y),
+                    mode=s.mode,
+                    name=s.name,
+                    text=s.text,
+                    error_y=err,
+                    line=dict(color=color, dash="dash" if s.dash else None),
+                )
+                if s.error is not None and s.mode != "markers":  # the band, under the line
+                    fig.add_trace(
+                        go.Scatter(
+                            x=list(s.x) + list(s.x)[::-1],
+                            y=list(s.error[1]) + list(s.error[0])[::-1],
+                            fill="toself",
+                            fillcolor=color,
+                            opacity=0.2,
+                            line=dict(width=0),
+                            hoverinfo="skip",
+                            showlegend=False,
+                            name=f"{s.name} interval",
+                        ),
+                        row=row,
+                        col=col,
+                    )
             fig.add_trace(trace, row=row, col=col)
         for x, label in panel.vlines:
-            fig.add_vline(x=x, line_dash="dash", line_color="red", annotation_text=label,
-                          annotation_font_size=9, row=row, col=col)
+            fig.add_vline(
+                x=x,
+                line_dash="dash",
+                line_color="red",
+                annotation_text=label,
+                annotation_font_size=9,
+                row=row,
+                col=col,
+            )
         if panel.quadrants is not None:
             xc, yc, _ = panel.quadrants
             fig.add_vline(x=xc, line_dash="dot", line_color="gray", row=row, col=col)
             fig.add_hline(y=yc, line_dash="dot", line_color="gray", row=row, col=col)
         fig.update_xaxes(title_text=panel.xlabel, row=row, col=col)
         fig.update_yaxes(title_text=panel.ylabel, row=row, col=col)
-    fig.update_layout(title=figure.title, height=360 * rows, template="plotly_white",
-                      legend=dict(font=dict(size=9)))
+    fig.update_layout(
+        title=figure.title,
+        height=360 * rows,
+        template="plotly_white",
+        legend=dict(font=dict(size=9)),
+    )
     return fig
 
 

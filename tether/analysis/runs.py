@@ -21,9 +21,17 @@ REASONING_LENGTH = "rollout/reasoning_length"
 SAMPLINGS = ("first_turn", "trajectory")
 
 #: The diagnostics the paper correlates with success (per sampling, under ``collapse/<s>/``).
-DIAGNOSTICS = ("mi_zscore", "mi_zscore_ema", "mi_estimate", "mi_seq_estimate",
-               "retrieval_acc", "conditional_entropy_est", "reasoning_entropy_est",
-               "conditional_entropy_seq_est", "reasoning_entropy_seq_est")
+DIAGNOSTICS = (
+    "mi_zscore",
+    "mi_zscore_ema",
+    "mi_estimate",
+    "mi_seq_estimate",
+    "retrieval_acc",
+    "conditional_entropy_est",
+    "reasoning_entropy_est",
+    "conditional_entropy_seq_est",
+    "reasoning_entropy_seq_est",
+)
 
 #: The curves each alarm concerns (metric-name prefixes); its evidence keys are added.
 ALARM_CURVES = {
@@ -60,8 +68,10 @@ class RunData:
     def series(self, key: str) -> tuple[np.ndarray, np.ndarray]:
         """Steps and values of a metric, by step (empty arrays when never logged)."""
         points = sorted(self.metrics.get(key, {}).items())
-        return (np.array([s for s, _ in points], dtype=np.int64),
-                np.array([v for _, v in points], dtype=np.float64))
+        return (
+            np.array([s for s, _ in points], dtype=np.int64),
+            np.array([v for _, v in points], dtype=np.float64),
+        )
 
     def last(self, key: str) -> float | None:
         points = self.metrics.get(key)
@@ -89,8 +99,11 @@ class RunData:
         """(iteration, name) of every alarm: the alarms.json events, else the tags."""
         if self.alarms:
             return sorted((int(a["iteration"]), str(a["name"])) for a in self.alarms)
-        return sorted((int(float(v)), k.split(".", 1)[1]) for k, v in self.tags.items()
-                      if k.startswith("alarm."))
+        return sorted(
+            (int(float(v)), k.split(".", 1)[1])
+            for k, v in self.tags.items()
+            if k.startswith("alarm.")
+        )
 
     def alarms_for(self, key: str) -> list[tuple[int, str]]:
         """The alarms that concern the curve of ``key`` (by name, or by their evidence)."""

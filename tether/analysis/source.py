@@ -20,9 +20,12 @@ from ..platform.tracking import metric_history
 from .runs import DIAGNOSTICS, RunData
 
 #: Metric keys the analyses and the monitor read (everything else is left in MLflow).
-WANTED = re.compile(r"^(rollout/|filter/|val/|grad_snr/|actor/entropy$|collapse/[^/]+/(("
-                    + "|".join(DIAGNOSTICS) + r")(_ci_low|_ci_high|_null_q95)?|p_grounded|grounded"
-                    r"|num_pairs|valid_reasoning_rate)$|collapse/[^/]+/(za|xa)/mi_estimate$)")
+WANTED = re.compile(
+    r"^(rollout/|filter/|val/|grad_snr/|actor/entropy$|collapse/[^/]+/(("
+    + "|".join(DIAGNOSTICS)
+    + r")(_ci_low|_ci_high|_null_q95)?|p_grounded|grounded"
+    r"|num_pairs|valid_reasoning_rate)$|collapse/[^/]+/(za|xa)/mi_estimate$)"
+)
 
 
 class ReportError(RuntimeError):
@@ -31,11 +34,11 @@ class ReportError(RuntimeError):
 
 @dataclass
 class Target:
-    kind: str                 # run | sweep | experiment
+    kind: str  # run | sweep | experiment
     label: str
     experiment_id: str
-    runs: list               # mlflow Run objects of the training runs
-    log_to: str | None        # the run that receives the report's artifacts
+    runs: list  # mlflow Run objects of the training runs
+    log_to: str | None  # the run that receives the report's artifacts
     #: a sweep's swept fields -> their base values (what one-at-a-time trials vary from)
     sweep_base: dict | None = None
 
@@ -47,8 +50,13 @@ def is_tether_run(run) -> bool:
 def _search(client: MlflowClient, experiment_ids: list[str], filter_string: str = ""):
     runs, token = [], None
     while True:
-        page = client.search_runs(experiment_ids, filter_string, max_results=1000,
-                                  page_token=token, order_by=["attributes.start_time ASC"])
+        page = client.search_runs(
+            experiment_ids,
+            filter_string,
+            max_results=1000,
+            page_token=token,
+            order_by=["attributes.start_time ASC"],
+        )
         runs += list(page)
         token = page.token
         if not token:
@@ -65,24 +73,42 @@ def resolve(client: MlflowClient, target: str) -> Target:
             run = None
     if run is not None:
         if is_tether_run(run):
-            return Target("run", run.info.run_name or target, run.info.experiment_id, [run],
-                          run.info.run_id)
-        children = [r for r in _search(client, [run.info.experiment_id],
-                                       f"tags.mlflow.parentRunId = '{target}'") if is_tether_run(r)]
+            return Target(
+                "run", run.info.run_name or target, run.info.experiment_id, [run], run.info.run_id
+            )
+        children = [
+            r
+            for r in _search(
+                client, [run.info.experiment_id], f"tags.mlflow.parentRunId = '{target}'"
+            )
+            if is_tether_run(r)
+        ]
         if not children:
-            raise ReportError(f"run {target} is neither a Tether training run nor a sweep "
-                              f"parent with Tether trials")
-        return Target("sweep", run.info.run_name or target, run.info.experiment_id, children,
-                      run.info.run_id, sweep_base(client, target))
+            raise ReportError(
+                f"run {target} is neither a Tether training run nor a sweep "
+                f"parent with Tether trials"
+            )
+        return Target(
+            "sweep",
+            run.info.run_name or target,
+            run.info.experiment_id,
+            children,
+            run.info.run_id,
+            sweep_base(client, target),
+        )
     experiment = client.get_experiment_by_name(target)
     if experiment is None:
-        raise ReportError(f"{target!r} is not a run id or an experiment name in "
-                          f"{client.tracking_uri} (list them with `mlflow ui` or "
-                          f"`mlflow experiments search`)")
+        raise ReportError(
+            f"{target!r} is not a run id or an experiment name in "
+            f"{client.tracking_uri} (list them with `mlflow ui` or "
+            f"`mlflow experiments search`)"
+        )
     runs = [r for r in _search(client, [experiment.experiment_id]) if is_tether_run(r)]
     if not runs:
-        raise ReportError(f"experiment {target!r} has no Tether runs (runs tagged tether.env by "
-                          f"`tether run` or `tether sweep`)")
+        raise ReportError(
+            f"experiment {target!r} has no Tether runs (runs tagged tether.env by "
+            f"`tether run` or `tether sweep`)"
+        )
     return Target("experiment", target, experiment.experiment_id, runs, None)
 
 
@@ -110,23 +136,28 @@ def _download_json(client: MlflowClient, run_id: str, path: str):
         return json.loads(Path(local).read_text())
 
 
-def load_run(client: MlflowClient, run, with_prompts: bool = True,
-             wanted: re.Pattern = WANTED) -> RunData:
+def load_run(
+    client: MlflowClient, run, with_prompts: bool = True, wanted: re.Pattern = WANTED
+) -> RunData:
     """A run's params, tags, wanted metric histories, alarms and (optionally) the
     prompt-level rewards of the early / mid / late iterations the heatmaps show."""
     from .views import stage_iterations
 
     run_id = run.info.run_id
-    metrics = {key: metric_history(client, run_id, key) for key in run.data.metrics
-               if wanted.match(key)}
+    metrics = {
+        key: metric_history(client, run_id, key) for key in run.data.metrics if wanted.match(key)
+    }
     alarms = []
     if any(k.startswith("alarm.") for k in run.data.tags):
         alarms = _download_json(client, run_id, "alarms.json") or []
     prompts = {}
     if with_prompts:
         try:
-            files = {int(m.group(1)): f.path for f in client.list_artifacts(run_id, "prompts")
-                     if (m := re.search(r"iter_(\d+)\.json$", f.path))}
+            files = {
+                int(m.group(1)): f.path
+                for f in client.list_artifacts(run_id, "prompts")
+                if (m := re.search(r"iter_(\d+)\.json$", f.path))
+            }
         except (MlflowException, OSError):
             files = {}
         if files:
@@ -134,13 +165,21 @@ def load_run(client: MlflowClient, run, with_prompts: bool = True,
                 data = _download_json(client, run_id, files[it])
                 if data:
                     prompts[it] = data["groups"]
-    return RunData(run_id=run_id, name=run.info.run_name or run_id[:8], status=run.info.status,
-                   params=dict(run.data.params), tags=dict(run.data.tags), metrics=metrics,
-                   alarms=alarms, prompts=prompts)
+    return RunData(
+        run_id=run_id,
+        name=run.info.run_name or run_id[:8],
+        status=run.info.status,
+        params=dict(run.data.params),
+        tags=dict(run.data.tags),
+        metrics=metrics,
+        alarms=alarms,
+        prompts=prompts,
+    )
 
 
-def load_target(tracking_uri: str, target: str, with_prompts: bool = True
-                ) -> tuple[Target, list[RunData]]:
+def load_target(
+    tracking_uri: str, target: str, with_prompts: bool = True
+) -> tuple[Target, list[RunData]]:
     from ..platform.tracking import TrackingError, check_tracking_reachable
 
     try:

@@ -22,8 +22,12 @@ from scipy import stats
 
 from .runs import REWARD_STD, SUCCESS, RunData, collapse_key
 
-REGIMES = {(True, True): "diverse and grounded", (True, False): "template collapse",
-           (False, True): "compressed but grounded", (False, False): "low-entropy collapse"}
+REGIMES = {
+    (True, True): "diverse and grounded",
+    (True, False): "template collapse",
+    (False, True): "compressed but grounded",
+    (False, False): "low-entropy collapse",
+}
 
 
 @dataclass
@@ -33,7 +37,9 @@ class Result:
     extra: dict = field(default_factory=dict)
 
 
-def paired_points(runs: list[RunData], x_key: str, y_key: str) -> tuple[np.ndarray, np.ndarray, list]:
+def paired_points(
+    runs: list[RunData], x_key: str, y_key: str
+) -> tuple[np.ndarray, np.ndarray, list]:
     """Values of two metrics at every (run, step) where both were logged."""
     xs, ys, where = [], [], []
     for run in runs:
@@ -63,8 +69,13 @@ def spearman_ci(x, y, confidence: float = 0.95) -> dict:
     return out
 
 
-def spearman_table(runs: list[RunData], sampling: str, diagnostics, success_key: str = SUCCESS,
-                   confidence: float = 0.95) -> Result:
+def spearman_table(
+    runs: list[RunData],
+    sampling: str,
+    diagnostics,
+    success_key: str = SUCCESS,
+    confidence: float = 0.95,
+) -> Result:
     result = Result()
     for name in diagnostics:
         key = collapse_key(sampling, name)
@@ -74,8 +85,10 @@ def spearman_table(runs: list[RunData], sampling: str, diagnostics, success_key:
             continue
         row = {"diagnostic": name, "metric": key, **spearman_ci(x, y, confidence)}
         if math.isnan(row["rho"]):
-            result.notes.append(f"{key}: Spearman undefined on {len(x)} checkpoint(s) "
-                                f"(needs ≥ 3 with both series varying)")
+            result.notes.append(
+                f"{key}: Spearman undefined on {len(x)} checkpoint(s) "
+                f"(needs ≥ 3 with both series varying)"
+            )
         result.rows.append(row)
     return result
 
@@ -87,16 +100,18 @@ def quartile_of(values: np.ndarray) -> np.ndarray:
     return 1 + np.searchsorted(edges, values, side="left")
 
 
-def rv_quartiles(runs: list[RunData], mi_key: str, rv_key: str = REWARD_STD,
-                 success_key: str = SUCCESS) -> Result:
+def rv_quartiles(
+    runs: list[RunData], mi_key: str, rv_key: str = REWARD_STD, success_key: str = SUCCESS
+) -> Result:
     """Mean success and MI per quartile of in-group reward std over (run, checkpoint)
     points. Success uses every point with RV; MI the points of the quartile where it was
     logged (diagnostics run at their own cadence)."""
     result = Result()
     rv, success, where = paired_points(runs, rv_key, success_key)
     if len(rv) < 4:
-        result.notes.append(f"RV quartiles need ≥ 4 checkpoints with {rv_key} and "
-                            f"{success_key}; found {len(rv)}")
+        result.notes.append(
+            f"RV quartiles need ≥ 4 checkpoints with {rv_key} and {success_key}; found {len(rv)}"
+        )
         return result
     quartile = quartile_of(rv)
     by_run = {r.run_id: r for r in runs}
@@ -106,12 +121,17 @@ def rv_quartiles(runs: list[RunData], mi_key: str, rv_key: str = REWARD_STD,
     for q in range(1, 5):
         sel = quartile == q
         has_mi = sel & ~np.isnan(mi)
-        result.rows.append({"quartile": q, "n": int(sel.sum()),
-                            "rv_low": float(rv[sel].min()) if sel.any() else math.nan,
-                            "rv_high": float(rv[sel].max()) if sel.any() else math.nan,
-                            "success": float(success[sel].mean()) if sel.any() else math.nan,
-                            "mi_n": int(has_mi.sum()),
-                            "mi": float(mi[has_mi].mean()) if has_mi.any() else math.nan})
+        result.rows.append(
+            {
+                "quartile": q,
+                "n": int(sel.sum()),
+                "rv_low": float(rv[sel].min()) if sel.any() else math.nan,
+                "rv_high": float(rv[sel].max()) if sel.any() else math.nan,
+                "success": float(success[sel].mean()) if sel.any() else math.nan,
+                "mi_n": int(has_mi.sum()),
+                "mi": float(mi[has_mi].mean()) if has_mi.any() else math.nan,
+            }
+        )
     result.extra["assignments"] = {w: int(q) for w, q in zip(where, quartile)}
     return result
 
@@ -129,9 +149,14 @@ def _side(low: float | None, high: float | None, threshold: float) -> bool | Non
     return True if low >= threshold else False if high < threshold else None
 
 
-def regimes(runs: list[RunData], sampling: str, h_name: str = "conditional_entropy_est",
-            mi_name: str = "mi_estimate", alpha: float = 0.05,
-            entropy_threshold: float = ENTROPY_THRESHOLD) -> Result:
+def regimes(
+    runs: list[RunData],
+    sampling: str,
+    h_name: str = "conditional_entropy_est",
+    mi_name: str = "mi_estimate",
+    alpha: float = 0.05,
+    entropy_threshold: float = ENTROPY_THRESHOLD,
+) -> Result:
     """Each run's (H(Z|X), I(X;Z)) path and the regime of its last diagnosed point, by
     absolute criteria (never relative to the other runs in the report):
 
@@ -163,21 +188,37 @@ def regimes(runs: list[RunData], sampling: str, h_name: str = "conditional_entro
         grounded = None if p is None else bool(p < alpha)
         high = _side(at(f"{h_key}_ci_low"), at(f"{h_key}_ci_high"), entropy_threshold)
         if grounded is None or high is None:
-            missing = "no input-dependence test" if grounded is None else \
-                f"H(Z|X) interval straddles {entropy_threshold:g}"
+            missing = (
+                "no input-dependence test"
+                if grounded is None
+                else f"H(Z|X) interval straddles {entropy_threshold:g}"
+            )
             regime = f"undetermined ({missing})"
         else:
             regime = REGIMES[(high, grounded)]
-        result.rows.append({"run_id": run.run_id, "run": run.name, "step": step,
-                            "entropy": float(h[-1]), "entropy_ci_low": at(f"{h_key}_ci_low"),
-                            "entropy_ci_high": at(f"{h_key}_ci_high"), "mi": float(mi[-1]),
-                            "mi_ci_low": at(f"{mi_key}_ci_low"), "mi_ci_high": at(f"{mi_key}_ci_high"),
-                            "p_grounded": p, "regime": regime})
-    result.extra.update(paths=paths, h_key=h_key, mi_key=mi_key, alpha=alpha,
-                        entropy_threshold=entropy_threshold)
+        result.rows.append(
+            {
+                "run_id": run.run_id,
+                "run": run.name,
+                "step": step,
+                "entropy": float(h[-1]),
+                "entropy_ci_low": at(f"{h_key}_ci_low"),
+                "entropy_ci_high": at(f"{h_key}_ci_high"),
+                "mi": float(mi[-1]),
+                "mi_ci_low": at(f"{mi_key}_ci_low"),
+                "mi_ci_high": at(f"{mi_key}_ci_high"),
+                "p_grounded": p,
+                "regime": regime,
+            }
+        )
+    result.extra.update(
+        paths=paths, h_key=h_key, mi_key=mi_key, alpha=alpha, entropy_threshold=entropy_threshold
+    )
     if result.rows:
-        result.notes.append(f"regimes: grounded = p_grounded < {alpha:g} (permutation test); high "
-                            f"entropy = H(Z|X) interval above {entropy_threshold:g} nats/token")
+        result.notes.append(
+            f"regimes: grounded = p_grounded < {alpha:g} (permutation test); high "
+            f"entropy = H(Z|X) interval above {entropy_threshold:g} nats/token"
+        )
     return result
 
 
@@ -209,8 +250,9 @@ def stochasticity_curves(runs: list[RunData], path: str = "env.stochasticity") -
         cells.setdefault((filter_label(run), p), []).append(success)
     levels = sorted({p for _, p in cells})
     if len(levels) < 2:
-        result.notes.append(f"success vs stochasticity needs runs at ≥ 2 values of {path}; "
-                            f"found {len(levels)}")
+        result.notes.append(
+            f"success vs stochasticity needs runs at ≥ 2 values of {path}; found {len(levels)}"
+        )
         return result
     for p in levels:
         row = {"stochasticity": p}
@@ -219,14 +261,19 @@ def stochasticity_curves(runs: list[RunData], path: str = "env.stochasticity") -
             row[f"{label}_runs"] = len(cells.get((label, p), []))
         row["gain"] = row["filter"] - row["none"]
         result.rows.append(row)
-    if not any(r["none_runs"] for r in result.rows) or not any(r["filter_runs"] for r in result.rows):
-        result.notes.append("success vs stochasticity: no runs without a filter or none with "
-                            "one; the gain is undefined")
+    if not any(r["none_runs"] for r in result.rows) or not any(
+        r["filter_runs"] for r in result.rows
+    ):
+        result.notes.append(
+            "success vs stochasticity: no runs without a filter or none with "
+            "one; the gain is undefined"
+        )
     return result
 
 
-def sensitivity_trajectories(runs: list[RunData], fields: list[str], mi_key: str,
-                             base: dict | None = None) -> Result:
+def sensitivity_trajectories(
+    runs: list[RunData], fields: list[str], mi_key: str, base: dict | None = None
+) -> Result:
     """For each swept field, its values in order, each as (final I(X;Z), final success).
     With ``base`` (a one-at-a-time sweep's base values) a field's trajectory holds the
     trials that vary only that field; without it (a product grid) each value is the mean
@@ -234,8 +281,12 @@ def sensitivity_trajectories(runs: list[RunData], fields: list[str], mi_key: str
     result = Result()
     values = {f: [_number(r.param(f)) for r in runs] for f in fields}
     for f in fields:
-        chosen = [k for k in range(len(runs)) if base is None or all(
-            str(values[g][k]) == str(_number(base.get(g))) for g in fields if g != f)]
+        chosen = [
+            k
+            for k in range(len(runs))
+            if base is None
+            or all(str(values[g][k]) == str(_number(base.get(g))) for g in fields if g != f)
+        ]
         points: dict = {}
         for k in chosen:
             run = runs[k]
@@ -244,16 +295,28 @@ def sensitivity_trajectories(runs: list[RunData], fields: list[str], mi_key: str
                 continue
             points.setdefault(values[f][k], []).append((mi, success, run.name))
         if len(points) < 2:
-            result.notes.append(f"sensitivity of {f}: {len(points)} value(s) with results" + (
-                " among the trials whose other swept fields are at their base value"
-                if base is not None else "") + "; no trajectory, the point alone")
+            result.notes.append(
+                f"sensitivity of {f}: {len(points)} value(s) with results"
+                + (
+                    " among the trials whose other swept fields are at their base value"
+                    if base is not None
+                    else ""
+                )
+                + "; no trajectory, the point alone"
+            )
             if not points:
                 continue
         for value in sorted(points, key=_sort_key):
             mis = [m for m, _, _ in points[value] if m is not None]
-            result.rows.append({"field": f, "value": value, "runs": len(points[value]),
-                                "mi": float(np.mean(mis)) if mis else math.nan,
-                                "success": float(np.mean([s for _, s, _ in points[value]]))})
+            result.rows.append(
+                {
+                    "field": f,
+                    "value": value,
+                    "runs": len(points[value]),
+                    "mi": float(np.mean(mis)) if mis else math.nan,
+                    "success": float(np.mean([s for _, s, _ in points[value]])),
+                }
+            )
         if not any(m is not None for pts in points.values() for m, _, _ in pts):
             result.notes.append(f"sensitivity of {f}: {mi_key} not logged; success only")
     return result

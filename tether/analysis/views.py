@@ -35,15 +35,32 @@ def curve_panel(runs: list[RunData], key: str, title: str, ylabel: str = "") -> 
         steps, values = run.series(key)
         low, high = _at(run, f"{key}_ci_low", steps), _at(run, f"{key}_ci_high", steps)
         color = PALETTE[k % len(PALETTE)]
-        panel.series.append(Series(run.name, steps.tolist(), values.tolist(),
-                                   mode="lines+markers" if len(steps) < 30 else "lines",
-                                   error=(low, high) if low and high else None, color=color))
+        panel.series.append(
+            Series(
+                run.name,
+                steps.tolist(),
+                values.tolist(),
+                mode="lines+markers" if len(steps) < 30 else "lines",
+                error=(low, high) if low and high else None,
+                color=color,
+            )
+        )
         null = _at(run, f"{key}_null_q95", steps)
         if null:
-            panel.series.append(Series(f"{run.name}: null 95%", steps.tolist(), null,
-                                       mode="lines", color=color, dash=True))
-        panel.vlines += [(step, f"{name} ({run.name})" if len(runs) > 1 else name)
-                         for step, name in run.alarms_for(key)]
+            panel.series.append(
+                Series(
+                    f"{run.name}: null 95%",
+                    steps.tolist(),
+                    null,
+                    mode="lines",
+                    color=color,
+                    dash=True,
+                )
+            )
+        panel.vlines += [
+            (step, f"{name} ({run.name})" if len(runs) > 1 else name)
+            for step, name in run.alarms_for(key)
+        ]
     return panel if panel.series else None
 
 
@@ -64,25 +81,54 @@ def spearman_figure(result: Result, sampling: str) -> Figure | None:
         return None
     low = [r["ci_low"] if not math.isnan(r["ci_low"]) else r["rho"] for r in rows]
     high = [r["ci_high"] if not math.isnan(r["ci_high"]) else r["rho"] for r in rows]
-    panel = Panel(f"Spearman ρ with success ({sampling}; n = {rows[0]['n']} checkpoints)",
-                  "diagnostic", "Spearman ρ", zero_line=True,
-                  series=[Series("ρ (95% CI)", [r["diagnostic"] for r in rows],
-                                 [r["rho"] for r in rows], mode="bar", error=(low, high))])
-    return Figure("spearman", "Diagnostics vs task success (paper: MI-ZScore +0.39, "
-                  "entropies −0.11 to −0.14)", [panel], columns=1)
+    panel = Panel(
+        f"Spearman ρ with success ({sampling}; n = {rows[0]['n']} checkpoints)",
+        "diagnostic",
+        "Spearman ρ",
+        zero_line=True,
+        series=[
+            Series(
+                "ρ (95% CI)",
+                [r["diagnostic"] for r in rows],
+                [r["rho"] for r in rows],
+                mode="bar",
+                error=(low, high),
+            )
+        ],
+    )
+    return Figure(
+        "spearman",
+        "Diagnostics vs task success (paper: MI-ZScore +0.39, entropies −0.11 to −0.14)",
+        [panel],
+        columns=1,
+    )
 
 
 def quartile_figure(result: Result, mi_key: str) -> Figure | None:
     if not result.rows:
         return None
     labels = [f"Q{r['quartile']}" for r in result.rows]
-    panels = [Panel("success by reward-variance quartile", "RV quartile", "success",
-                    series=[Series("success", labels, [r["success"] for r in result.rows],
-                                   mode="bar")])]
+    panels = [
+        Panel(
+            "success by reward-variance quartile",
+            "RV quartile",
+            "success",
+            series=[Series("success", labels, [r["success"] for r in result.rows], mode="bar")],
+        )
+    ]
     if any(not math.isnan(r["mi"]) for r in result.rows):
-        panels.append(Panel("MI by reward-variance quartile", "RV quartile", mi_key.split("/")[-1],
-                            series=[Series("MI", labels, [r["mi"] for r in result.rows],
-                                           mode="bar", color="#2ca02c")]))
+        panels.append(
+            Panel(
+                "MI by reward-variance quartile",
+                "RV quartile",
+                mi_key.split("/")[-1],
+                series=[
+                    Series(
+                        "MI", labels, [r["mi"] for r in result.rows], mode="bar", color="#2ca02c"
+                    )
+                ],
+            )
+        )
     return Figure("rv_quartiles", "Task success and MI by reward-variance quartile", panels)
 
 
@@ -98,9 +144,15 @@ def stochasticity_figure(result: Result) -> Figure | None:
     gains = [(xi, r["gain"]) for xi, r in zip(x, result.rows) if not math.isnan(r["gain"])]
     panels = [panel]
     if gains:
-        panels.append(Panel("filter gain (filter − none)", "stochasticity (%)", "Δ success",
-                            zero_line=True, series=[Series("gain", [g[0] for g in gains],
-                                                           [g[1] for g in gains])]))
+        panels.append(
+            Panel(
+                "filter gain (filter − none)",
+                "stochasticity (%)",
+                "Δ success",
+                zero_line=True,
+                series=[Series("gain", [g[0] for g in gains], [g[1] for g in gains])],
+            )
+        )
     return Figure("stochasticity", "Success vs stochasticity, SNR filter vs none", panels)
 
 
@@ -112,15 +164,37 @@ def sensitivity_figure(result: Result, mi_key: str) -> Figure | None:
     for f in fields:
         rows = [r for r in result.rows if r["field"] == f]
         if all(math.isnan(r["mi"]) for r in rows):
-            panels.append(Panel(f"{f}: success by value", f, "success", series=[
-                Series(f, [str(r["value"]) for r in rows], [r["success"] for r in rows], "bar")]))
+            panels.append(
+                Panel(
+                    f"{f}: success by value",
+                    f,
+                    "success",
+                    series=[
+                        Series(
+                            f, [str(r["value"]) for r in rows], [r["success"] for r in rows], "bar"
+                        )
+                    ],
+                )
+            )
         else:
-            panels.append(Panel(f"{f}: (MI, success) as it varies", mi_key.split("/")[-1],
-                                "success", series=[Series(
-                                    f, [r["mi"] for r in rows], [r["success"] for r in rows],
-                                    text=[f"{r['value']}" for r in rows])]))
-    return Figure("sensitivity", "Hyperparameter sensitivity: each swept value's "
-                  "(I(X;Z), success)", panels)
+            panels.append(
+                Panel(
+                    f"{f}: (MI, success) as it varies",
+                    mi_key.split("/")[-1],
+                    "success",
+                    series=[
+                        Series(
+                            f,
+                            [r["mi"] for r in rows],
+                            [r["success"] for r in rows],
+                            text=[f"{r['value']}" for r in rows],
+                        )
+                    ],
+                )
+            )
+    return Figure(
+        "sensitivity", "Hyperparameter sensitivity: each swept value's (I(X;Z), success)", panels
+    )
 
 
 def regime_figure(result: Result, sampling: str) -> Figure | None:
@@ -128,38 +202,66 @@ def regime_figure(result: Result, sampling: str) -> Figure | None:
     if not paths:
         return None
     rows = {r["run_id"]: r for r in result.rows}
-    panel = Panel(f"runs in the (H(Z|X), I(X;Z)) plane ({sampling})", "H(Z|X) estimate",
-                  "I(X;Z) estimate", vlines=[(result.extra["entropy_threshold"], "entropy threshold")],
-                  zero_line=True)
+    panel = Panel(
+        f"runs in the (H(Z|X), I(X;Z)) plane ({sampling})",
+        "H(Z|X) estimate",
+        "I(X;Z) estimate",
+        vlines=[(result.extra["entropy_threshold"], "entropy threshold")],
+        zero_line=True,
+    )
     for k, (run_id, (steps, h, mi)) in enumerate(paths.items()):
         row, color = rows[run_id], PALETTE[k % len(PALETTE)]
-        panel.series.append(Series(row["run"], h.tolist(), mi.tolist(), color=color,
-                                   text=[f"it {s}" for s in steps]))
+        panel.series.append(
+            Series(
+                row["run"], h.tolist(), mi.tolist(), color=color, text=[f"it {s}" for s in steps]
+            )
+        )
         if row["mi_ci_low"] is not None and row["mi_ci_high"] is not None:
-            panel.series.append(Series(f"{row['run']}: {row['regime']}", [row["entropy"]],
-                                       [row["mi"]], mode="markers", color=color,
-                                       error=([row["mi_ci_low"]], [row["mi_ci_high"]])))
-    return Figure("regimes", "Regimes: runs as paths, last point with its interval",
-                  [panel], columns=1)
+            panel.series.append(
+                Series(
+                    f"{row['run']}: {row['regime']}",
+                    [row["entropy"]],
+                    [row["mi"]],
+                    mode="markers",
+                    color=color,
+                    error=([row["mi_ci_low"]], [row["mi_ci_high"]]),
+                )
+            )
+    return Figure(
+        "regimes", "Regimes: runs as paths, last point with its interval", [panel], columns=1
+    )
 
 
 def dynamics_figure(runs: list[RunData], notes: list[str]) -> Figure | None:
-    specs = [(KEPT_RATIO, "kept ratio"), (ZERO_VARIANCE, "zero-variance groups"),
-             (REWARD_STD, "in-group reward std (RV)"), (SUCCESS, "rollout success"),
-             (VAL_SUCCESS, "validation success"), (REASONING_LENGTH, "reasoning length")]
+    specs = [
+        (KEPT_RATIO, "kept ratio"),
+        (ZERO_VARIANCE, "zero-variance groups"),
+        (REWARD_STD, "in-group reward std (RV)"),
+        (SUCCESS, "rollout success"),
+        (VAL_SUCCESS, "validation success"),
+        (REASONING_LENGTH, "reasoning length"),
+    ]
     panels = panels_or_note(specs, runs, notes, "training dynamics")
     return Figure("dynamics", "Training dynamics", panels) if panels else None
 
 
 def collapse_figure(runs: list[RunData], sampling: str, notes: list[str]) -> Figure | None:
-    specs = [(collapse_key(sampling, n), t) for n, t in (
-        ("mi_estimate", "I(X;Z) estimate"), ("mi_zscore_ema", "MI z-score (EMA)"),
-        ("retrieval_acc", "retrieval accuracy"),
-        ("conditional_entropy_est", "H(Z|X) estimate"),
-        ("reasoning_entropy_est", "H(Z) estimate"))]
+    specs = [
+        (collapse_key(sampling, n), t)
+        for n, t in (
+            ("mi_estimate", "I(X;Z) estimate"),
+            ("mi_zscore_ema", "MI z-score (EMA)"),
+            ("retrieval_acc", "retrieval accuracy"),
+            ("conditional_entropy_est", "H(Z|X) estimate"),
+            ("reasoning_entropy_est", "H(Z) estimate"),
+        )
+    ]
     panels = panels_or_note(specs, runs, notes, f"collapse curves ({sampling})")
-    return Figure(f"collapse_{sampling}", f"MI vs entropy over training ({sampling})",
-                  panels) if panels else None
+    return (
+        Figure(f"collapse_{sampling}", f"MI vs entropy over training ({sampling})", panels)
+        if panels
+        else None
+    )
 
 
 def stage_iterations(iterations: list[int]) -> dict[str, int]:
@@ -180,17 +282,34 @@ def heatmap_figure(run: RunData) -> Figure | None:
         size = max(len(g["rewards"]) for g in groups)
         matrix = np.full((len(groups), size), np.nan)
         for row, g in enumerate(groups):
-            matrix[row, :len(g["rewards"])] = g["rewards"]
-        panels.append(Panel(f"{stage} (iteration {it}): rewards", "sample", "prompt (env seed)",
-                            heatmap=(matrix, list(range(size)),
-                                     [g["env_seed"] for g in groups])))
-        rv_columns.append(sorted((float(np.std(g["rewards"], ddof=1)) if len(g["rewards"]) > 1
-                                  else 0.0 for g in groups), reverse=True))
+            matrix[row, : len(g["rewards"])] = g["rewards"]
+        panels.append(
+            Panel(
+                f"{stage} (iteration {it}): rewards",
+                "sample",
+                "prompt (env seed)",
+                heatmap=(matrix, list(range(size)), [g["env_seed"] for g in groups]),
+            )
+        )
+        rv_columns.append(
+            sorted(
+                (
+                    float(np.std(g["rewards"], ddof=1)) if len(g["rewards"]) > 1 else 0.0
+                    for g in groups
+                ),
+                reverse=True,
+            )
+        )
     depth = max(len(c) for c in rv_columns)
     rv = np.full((depth, len(rv_columns)), np.nan)
     for j, column in enumerate(rv_columns):
-        rv[:len(column), j] = column
-    panels.append(Panel("prompt RV (reward std), sorted", "stage", "prompt rank",
-                        heatmap=(rv, [f"{s} ({i})" for s, i in stages.items()],
-                                 list(range(1, depth + 1)))))
+        rv[: len(column), j] = column
+    panels.append(
+        Panel(
+            "prompt RV (reward std), sorted",
+            "stage",
+            "prompt rank",
+            heatmap=(rv, [f"{s} ({i})" for s, i in stages.items()], list(range(1, depth + 1))),
+        )
+    )
     return Figure(f"heatmaps_{run.run_id[:8]}", f"Prompt-level reward and RV: {run.name}", panels)

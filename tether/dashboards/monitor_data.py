@@ -21,9 +21,10 @@ MONITOR_METRICS = ("mi_estimate", "mi_zscore_ema", "conditional_entropy_est")
 #: the 95th percentile of its permutation null and the permutation p-value (RAGEN-2's MI
 #: proxies, each with the test that says whether it is above chance).
 EXTRAS = ("ci_low", "ci_high", "null_q95", "p_grounded")
-WANTED = re.compile(r"^(rollout/success|filter/kept_ratio|val/success|collapse/[^/]+/(grounded|p_grounded)|"
-                    r"collapse/[^/]+/(" + "|".join(MONITOR_METRICS) + r")(_("
-                    + "|".join(EXTRAS) + r"))?)$")
+WANTED = re.compile(
+    r"^(rollout/success|filter/kept_ratio|val/success|collapse/[^/]+/(grounded|p_grounded)|"
+    r"collapse/[^/]+/(" + "|".join(MONITOR_METRICS) + r")(_(" + "|".join(EXTRAS) + r"))?)$"
+)
 
 
 def json_safe(value):
@@ -81,8 +82,10 @@ def evidence_lines(evidence) -> list[str]:
         base = re.sub(r"_ci_(low|high)$", "", key)
         if base != key and base not in seen:
             seen.add(base)
-            lines.append(f"{base} 95% CI [{_number(evidence.get(base + '_ci_low'))}, "
-                         f"{_number(evidence.get(base + '_ci_high'))}]")
+            lines.append(
+                f"{base} 95% CI [{_number(evidence.get(base + '_ci_low'))}, "
+                f"{_number(evidence.get(base + '_ci_high'))}]"
+            )
         elif key.endswith("p_grounded"):
             lines.append(f"{key} = {_number(evidence[key])} (permutation test)")
     return lines
@@ -94,30 +97,44 @@ def alarm_entry(alarm) -> dict:
     if not isinstance(alarm, dict):
         return {"name": str(alarm), "iteration": None, "mode": "", "message": "", "evidence": []}
     iteration = alarm.get("iteration")
-    return {"name": str(alarm.get("name", "")),
-            "iteration": iteration if isinstance(iteration, (int, float, str)) else str(iteration),
-            "mode": str(alarm.get("mode") or ""), "message": str(alarm.get("message") or ""),
-            "evidence": evidence_lines(alarm.get("evidence"))}
+    return {
+        "name": str(alarm.get("name", "")),
+        "iteration": iteration if isinstance(iteration, (int, float, str)) else str(iteration),
+        "mode": str(alarm.get("mode") or ""),
+        "message": str(alarm.get("message") or ""),
+        "evidence": evidence_lines(alarm.get("evidence")),
+    }
 
 
 def run_entry(run: RunData, keys: dict[str, str]) -> dict:
     alarms = [alarm_entry(a) for a in run.alarms] or [
         {"name": name, "iteration": step, "mode": "", "message": "", "evidence": []}
-        for step, name in run.alarm_steps()]
-    return {"run_id": run.run_id, "name": run.name, "status": run.status,
-            "latest_iteration": run.latest_iteration,
-            "curves": {name: curve(run, key) for name, key in keys.items()}, "alarms": alarms}
+        for step, name in run.alarm_steps()
+    ]
+    return {
+        "run_id": run.run_id,
+        "name": run.name,
+        "status": run.status,
+        "latest_iteration": run.latest_iteration,
+        "curves": {name: curve(run, key) for name, key in keys.items()},
+        "alarms": alarms,
+    }
 
 
-def monitor_payload(runs: list[RunData], sampling: str = "first_turn",
-                    errors: dict[str, str] | None = None) -> dict:
+def monitor_payload(
+    runs: list[RunData], sampling: str = "first_turn", errors: dict[str, str] | None = None
+) -> dict:
     """What the page draws, per run: status, latest iteration, curves (with intervals and
     null levels where logged) and alarms; JSON-safe."""
-    keys = {"mi": collapse_key(sampling, "mi_estimate"),
-            "mi_zscore_ema": collapse_key(sampling, "mi_zscore_ema"),
-            "entropy": collapse_key(sampling, "conditional_entropy_est"),
-            "grounded": collapse_key(sampling, "grounded"),
-            "success": SUCCESS, "val_success": VAL_SUCCESS, "kept_ratio": KEPT_RATIO}
+    keys = {
+        "mi": collapse_key(sampling, "mi_estimate"),
+        "mi_zscore_ema": collapse_key(sampling, "mi_zscore_ema"),
+        "entropy": collapse_key(sampling, "conditional_entropy_est"),
+        "grounded": collapse_key(sampling, "grounded"),
+        "success": SUCCESS,
+        "val_success": VAL_SUCCESS,
+        "kept_ratio": KEPT_RATIO,
+    }
     errors = dict(errors or {})
     out = []
     for run in runs:
@@ -127,9 +144,15 @@ def monitor_payload(runs: list[RunData], sampling: str = "first_turn",
             errors[run.run_id] = f"cannot show this run: {type(exc).__name__}: {exc}"
             entry = None
         if entry is None:
-            entry = {"run_id": run.run_id, "name": run.name, "status": run.status,
-                     "latest_iteration": None, "curves": {}, "alarms": [],
-                     "error": errors[run.run_id]}
+            entry = {
+                "run_id": run.run_id,
+                "name": run.name,
+                "status": run.status,
+                "latest_iteration": None,
+                "curves": {},
+                "alarms": [],
+                "error": errors[run.run_id],
+            }
         out.append(entry)
     return json_safe({"sampling": sampling, "time": time.time(), "runs": out})
 
@@ -139,8 +162,9 @@ class MonitorSource:
     finished runs are read once and cached. A run that cannot be read is listed with
     the reason in ``errors``."""
 
-    def __init__(self, tracking_uri: str, experiments: list[str] | None = None,
-                 max_runs: int = 50) -> None:
+    def __init__(
+        self, tracking_uri: str, experiments: list[str] | None = None, max_runs: int = 50
+    ) -> None:
         from mlflow.tracking import MlflowClient
 
         self.client = MlflowClient(tracking_uri=tracking_uri)
@@ -158,9 +182,13 @@ class MonitorSource:
             ids = [e.experiment_id for e in self.client.search_experiments()]
         if not ids:
             return []
-        listed = [r for r in self.client.search_runs(ids, max_results=self.max_runs,
-                                                     order_by=["attributes.start_time DESC"])
-                  if is_tether_run(r)]
+        listed = [
+            r
+            for r in self.client.search_runs(
+                ids, max_results=self.max_runs, order_by=["attributes.start_time DESC"]
+            )
+            if is_tether_run(r)
+        ]
         runs = []
         for r in listed:
             run_id = r.info.run_id

@@ -14,8 +14,14 @@ _EXPORTS = {
     "alarms": ("AlarmEvent", "AlarmMonitor", "AlarmsConfig"),
     "grad_snr": ("bucket_grad_norms", "grad_snr_metrics", "rv_buckets"),
     "mi": ("mi_proxies", "prefixed", "prompt_columns", "valid_reasoning_rate"),
-    "crossscore": ("ScoringPair", "CrossScores", "ChainResult", "cross_score_pairs",
-                   "information_chain", "sample_pairs"),
+    "crossscore": (
+        "ScoringPair",
+        "CrossScores",
+        "ChainResult",
+        "cross_score_pairs",
+        "information_chain",
+        "sample_pairs",
+    ),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 

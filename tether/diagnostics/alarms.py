@@ -33,158 +33,272 @@ from tether.diagnostics.control import (
 )
 
 AlarmMode = Literal["off", "warn", "act", "stop"]
-_MODE = ("off: not tracked; warn: record the event and continue; act: record it and, while it "
-         "lasts, take the next of `actions` (tether.diagnostics.control); stop: record it, "
-         "checkpoint and end the run")
+_MODE = (
+    "off: not tracked; warn: record the event and continue; act: record it and, while it "
+    "lasts, take the next of `actions` (tether.diagnostics.control); stop: record it, "
+    "checkpoint and end the run"
+)
 
 
 # ------------------------------------------------------------------ config
+
 
 class _AlarmConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
 class _OneAlarmConfig(_AlarmConfig):
-    actions: list[Response] = Field(default_factory=list, description=(
-        "mode act: ordered responses (kind: tighten_filter | raise_kl | raise_entropy | "
-        "rollback, each with its own bounds and `times`), taken one at a time while the "
-        "alarm lasts; see alarms.control for the cooldown and the cap"))
+    actions: list[Response] = Field(
+        default_factory=list,
+        description=(
+            "mode act: ordered responses (kind: tighten_filter | raise_kl | raise_entropy | "
+            "rollback, each with its own bounds and `times`), taken one at a time while the "
+            "alarm lasts; see alarms.control for the cooldown and the cap"
+        ),
+    )
 
     @model_validator(mode="after")
     def _act_needs_actions(self):
         if getattr(self, "mode", None) == "act" and not self.actions:
-            raise ValueError("mode 'act' needs at least one entry in `actions` (e.g. "
-                             "[{kind: tighten_filter}, {kind: rollback}])")
+            raise ValueError(
+                "mode 'act' needs at least one entry in `actions` (e.g. "
+                "[{kind: tighten_filter}, {kind: rollback}])"
+            )
         return self
 
 
 class _MiEntropyConfig(_OneAlarmConfig):
-    mi_metric: str = Field("collapse/first_turn/mi_estimate", description=(
-        "MI proxy watched for a fall; its interval is read from <mi_metric>_ci_low / _ci_high "
-        "(the diagnostics' bootstrap). mi_estimate (nats/token, bounded by log N) by default: "
-        "the z-scores divide by std(marginal), which is near zero for a near-deterministic "
-        "policy, so they swing by orders of magnitude while nothing changes "
-        "(benchmarks/alarm_quality.py)"))
-    p_metric: str = Field("collapse/first_turn/p_grounded", description=(
-        "p-value of the input-dependence (permutation) test at the same diagnostic point"))
-    entropy_metric: str = Field("collapse/first_turn/conditional_entropy_est", description=(
-        "within-input entropy H(Z|X), with its interval <entropy_metric>_ci_low / _ci_high"))
-    window: int = Field(10, ge=2, description=(
-        "diagnostic points kept; the reference (an earlier point where MI was significantly "
-        "above its null) must lie within them"))
-    alpha: float = Field(0.05, gt=0, lt=0.5, description=(
-        "an earlier point is a reference only when MI was significantly above its permutation "
-        "null there: p < alpha / window (Bonferroni over the points searched, so a point that "
-        "is 'significant' by chance among the window's tests is not taken for grounding)"))
-    min_references: int = Field(2, ge=1, description=(
-        "earlier points in the window that must be significantly above the null before any is "
-        "taken as a reference (2 = grounding replicated: one point significant by chance, "
-        "as an input-blind policy shows at a rate of alpha / window, is not enough)"))
-    patience: int = Field(2, ge=1, description=(
-        "diagnostic points, among the last `within`, whose MI interval lies wholly below "
-        "the reference's before the alarm fires (1 = the first separation)"))
-    within: int = Field(3, ge=1, description=(
-        "the last this many diagnostic points are searched for `patience` separated ones "
-        "(= patience: consecutive points; at least patience).  2 of 3 catches a slow or "
-        "partial collapse whose intervals separate at some points and touch at others "
-        "(benchmarks/alarm_quality.py)"))
-    min_drop_fraction: float = Field(0.25, ge=0, lt=1, description=(
-        "the fall must also be at least this fraction of the reference value (a reference is "
-        "significantly above its null, so never near zero): separated intervals alone would "
-        "flag a fall of 1e-4 nats from a saturated MI of log N"))
+    mi_metric: str = Field(
+        "collapse/first_turn/mi_estimate",
+        description=(
+            "MI proxy watched for a fall; its interval is read from <mi_metric>_ci_low / _ci_high "
+            "(the diagnostics' bootstrap). mi_estimate (nats/token, bounded by log N) by default: "
+            "the z-scores divide by std(marginal), which is near zero for a near-deterministic "
+            "policy, so they swing by orders of magnitude while nothing changes "
+            "(benchmarks/alarm_quality.py)"
+        ),
+    )
+    p_metric: str = Field(
+        "collapse/first_turn/p_grounded",
+        description=(
+            "p-value of the input-dependence (permutation) test at the same diagnostic point"
+        ),
+    )
+    entropy_metric: str = Field(
+        "collapse/first_turn/conditional_entropy_est",
+        description=(
+            "within-input entropy H(Z|X), with its interval <entropy_metric>_ci_low / _ci_high"
+        ),
+    )
+    window: int = Field(
+        10,
+        ge=2,
+        description=(
+            "diagnostic points kept; the reference (an earlier point where MI was significantly "
+            "above its null) must lie within them"
+        ),
+    )
+    alpha: float = Field(
+        0.05,
+        gt=0,
+        lt=0.5,
+        description=(
+            "an earlier point is a reference only when MI was significantly above its permutation "
+            "null there: p < alpha / window (Bonferroni over the points searched, so a point that "
+            "is 'significant' by chance among the window's tests is not taken for grounding)"
+        ),
+    )
+    min_references: int = Field(
+        2,
+        ge=1,
+        description=(
+            "earlier points in the window that must be significantly above the null before any is "
+            "taken as a reference (2 = grounding replicated: one point significant by chance, "
+            "as an input-blind policy shows at a rate of alpha / window, is not enough)"
+        ),
+    )
+    patience: int = Field(
+        2,
+        ge=1,
+        description=(
+            "diagnostic points, among the last `within`, whose MI interval lies wholly below "
+            "the reference's before the alarm fires (1 = the first separation)"
+        ),
+    )
+    within: int = Field(
+        3,
+        ge=1,
+        description=(
+            "the last this many diagnostic points are searched for `patience` separated ones "
+            "(= patience: consecutive points; at least patience).  2 of 3 catches a slow or "
+            "partial collapse whose intervals separate at some points and touch at others "
+            "(benchmarks/alarm_quality.py)"
+        ),
+    )
+    min_drop_fraction: float = Field(
+        0.25,
+        ge=0,
+        lt=1,
+        description=(
+            "the fall must also be at least this fraction of the reference value (a reference is "
+            "significantly above its null, so never near zero): separated intervals alone would "
+            "flag a fall of 1e-4 nats from a saturated MI of log N"
+        ),
+    )
 
 
 class TemplateCollapseConfig(_MiEntropyConfig):
     """MI significantly above its null earlier, now fallen by more than the uncertainty of
     both estimates (the intervals separate), while H(Z|X) did not fall (its interval now is
     not wholly below the reference's)."""
+
     mode: AlarmMode = Field("warn", description=_MODE)
     actions: list[Response] = Field(
         default_factory=lambda: [TightenFilter(), RaiseKl(), Rollback()],
         description="mode act: train on higher-signal groups, hold the policy near its start, "
-                    "then return to the last grounded checkpoint at a lower learning rate")
+        "then return to the last grounded checkpoint at a lower learning rate",
+    )
 
 
 class LowEntropyCollapseConfig(_MiEntropyConfig):
     """As template_collapse, but H(Z|X) fell too (its interval now lies wholly below the
     reference's)."""
+
     mode: AlarmMode = Field("warn", description=_MODE)
     actions: list[Response] = Field(
         default_factory=lambda: [RaiseEntropy(), Rollback()],
-        description="mode act: a larger entropy bonus, then the last grounded checkpoint")
+        description="mode act: a larger entropy bonus, then the last grounded checkpoint",
+    )
 
 
 class RewardVarianceCollapseConfig(_OneAlarmConfig):
     mode: AlarmMode = Field("warn", description=_MODE)
     actions: list[Response] = Field(
         default_factory=lambda: [TightenFilter(times=2)],
-        description="mode act: train only on the groups whose reward spread carries signal")
-    metric: str = Field("rollout/in_group_reward_std", description="mean in-group reward std of the batch")
-    baseline_iterations: int = Field(10, ge=1, description="first observations averaged into the baseline")
-    fraction: float = Field(0.1, gt=0, lt=1, description="breach when the metric is below this fraction of the baseline")
-    min_baseline: float = Field(0.05, ge=0, description=(
-        "no verdict while the baseline is below this (reward std in reward units): a spread "
-        "that was never there cannot collapse, and a fraction of noise is noise"))
-    patience: int = Field(10, ge=1, description="consecutive breaching observations before the alarm fires")
+        description="mode act: train only on the groups whose reward spread carries signal",
+    )
+    metric: str = Field(
+        "rollout/in_group_reward_std", description="mean in-group reward std of the batch"
+    )
+    baseline_iterations: int = Field(
+        10, ge=1, description="first observations averaged into the baseline"
+    )
+    fraction: float = Field(
+        0.1, gt=0, lt=1, description="breach when the metric is below this fraction of the baseline"
+    )
+    min_baseline: float = Field(
+        0.05,
+        ge=0,
+        description=(
+            "no verdict while the baseline is below this (reward std in reward units): a spread "
+            "that was never there cannot collapse, and a fraction of noise is noise"
+        ),
+    )
+    patience: int = Field(
+        10, ge=1, description="consecutive breaching observations before the alarm fires"
+    )
 
 
 class OutputLengthCollapseConfig(_OneAlarmConfig):
     mode: AlarmMode = Field("warn", description=_MODE)
-    metric: str = Field("rollout/reasoning_length", description=(
-        "mean reasoning length in tokens, with its interval <metric>_ci_low / _ci_high"))
+    metric: str = Field(
+        "rollout/reasoning_length",
+        description=(
+            "mean reasoning length in tokens, with its interval <metric>_ci_low / _ci_high"
+        ),
+    )
     window: int = Field(10, ge=2, description="observations in the running window")
-    drop_fraction: float = Field(0.5, gt=0, lt=1, description=(
-        "fall from the window's peak, as a fraction of the peak; counts only when the peak's "
-        "interval lies wholly above the current one (a fall beyond noise)"))
+    drop_fraction: float = Field(
+        0.5,
+        gt=0,
+        lt=1,
+        description=(
+            "fall from the window's peak, as a fraction of the peak; counts only when the peak's "
+            "interval lies wholly above the current one (a fall beyond noise)"
+        ),
+    )
 
 
 class FormatCollapseConfig(_OneAlarmConfig):
     mode: AlarmMode = Field("warn", description=_MODE)
-    reasoning_metric: str = Field("rollout/valid_reasoning_rate", description=(
-        "share of turns with non-empty reasoning inside <think>...</think>"))
-    action_metric: str = Field("rollout/action_valid_rate", description=(
-        "share of turns whose action the environment accepted"))
-    min_rate: float = Field(0.05, ge=0, lt=1, description=(
-        "breach when either rate is below this (reasoning or actions have all but vanished)"))
-    patience: int = Field(2, ge=1, description="consecutive breaching iterations before the alarm fires")
+    reasoning_metric: str = Field(
+        "rollout/valid_reasoning_rate",
+        description=("share of turns with non-empty reasoning inside <think>...</think>"),
+    )
+    action_metric: str = Field(
+        "rollout/action_valid_rate",
+        description=("share of turns whose action the environment accepted"),
+    )
+    min_rate: float = Field(
+        0.05,
+        ge=0,
+        lt=1,
+        description=(
+            "breach when either rate is below this (reasoning or actions have all but vanished)"
+        ),
+    )
+    patience: int = Field(
+        2, ge=1, description="consecutive breaching iterations before the alarm fires"
+    )
 
 
 class EmptyAfterFilterConfig(_OneAlarmConfig):
     mode: AlarmMode = Field("warn", description=_MODE)
-    metric: str = Field("filter/empty", description="1 when the SNR filter kept no group this iteration, else 0")
-    patience: int = Field(5, ge=1, description="consecutive empty iterations before the alarm fires")
+    metric: str = Field(
+        "filter/empty", description="1 when the SNR filter kept no group this iteration, else 0"
+    )
+    patience: int = Field(
+        5, ge=1, description="consecutive empty iterations before the alarm fires"
+    )
 
 
 class AlarmsConfig(_AlarmConfig):
     """Thresholds and modes of the collapse alarms (docs/methods.md, section 4)."""
-    template_collapse: TemplateCollapseConfig = Field(default_factory=TemplateCollapseConfig,
-                                                      description="MI falls while H(Z|X) stays flat or rises")
-    low_entropy_collapse: LowEntropyCollapseConfig = Field(default_factory=LowEntropyCollapseConfig,
-                                                           description="MI and H(Z|X) both fall")
+
+    template_collapse: TemplateCollapseConfig = Field(
+        default_factory=TemplateCollapseConfig,
+        description="MI falls while H(Z|X) stays flat or rises",
+    )
+    low_entropy_collapse: LowEntropyCollapseConfig = Field(
+        default_factory=LowEntropyCollapseConfig, description="MI and H(Z|X) both fall"
+    )
     reward_variance_collapse: RewardVarianceCollapseConfig = Field(
-        default_factory=RewardVarianceCollapseConfig, description="in-group reward std stays far below its baseline")
+        default_factory=RewardVarianceCollapseConfig,
+        description="in-group reward std stays far below its baseline",
+    )
     output_length_collapse: OutputLengthCollapseConfig = Field(
-        default_factory=OutputLengthCollapseConfig, description="mean reasoning length drops within a window")
-    empty_after_filter: EmptyAfterFilterConfig = Field(default_factory=EmptyAfterFilterConfig,
-                                                       description="the filter kept nothing several iterations running")
+        default_factory=OutputLengthCollapseConfig,
+        description="mean reasoning length drops within a window",
+    )
+    empty_after_filter: EmptyAfterFilterConfig = Field(
+        default_factory=EmptyAfterFilterConfig,
+        description="the filter kept nothing several iterations running",
+    )
     format_collapse: FormatCollapseConfig = Field(
         default_factory=FormatCollapseConfig,
-        description="valid reasoning or valid actions all but disappear from the rollouts")
-    control: ControlConfig = Field(default_factory=ControlConfig,
-                                   description="cooldown and cap of the act-mode responses")
+        description="valid reasoning or valid actions all but disappear from the rollouts",
+    )
+    control: ControlConfig = Field(
+        default_factory=ControlConfig, description="cooldown and cap of the act-mode responses"
+    )
 
     def controller(self) -> Controller | None:
         """The act-mode alarms' controller (None when no alarm acts)."""
-        responses = {name: getattr(self, name).actions for name in ALARMS
-                     if getattr(self, name).mode == "act"}
+        responses = {
+            name: getattr(self, name).actions
+            for name in ALARMS
+            if getattr(self, name).mode == "act"
+        }
         return Controller(responses, self.control) if responses else None
 
 
 # ------------------------------------------------------------------ events
 
+
 @dataclass
 class AlarmEvent:
     """One fired alarm. ``evidence`` maps metric keys (and ``iteration``) to the window's values."""
+
     name: str
     iteration: int
     time: float
@@ -213,8 +327,10 @@ def _value(metrics: Mapping[str, Any], key: str) -> float | None:
 
 # ------------------------------------------------------------------ alarms
 
+
 class _Alarm(abc.ABC):
     """Base: subclasses define ``_observe`` returning (breached, message, evidence) or None."""
+
     name: str = ""
 
     def __init__(self, config):
@@ -227,13 +343,13 @@ class _Alarm(abc.ABC):
 
     def update(self, iteration: int, metrics: Mapping[str, Any], now: float) -> AlarmEvent | None:
         observed = self._observe(iteration, metrics)
-        if observed is None:                # metrics missing: the alarm does not advance
+        if observed is None:  # metrics missing: the alarm does not advance
             return None
         breached, message, evidence = observed
         if not breached:
-            self.in_breach = False          # recovered: re-arm
+            self.in_breach = False  # recovered: re-arm
             return None
-        if self.in_breach:                  # same episode: already fired
+        if self.in_breach:  # same episode: already fired
             return None
         self.in_breach = True
         return AlarmEvent(self.name, iteration, now, self.config.mode, message, evidence)
@@ -247,6 +363,7 @@ class _Alarm(abc.ABC):
 
 class _WindowAlarm(_Alarm):
     """Keeps the last ``window`` observations of some metrics: rows of [iteration, *values]."""
+
     keys: tuple[str, ...] = ()
 
     def __init__(self, config):
@@ -257,12 +374,15 @@ class _WindowAlarm(_Alarm):
         values = [_value(metrics, key) for key in self.keys]
         if any(v is None for v in values):
             return False
-        self.history = (self.history + [[float(iteration), *values]])[-self.config.window:]
+        self.history = (self.history + [[float(iteration), *values]])[-self.config.window :]
         return True
 
     def _evidence(self) -> dict[str, list[float]]:
         columns = list(zip(*self.history))
-        return {"iteration": list(columns[0]), **{k: list(c) for k, c in zip(self.keys, columns[1:])}}
+        return {
+            "iteration": list(columns[0]),
+            **{k: list(c) for k, c in zip(self.keys, columns[1:])},
+        }
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "history": [list(row) for row in self.history]}
@@ -286,9 +406,16 @@ class _MiEntropyAlarm(_WindowAlarm):
     def __init__(self, config):
         super().__init__(config)
         mi, h = config.mi_metric, config.entropy_metric
-        self.keys = (mi, f"{mi}_ci_low", f"{mi}_ci_high", config.p_metric,
-                     h, f"{h}_ci_low", f"{h}_ci_high")
-        self.recent: list[bool] = []      # separated?, for the last `within` points
+        self.keys = (
+            mi,
+            f"{mi}_ci_low",
+            f"{mi}_ci_high",
+            config.p_metric,
+            h,
+            f"{h}_ci_low",
+            f"{h}_ci_high",
+        )
+        self.recent: list[bool] = []  # separated?, for the last `within` points
         self.reference: int | None = None
 
     @abc.abstractmethod
@@ -304,19 +431,21 @@ class _MiEntropyAlarm(_WindowAlarm):
         if len(references) < c.min_references:
             self.recent = []
             return False, "", {}
-        ref = max(references, key=lambda row: row[2])       # earliest on ties
+        ref = max(references, key=lambda row: row[2])  # earliest on ties
         self.reference = int(ref[0])
         separated = now[3] < ref[2] and ref[1] - now[1] >= c.min_drop_fraction * abs(ref[1])
         entropy_fell = now[7] < ref[6]
         within = max(c.within, c.patience)
         self.recent = (self.recent + [separated and self._entropy_ok(entropy_fell)])[-within:]
         count = sum(self.recent)
-        message = (f"{self.name}: {c.mi_metric} fell from {ref[1]:.4g} [{ref[2]:.4g}, {ref[3]:.4g}] "
-                   f"(iteration {int(ref[0])}, p_grounded {ref[4]:.3g}) to {now[1]:.4g} "
-                   f"[{now[2]:.4g}, {now[3]:.4g}], intervals apart at {count} of the last "
-                   f"{len(self.recent)} diagnostic point(s); {c.entropy_metric} {ref[5]:.4g} "
-                   f"[{ref[6]:.4g}, {ref[7]:.4g}] -> {now[5]:.4g} [{now[6]:.4g}, {now[7]:.4g}] "
-                   f"({'fell' if entropy_fell else 'did not fall'})")
+        message = (
+            f"{self.name}: {c.mi_metric} fell from {ref[1]:.4g} [{ref[2]:.4g}, {ref[3]:.4g}] "
+            f"(iteration {int(ref[0])}, p_grounded {ref[4]:.3g}) to {now[1]:.4g} "
+            f"[{now[2]:.4g}, {now[3]:.4g}], intervals apart at {count} of the last "
+            f"{len(self.recent)} diagnostic point(s); {c.entropy_metric} {ref[5]:.4g} "
+            f"[{ref[6]:.4g}, {ref[7]:.4g}] -> {now[5]:.4g} [{now[6]:.4g}, {now[7]:.4g}] "
+            f"({'fell' if entropy_fell else 'did not fall'})"
+        )
         return count >= c.patience, message, {**self._evidence(), "reference_iteration": [ref[0]]}
 
     def state_dict(self):
@@ -326,7 +455,7 @@ class _MiEntropyAlarm(_WindowAlarm):
         super().load_state_dict(state)
         if "recent" in state:
             self.recent = [bool(v) for v in state["recent"]]
-        else:                               # a checkpoint from before `within`: a streak
+        else:  # a checkpoint from before `within`: a streak
             self.recent = [True] * int(state["streak"])
 
 
@@ -347,6 +476,7 @@ class LowEntropyCollapseAlarm(_MiEntropyAlarm):
 class OutputLengthCollapseAlarm(_WindowAlarm):
     """The mean reasoning length fell by more than ``drop_fraction`` from the window's peak,
     and the peak's interval lies wholly above the current one."""
+
     name = "output_length_collapse"
 
     def __init__(self, config):
@@ -361,9 +491,11 @@ class OutputLengthCollapseAlarm(_WindowAlarm):
         if peak_row[1] <= 0:
             return False, "", {}
         drop = (peak_row[1] - now[1]) / peak_row[1]
-        message = (f"{self.name}: {self.config.metric} fell {drop:.0%} from {peak_row[1]:.4g} "
-                   f"[{peak_row[2]:.4g}, {peak_row[3]:.4g}] (iteration {int(peak_row[0])}) to "
-                   f"{now[1]:.4g} [{now[2]:.4g}, {now[3]:.4g}] within {len(self.history)} observations")
+        message = (
+            f"{self.name}: {self.config.metric} fell {drop:.0%} from {peak_row[1]:.4g} "
+            f"[{peak_row[2]:.4g}, {peak_row[3]:.4g}] (iteration {int(peak_row[0])}) to "
+            f"{now[1]:.4g} [{now[2]:.4g}, {now[3]:.4g}] within {len(self.history)} observations"
+        )
         return drop > self.config.drop_fraction and now[3] < peak_row[2], message, self._evidence()
 
 
@@ -376,13 +508,20 @@ class _StreakAlarm(_Alarm):
         self.recent: list[list[float]] = []
 
     def _record(self, iteration: int, value: float) -> None:
-        self.recent = (self.recent + [[float(iteration), value]])[-self.config.patience:]
+        self.recent = (self.recent + [[float(iteration), value]])[-self.config.patience :]
 
     def _evidence(self) -> dict[str, list[float]]:
-        return {"iteration": [row[0] for row in self.recent], self.config.metric: [row[1] for row in self.recent]}
+        return {
+            "iteration": [row[0] for row in self.recent],
+            self.config.metric: [row[1] for row in self.recent],
+        }
 
     def state_dict(self):
-        return {**super().state_dict(), "streak": self.streak, "recent": [list(r) for r in self.recent]}
+        return {
+            **super().state_dict(),
+            "streak": self.streak,
+            "recent": [list(r) for r in self.recent],
+        }
 
     def load_state_dict(self, state):
         super().load_state_dict(state)
@@ -403,15 +542,17 @@ class RewardVarianceCollapseAlarm(_StreakAlarm):
             return None
         self._record(iteration, value)
         if len(self.baseline_values) < self.config.baseline_iterations:
-            self.baseline_values.append(value)      # still building the baseline: no verdict
+            self.baseline_values.append(value)  # still building the baseline: no verdict
             return False, "", {}
         baseline = sum(self.baseline_values) / len(self.baseline_values)
-        if baseline < self.config.min_baseline:     # no spread to lose: no verdict
+        if baseline < self.config.min_baseline:  # no spread to lose: no verdict
             self.streak = 0
             return False, "", {}
         self.streak = self.streak + 1 if value < self.config.fraction * baseline else 0
-        message = (f"{self.name}: {self.config.metric} below {self.config.fraction:g}x its baseline "
-                   f"{baseline:.4g} for {self.streak} consecutive iterations (now {value:.4g})")
+        message = (
+            f"{self.name}: {self.config.metric} below {self.config.fraction:g}x its baseline "
+            f"{baseline:.4g} for {self.streak} consecutive iterations (now {value:.4g})"
+        )
         evidence = {**self._evidence(), "baseline": [baseline]}
         return self.streak >= self.config.patience, message, evidence
 
@@ -431,9 +572,11 @@ class EmptyAfterFilterAlarm(_StreakAlarm):
         if value is None:
             return None
         self._record(iteration, value)
-        self.streak = self.streak + 1 if value >= 0.5 else 0     # 1/True = the filter kept nothing
-        message = (f"{self.name}: the filter kept no group for {self.streak} consecutive iterations; "
-                   f"updates are being skipped")
+        self.streak = self.streak + 1 if value >= 0.5 else 0  # 1/True = the filter kept nothing
+        message = (
+            f"{self.name}: the filter kept no group for {self.streak} consecutive iterations; "
+            f"updates are being skipped"
+        )
         return self.streak >= self.config.patience, message, self._evidence()
 
 
@@ -441,6 +584,7 @@ class FormatCollapseAlarm(_StreakAlarm):
     """Valid reasoning or valid actions below ``min_rate`` for ``patience`` iterations: a
     policy that stopped writing reasoning (or actions) is a collapse of its own.
     ``recent`` rows are [iteration, reasoning rate, action rate]."""
+
     name = "format_collapse"
 
     def _observe(self, iteration, metrics):
@@ -448,27 +592,47 @@ class FormatCollapseAlarm(_StreakAlarm):
         reasoning, action = _value(metrics, c.reasoning_metric), _value(metrics, c.action_metric)
         if reasoning is None or action is None:
             return None
-        self.recent = (self.recent + [[float(iteration), reasoning, action]])[-c.patience:]
+        self.recent = (self.recent + [[float(iteration), reasoning, action]])[-c.patience :]
         self.streak = self.streak + 1 if min(reasoning, action) < c.min_rate else 0
-        lost = " and ".join(name for name, rate in (("reasoning", reasoning), ("actions", action))
-                            if rate < c.min_rate) or "nothing"
-        message = (f"{self.name}: valid {lost} below {c.min_rate:g} of turns for {self.streak} "
-                   f"consecutive iterations ({c.reasoning_metric} {reasoning:.3g}, "
-                   f"{c.action_metric} {action:.3g})")
+        lost = (
+            " and ".join(
+                name
+                for name, rate in (("reasoning", reasoning), ("actions", action))
+                if rate < c.min_rate
+            )
+            or "nothing"
+        )
+        message = (
+            f"{self.name}: valid {lost} below {c.min_rate:g} of turns for {self.streak} "
+            f"consecutive iterations ({c.reasoning_metric} {reasoning:.3g}, "
+            f"{c.action_metric} {action:.3g})"
+        )
         return self.streak >= c.patience, message, self._evidence()
 
     def _evidence(self) -> dict[str, list[float]]:
         columns = list(zip(*self.recent))
-        return {"iteration": list(columns[0]), self.config.reasoning_metric: list(columns[1]),
-                self.config.action_metric: list(columns[2])}
+        return {
+            "iteration": list(columns[0]),
+            self.config.reasoning_metric: list(columns[1]),
+            self.config.action_metric: list(columns[2]),
+        }
 
 
-ALARMS: dict[str, type[_Alarm]] = {cls.name: cls for cls in (
-    TemplateCollapseAlarm, LowEntropyCollapseAlarm, RewardVarianceCollapseAlarm,
-    OutputLengthCollapseAlarm, EmptyAfterFilterAlarm, FormatCollapseAlarm)}
+ALARMS: dict[str, type[_Alarm]] = {
+    cls.name: cls
+    for cls in (
+        TemplateCollapseAlarm,
+        LowEntropyCollapseAlarm,
+        RewardVarianceCollapseAlarm,
+        OutputLengthCollapseAlarm,
+        EmptyAfterFilterAlarm,
+        FormatCollapseAlarm,
+    )
+}
 
 
 # ------------------------------------------------------------------ monitor
+
 
 class AlarmMonitor:
     """Runs every alarm whose mode is not ``off`` over the stream of per-iteration metrics."""
@@ -477,23 +641,31 @@ class AlarmMonitor:
         self.config = config or AlarmsConfig()
         self.clock = clock
         self.alarms: dict[str, _Alarm] = {
-            name: cls(getattr(self.config, name)) for name, cls in ALARMS.items()
-            if getattr(self.config, name).mode != "off"}
+            name: cls(getattr(self.config, name))
+            for name, cls in ALARMS.items()
+            if getattr(self.config, name).mode != "off"
+        }
         self.events: list[AlarmEvent] = []
 
     def update(self, iteration: int, metrics: Mapping[str, Any]) -> list[AlarmEvent]:
         """Feed one iteration's metrics; returns the events that fired now (also kept in ``events``)."""
         now = self.clock()
-        fired = [event for alarm in self.alarms.values()
-                 if (event := alarm.update(iteration, metrics, now)) is not None]
+        fired = [
+            event
+            for alarm in self.alarms.values()
+            if (event := alarm.update(iteration, metrics, now)) is not None
+        ]
         self.events.extend(fired)
         return fired
 
     def in_breach(self, mode: str = "act") -> dict[str, int | None]:
         """The alarms of ``mode`` now in breach, each with its reference iteration (MI
         alarms: the grounded point MI fell from; None for the others)."""
-        return {name: getattr(alarm, "reference", None) for name, alarm in self.alarms.items()
-                if alarm.in_breach and alarm.config.mode == mode}
+        return {
+            name: getattr(alarm, "reference", None)
+            for name, alarm in self.alarms.items()
+            if alarm.in_breach and alarm.config.mode == mode
+        }
 
     @property
     def stop_requested(self) -> bool:
@@ -501,11 +673,13 @@ class AlarmMonitor:
         return any(event.mode == "stop" for event in self.events)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"alarms": {name: alarm.state_dict() for name, alarm in self.alarms.items()},
-                "events": [event.to_dict() for event in self.events]}
+        return {
+            "alarms": {name: alarm.state_dict() for name, alarm in self.alarms.items()},
+            "events": [event.to_dict() for event in self.events],
+        }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         for name, alarm_state in state["alarms"].items():
-            if name in self.alarms:          # an alarm switched off since the checkpoint is ignored
+            if name in self.alarms:  # an alarm switched off since the checkpoint is ignored
                 self.alarms[name].load_state_dict(alarm_state)
         self.events = [AlarmEvent.from_dict(e) for e in state["events"]]

@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 @dataclass(frozen=True)
 class Knobs:
     """The settings a response may change, as the run uses them now."""
+
     filter_strategy: str
     filter_value: float
     kl_coef: float
@@ -37,13 +38,18 @@ class Knobs:
 
     def metrics(self) -> dict[str, float]:
         """``control/…`` metrics: the settings in force this iteration."""
-        return {"control/filter_value": self.filter_value, "control/kl_coef": self.kl_coef,
-                "control/entropy_coef": self.entropy_coef, "control/lr": self.lr}
+        return {
+            "control/filter_value": self.filter_value,
+            "control/kl_coef": self.kl_coef,
+            "control/entropy_coef": self.entropy_coef,
+            "control/lr": self.lr,
+        }
 
 
 @dataclass(frozen=True)
 class GroundedCheckpoint:
     """A checkpoint saved while MI was significantly above its null."""
+
     iteration: int
     path: str
 
@@ -52,8 +58,9 @@ class _Response(BaseModel):
     model_config = ConfigDict(extra="forbid")
     times: int = Field(1, ge=1, description="how many times this response may be taken in a run")
 
-    def apply(self, knobs: Knobs, checkpoints: Sequence[GroundedCheckpoint],
-              reference: int | None) -> tuple[Knobs, GroundedCheckpoint | None] | None:
+    def apply(
+        self, knobs: Knobs, checkpoints: Sequence[GroundedCheckpoint], reference: int | None
+    ) -> tuple[Knobs, GroundedCheckpoint | None] | None:
         """The new knobs (and a checkpoint to load), or None when this response has no effect."""
         raise NotImplementedError
 
@@ -62,9 +69,12 @@ class TightenFilter(_Response):
     """Train on fewer, higher-signal groups: top_p / top_k / top_k_abs value times ``factor``
     (not below ``floor``); min_p ratio divided by ``factor`` (not above 1); no filter becomes
     top_p at ``start``."""
+
     kind: Literal["tighten_filter"] = "tighten_filter"
     factor: float = Field(0.8, gt=0, lt=1)
-    floor: float = Field(0.3, gt=0, description="lowest top_p ratio / top_k fraction (top_k_abs: 1 group)")
+    floor: float = Field(
+        0.3, gt=0, description="lowest top_p ratio / top_k fraction (top_k_abs: 1 group)"
+    )
     start: float = Field(0.9, gt=0, le=1, description="top_p ratio when the run had no filter")
 
     def apply(self, knobs, checkpoints, reference):
@@ -101,12 +111,14 @@ class _Raise(_Response):
 class RaiseKl(_Raise):
     """Hold the policy nearer its initial (grounded) self: KL coefficient times ``factor``
     (``initial`` when it was 0: the learner then loads the reference policy)."""
+
     kind: Literal["raise_kl"] = "raise_kl"
     knob: ClassVar[str] = "kl_coef"
 
 
 class RaiseEntropy(_Raise):
     """Entropy bonus times ``factor`` (``initial`` when it was 0)."""
+
     kind: Literal["raise_entropy"] = "raise_entropy"
     ceiling: float = Field(0.01, gt=0)
     knob: ClassVar[str] = "entropy_coef"
@@ -116,6 +128,7 @@ class Rollback(_Response):
     """Load the last checkpoint saved while MI was significantly above its null, at or before
     the alarm's reference point (weights and optimiser state), and multiply the learning
     rate by ``lr_factor``.  Uses the run's checkpoints (``trainer.checkpoint_every``)."""
+
     kind: Literal["rollback"] = "rollback"
     lr_factor: float = Field(0.5, gt=0, le=1)
 
@@ -132,15 +145,21 @@ Response = Annotated[TightenFilter | RaiseKl | RaiseEntropy | Rollback, Field(di
 
 class ControlConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    cooldown: int = Field(3, ge=1, description=(
-        "iterations after an action before the next (the diagnostics must see its effect: "
-        "keep it at least diagnostics.every)"))
+    cooldown: int = Field(
+        3,
+        ge=1,
+        description=(
+            "iterations after an action before the next (the diagnostics must see its effect: "
+            "keep it at least diagnostics.every)"
+        ),
+    )
     max_actions: int = Field(4, ge=1, description="actions per run, over all alarms")
 
 
 @dataclass
 class Action:
     """One response taken: what changed, why, and (for a rollback) where from."""
+
     iteration: int
     alarm: str
     kind: str
@@ -150,17 +169,31 @@ class Action:
 
     @property
     def message(self) -> str:
-        changed = [f"{k} {self.before[k]:.4g} -> {self.after[k]:.4g}" if isinstance(self.before[k], float)
-                   else f"{k} {self.before[k]} -> {self.after[k]}"
-                   for k in self.after if self.after[k] != self.before[k]]
-        where = (f"; weights and optimiser from iteration {self.rollback_to['iteration']} "
-                 f"({self.rollback_to['path']})" if self.rollback_to else "")
+        changed = [
+            f"{k} {self.before[k]:.4g} -> {self.after[k]:.4g}"
+            if isinstance(self.before[k], float)
+            else f"{k} {self.before[k]} -> {self.after[k]}"
+            for k in self.after
+            if self.after[k] != self.before[k]
+        ]
+        where = (
+            f"; weights and optimiser from iteration {self.rollback_to['iteration']} "
+            f"({self.rollback_to['path']})"
+            if self.rollback_to
+            else ""
+        )
         return f"{self.alarm} -> {self.kind}: {', '.join(changed) or 'no setting changed'}{where}"
 
     def to_dict(self) -> dict[str, Any]:
         """An ``alarms.json`` entry: shown beside the alarms as ``action:<kind>``."""
-        return {"name": f"action:{self.kind}", "iteration": self.iteration, "mode": "act",
-                "message": self.message, "evidence": {}, "action": dataclasses.asdict(self)}
+        return {
+            "name": f"action:{self.kind}",
+            "iteration": self.iteration,
+            "mode": "act",
+            "message": self.message,
+            "evidence": {},
+            "action": dataclasses.asdict(self),
+        }
 
 
 @dataclass
@@ -171,8 +204,13 @@ class Controller:
     cursor: dict[str, list[int]] = field(default_factory=dict)
     actions: list[Action] = field(default_factory=list)
 
-    def step(self, iteration: int, breached: Mapping[str, int | None], knobs: Knobs,
-             checkpoints: Sequence[GroundedCheckpoint]) -> tuple[Action, Knobs] | None:
+    def step(
+        self,
+        iteration: int,
+        breached: Mapping[str, int | None],
+        knobs: Knobs,
+        checkpoints: Sequence[GroundedCheckpoint],
+    ) -> tuple[Action, Knobs] | None:
         """At most one action for this iteration; ``breached`` maps each act-mode alarm now
         in breach to its reference iteration (or None)."""
         if len(self.actions) >= self.config.max_actions:
@@ -194,16 +232,23 @@ class Controller:
                 if result is None:
                     continue
                 new, target = result
-                action = Action(iteration, name, response.kind, dataclasses.asdict(knobs),
-                                dataclasses.asdict(new),
-                                dataclasses.asdict(target) if target is not None else None)
+                action = Action(
+                    iteration,
+                    name,
+                    response.kind,
+                    dataclasses.asdict(knobs),
+                    dataclasses.asdict(new),
+                    dataclasses.asdict(target) if target is not None else None,
+                )
                 self.actions.append(action)
                 return action, new
         return None
 
     def state_dict(self) -> dict[str, Any]:
-        return {"cursor": {k: list(v) for k, v in self.cursor.items()},
-                "actions": [dataclasses.asdict(a) for a in self.actions]}
+        return {
+            "cursor": {k: list(v) for k, v in self.cursor.items()},
+            "actions": [dataclasses.asdict(a) for a in self.actions],
+        }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.cursor = {k: list(v) for k, v in state["cursor"].items()}

@@ -65,6 +65,7 @@ class ScoringPair:
     reasoning_ids: the tokens strictly between ``<think>`` and ``</think>``;
     action_ids: the tokens strictly between ``<answer>`` and ``</answer>``.
     """
+
     prompt_ids: tuple[int, ...]
     reasoning_ids: tuple[int, ...]
     action_ids: tuple[int, ...] = ()
@@ -72,23 +73,33 @@ class ScoringPair:
     @classmethod
     def from_turn(cls, turn: Any) -> ScoringPair:
         """Any object with ``prompt_ids``/``reasoning_ids``/``action_ids`` attributes."""
-        return cls(tuple(int(t) for t in turn.prompt_ids), tuple(int(t) for t in turn.reasoning_ids),
-                   tuple(int(t) for t in getattr(turn, "action_ids", ()) or ()))
+        return cls(
+            tuple(int(t) for t in turn.prompt_ids),
+            tuple(int(t) for t in turn.reasoning_ids),
+            tuple(int(t) for t in getattr(turn, "action_ids", ()) or ()),
+        )
 
 
 @dataclass
 class CrossScores:
     """Cross-score matrices: ``S`` and ``L`` are [M continuations, N contexts] float64."""
+
     S: np.ndarray
     L: np.ndarray
-    lengths: np.ndarray                      # [M] scored tokens per continuation (after truncation)
+    lengths: np.ndarray  # [M] scored tokens per continuation (after truncation)
     info: dict[str, Any] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------- sampling
 
-def sample_pairs(trajectories: Sequence[Sequence[Any]], sampling: Sampling, max_pairs: int,
-                 rng: np.random.Generator, max_cells: int | None = None) -> list[ScoringPair]:
+
+def sample_pairs(
+    trajectories: Sequence[Sequence[Any]],
+    sampling: Sampling,
+    max_pairs: int,
+    rng: np.random.Generator,
+    max_cells: int | None = None,
+) -> list[ScoringPair]:
     """Pick the pairs to cross-score from a batch of trajectories (lists of turns).
 
     - ``first_turn``: turn 1 of each trajectory (prompts repeat within a group);
@@ -120,20 +131,25 @@ def sample_pairs(trajectories: Sequence[Sequence[Any]], sampling: Sampling, max_
 
 # ---------------------------------------------------------------- scoring core
 
+
 def _score_naive(model, contexts, continuations, temperature: float, batch_size: int) -> np.ndarray:
     """Every (context j, continuation i) as its own sequence; returns S [M, N]."""
     device = next(model.parameters()).device
     jobs = [(i, j) for j in range(len(contexts)) for i in range(len(continuations))]
     scores = np.zeros((len(continuations), len(contexts)), dtype=np.float64)
     for start in range(0, len(jobs), batch_size):
-        chunk = jobs[start:start + batch_size]
-        ids, mask = right_pad([list(contexts[j]) + list(continuations[i]) for i, j in chunk], device)
-        logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits   # [B, T, V]
-        logp = target_logprobs(logits[:, :-1], ids[:, 1:], temperature)             # [B, T-1]
+        chunk = jobs[start : start + batch_size]
+        ids, mask = right_pad(
+            [list(contexts[j]) + list(continuations[i]) for i, j in chunk], device
+        )
+        logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits  # [B, T, V]
+        logp = target_logprobs(logits[:, :-1], ids[:, 1:], temperature)  # [B, T-1]
         # Position t predicts token t+1; count it when token t+1 is in the continuation.
-        token_pos = torch.arange(1, ids.shape[1], device=device)[None, :]             # [1, T-1]
+        token_pos = torch.arange(1, ids.shape[1], device=device)[None, :]  # [1, T-1]
         starts = torch.tensor([len(contexts[j]) for _, j in chunk], device=device)[:, None]
-        ends = starts + torch.tensor([len(continuations[i]) for i, _ in chunk], device=device)[:, None]
+        ends = (
+            starts + torch.tensor([len(continuations[i]) for i, _ in chunk], device=device)[:, None]
+        )
         keep = (token_pos >= starts) & (token_pos < ends)
         sums = (logp.double() * keep).sum(dim=1).cpu().numpy()
         for (i, j), value in zip(chunk, sums):
@@ -141,11 +157,16 @@ def _score_naive(model, contexts, continuations, temperature: float, batch_size:
     return scores
 
 
-def _expanded_cache(prefix_kv: list[tuple[torch.Tensor, torch.Tensor]], batch: int, config) -> DynamicCache:
+def _expanded_cache(
+    prefix_kv: list[tuple[torch.Tensor, torch.Tensor]], batch: int, config
+) -> DynamicCache:
     """A fresh cache holding the (batch-1) prefix keys/values broadcast to ``batch`` rows."""
     return DynamicCache(
-        ddp_cache_data=[(k.expand(batch, -1, -1, -1), v.expand(batch, -1, -1, -1)) for k, v in prefix_kv],
-        config=config)
+        ddp_cache_data=[
+            (k.expand(batch, -1, -1, -1), v.expand(batch, -1, -1, -1)) for k, v in prefix_kv
+        ],
+        config=config,
+    )
 
 
 # ------------------------------------------------ shared-prefix attention (zero copy)
@@ -153,8 +174,17 @@ def _expanded_cache(prefix_kv: list[tuple[torch.Tensor, torch.Tensor]], batch: i
 SHARED_PREFIX_ATTENTION = "tether_shared_prefix"
 
 
-def _shared_prefix_attention(module, query, key, value, attention_mask, dropout: float = 0.0,
-                             scaling: float | None = None, shared_prefix_kv=None, **kwargs):
+def _shared_prefix_attention(
+    module,
+    query,
+    key,
+    value,
+    attention_mask,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    shared_prefix_kv=None,
+    **kwargs,
+):
     """Attention of B continuations over one shared, cached prefix plus their own tokens.
 
     query [B, Hq, T, D]; key/value [B, Hkv, T, D] (the continuation's own tokens, already
@@ -163,26 +193,26 @@ def _shared_prefix_attention(module, query, key, value, attention_mask, dropout:
     folded into the query rows. Softmax over [prefix | own causal] is merged by hand.
     Returns ([B, T, Hq, D], None) like every HF attention function.
     """
-    prefix_k, prefix_v = shared_prefix_kv[module.layer_idx]                 # [1, Hkv, P, D]
+    prefix_k, prefix_v = shared_prefix_kv[module.layer_idx]  # [1, Hkv, P, D]
     b, hq, t, d = query.shape
     hkv, p = key.shape[1], prefix_k.shape[2]
-    g = hq // hkv                                                            # query heads per kv head
-    scale = d ** -0.5 if scaling is None else scaling
-    q = (query.float() * scale).reshape(b, hkv, g, t, d).permute(1, 0, 2, 3, 4)   # [Hkv, B, g, T, D]
-    pk, pv = prefix_k[0].float(), prefix_v[0].float()                        # [Hkv, P, D]
-    s_pre = torch.bmm(q.reshape(hkv, b * g * t, d), pk.transpose(1, 2))      # [Hkv, B*g*T, P]
+    g = hq // hkv  # query heads per kv head
+    scale = d**-0.5 if scaling is None else scaling
+    q = (query.float() * scale).reshape(b, hkv, g, t, d).permute(1, 0, 2, 3, 4)  # [Hkv, B, g, T, D]
+    pk, pv = prefix_k[0].float(), prefix_v[0].float()  # [Hkv, P, D]
+    s_pre = torch.bmm(q.reshape(hkv, b * g * t, d), pk.transpose(1, 2))  # [Hkv, B*g*T, P]
     s_pre = s_pre.view(hkv, b, g, t, p)
-    k_own = key.float().permute(1, 0, 2, 3).unsqueeze(2)                     # [Hkv, B, 1, T, D]
+    k_own = key.float().permute(1, 0, 2, 3).unsqueeze(2)  # [Hkv, B, 1, T, D]
     v_own = value.float().permute(1, 0, 2, 3).unsqueeze(2)
-    s_own = torch.matmul(q, k_own.transpose(-1, -2))                         # [Hkv, B, g, T, T]
+    s_own = torch.matmul(q, k_own.transpose(-1, -2))  # [Hkv, B, g, T, T]
     causal = torch.ones(t, t, dtype=torch.bool, device=query.device).tril()
     s_own = s_own.masked_fill(~causal, float("-inf"))
     peak = torch.maximum(s_pre.amax(-1, keepdim=True), s_own.amax(-1, keepdim=True))
     e_pre, e_own = torch.exp(s_pre - peak), torch.exp(s_own - peak)
-    denom = e_pre.sum(-1, keepdim=True) + e_own.sum(-1, keepdim=True)        # [Hkv, B, g, T, 1]
+    denom = e_pre.sum(-1, keepdim=True) + e_own.sum(-1, keepdim=True)  # [Hkv, B, g, T, 1]
     out = torch.bmm(e_pre.reshape(hkv, b * g * t, p), pv).view(hkv, b, g, t, d)
-    out = (out + torch.matmul(e_own, v_own)) / denom                         # [Hkv, B, g, T, D]
-    out = out.permute(1, 3, 0, 2, 4).reshape(b, t, hq, d)                    # head = kv * g + group
+    out = (out + torch.matmul(e_own, v_own)) / denom  # [Hkv, B, g, T, D]
+    out = out.permute(1, 3, 0, 2, 4).reshape(b, t, hq, d)  # head = kv * g + group
     return out.to(query.dtype), None
 
 
@@ -195,8 +225,9 @@ def supports_shared_prefix(model) -> bool:
     return supports_custom_attention(model)
 
 
-def _score_prefix(model, contexts, continuations, temperature: float, batch_size: int,
-                  shared: bool = False) -> np.ndarray:
+def _score_prefix(
+    model, contexts, continuations, temperature: float, batch_size: int, shared: bool = False
+) -> np.ndarray:
     """Encode each context once and score all continuations against its KV cache; S [M, N].
 
     ``shared=False``: the batch-1 cache is expanded to the chunk's rows (a standard
@@ -206,42 +237,63 @@ def _score_prefix(model, contexts, continuations, temperature: float, batch_size
     """
     device = next(model.parameters()).device
     m = len(continuations)
-    order = np.argsort([len(c) for c in continuations], kind="stable")   # similar lengths: less padding
-    chunks = [order[s:s + batch_size] for s in range(0, m, batch_size)]
+    order = np.argsort(
+        [len(c) for c in continuations], kind="stable"
+    )  # similar lengths: less padding
+    chunks = [order[s : s + batch_size] for s in range(0, m, batch_size)]
     padded = [right_pad([continuations[i] for i in rows], device) for rows in chunks]
     scores = np.zeros((m, len(contexts)), dtype=np.float64)
     for j, context in enumerate(contexts):
-        ctx = torch.as_tensor([list(context)], dtype=torch.long, device=device)       # [1, P]
+        ctx = torch.as_tensor([list(context)], dtype=torch.long, device=device)  # [1, P]
         out = model(input_ids=ctx, use_cache=True, logits_to_keep=1)
-        last_logits = out.logits[:, -1]                                               # [1, V]
+        last_logits = out.logits[:, -1]  # [1, V]
         prefix_kv = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
         p = ctx.shape[1]
         for rows, (ids, valid) in zip(chunks, padded):
             b, width = ids.shape
             # The first continuation token is predicted by the context's last position.
-            total = target_logprobs(last_logits.expand(b, -1), ids[:, 0], temperature).double()  # [B]
+            total = target_logprobs(
+                last_logits.expand(b, -1), ids[:, 0], temperature
+            ).double()  # [B]
             if width > 1:
                 # Feed tokens 0..W-2; position t predicts token t+1.
                 positions = torch.arange(p, p + width - 1, device=device)[None, :].expand(b, -1)
                 if shared:
                     # Right padding needs no mask: real tokens attend causally to real tokens only.
                     with attention_implementation(model, SHARED_PREFIX_ATTENTION):
-                        logits = model(input_ids=ids[:, :-1], position_ids=positions, use_cache=False,
-                                       shared_prefix_kv=prefix_kv).logits              # [B, W-1, V]
+                        logits = model(
+                            input_ids=ids[:, :-1],
+                            position_ids=positions,
+                            use_cache=False,
+                            shared_prefix_kv=prefix_kv,
+                        ).logits  # [B, W-1, V]
                 else:
-                    attn = torch.cat([torch.ones(b, p, dtype=torch.long, device=device), valid[:, :-1]], 1)
-                    logits = model(input_ids=ids[:, :-1], attention_mask=attn, position_ids=positions,
-                                   past_key_values=_expanded_cache(prefix_kv, b, model.config),
-                                   use_cache=True).logits                              # [B, W-1, V]
-                logp = target_logprobs(logits, ids[:, 1:], temperature)              # [B, W-1]
+                    attn = torch.cat(
+                        [torch.ones(b, p, dtype=torch.long, device=device), valid[:, :-1]], 1
+                    )
+                    logits = model(
+                        input_ids=ids[:, :-1],
+                        attention_mask=attn,
+                        position_ids=positions,
+                        past_key_values=_expanded_cache(prefix_kv, b, model.config),
+                        use_cache=True,
+                    ).logits  # [B, W-1, V]
+                logp = target_logprobs(logits, ids[:, 1:], temperature)  # [B, W-1]
                 total = total + (logp.double() * valid[:, 1:]).sum(dim=1)
             scores[rows, j] = total.cpu().numpy()
     return scores
 
 
-def cross_score_pairs(model, contexts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]],
-                      temperature: float = 1.0, *, method: ScoringMethod = "auto", batch_size: int = 128,
-                      max_continuation_tokens: int | None = None) -> CrossScores:
+def cross_score_pairs(
+    model,
+    contexts: Sequence[Sequence[int]],
+    continuations: Sequence[Sequence[int]],
+    temperature: float = 1.0,
+    *,
+    method: ScoringMethod = "auto",
+    batch_size: int = 128,
+    max_continuation_tokens: int | None = None,
+) -> CrossScores:
     """Score every continuation under every context with a HF causal LM.
 
     Continuations longer than the room the model's window leaves after the longest
@@ -255,12 +307,16 @@ def cross_score_pairs(model, contexts: Sequence[Sequence[int]], continuations: S
     ``continuation_cap`` and ``seconds``.
     """
     if method not in SCORING_METHODS:
-        raise ValueError(f"unknown cross-scoring method {method!r}; choose one of {list(SCORING_METHODS)}")
+        raise ValueError(
+            f"unknown cross-scoring method {method!r}; choose one of {list(SCORING_METHODS)}"
+        )
     if method == "auto":
         method = "multi_prefix" if supports_shared_prefix(model) else "prefix"
     if method in ("shared_prefix", "multi_prefix") and not supports_shared_prefix(model):
-        raise ValueError(f"method {method!r} needs full attention dispatched through the HF "
-                         "AttentionInterface; use method='prefix' for this model")
+        raise ValueError(
+            f"method {method!r} needs full attention dispatched through the HF "
+            "AttentionInterface; use method='prefix' for this model"
+        )
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     if batch_size < 1:
@@ -268,27 +324,45 @@ def cross_score_pairs(model, contexts: Sequence[Sequence[int]], continuations: S
     if any(len(c) == 0 for c in contexts):
         raise ValueError("every context needs at least one token")
     if any(len(y) == 0 for y in continuations):
-        raise ValueError("empty continuation: drop pairs with empty reasoning/action before scoring")
+        raise ValueError(
+            "empty continuation: drop pairs with empty reasoning/action before scoring"
+        )
     m, n = len(continuations), len(contexts)
-    info: dict[str, Any] = {"method": method, "num_contexts": n, "num_continuations": m,
-                            "truncated_reasoning": 0, "continuation_cap": None, "seconds": 0.0}
+    info: dict[str, Any] = {
+        "method": method,
+        "num_contexts": n,
+        "num_continuations": m,
+        "truncated_reasoning": 0,
+        "continuation_cap": None,
+        "seconds": 0.0,
+    }
     if m == 0 or n == 0:
         empty = np.zeros((m, n))
-        return CrossScores(empty, empty.copy(), np.array([len(y) for y in continuations], dtype=np.int64), info)
+        return CrossScores(
+            empty, empty.copy(), np.array([len(y) for y in continuations], dtype=np.int64), info
+        )
 
     window = getattr(model.config, "max_position_embeddings", None)
     cap = None if window is None else window - max(len(c) for c in contexts)
     if max_continuation_tokens is not None:
         cap = max_continuation_tokens if cap is None else min(cap, max_continuation_tokens)
     if cap is not None and cap < 1:
-        raise ValueError(f"the longest context ({max(len(c) for c in contexts)} tokens) leaves no room "
-                         f"in the model window ({window} tokens); shorten the prompt or raise the window")
+        raise ValueError(
+            f"the longest context ({max(len(c) for c in contexts)} tokens) leaves no room "
+            f"in the model window ({window} tokens); shorten the prompt or raise the window"
+        )
     if cap is not None:
         info["truncated_reasoning"] = sum(1 for y in continuations if len(y) > cap)
         if info["truncated_reasoning"]:
-            log.warning("cross-scoring: %d of %d continuations longer than %d tokens were truncated "
-                        "(model window %s, longest context %d tokens)", info["truncated_reasoning"], m,
-                        cap, window, max(len(c) for c in contexts))
+            log.warning(
+                "cross-scoring: %d of %d continuations longer than %d tokens were truncated "
+                "(model window %s, longest context %d tokens)",
+                info["truncated_reasoning"],
+                m,
+                cap,
+                window,
+                max(len(c) for c in contexts),
+            )
         continuations = [list(y[:cap]) for y in continuations]
     info["continuation_cap"] = cap
 
@@ -296,7 +370,11 @@ def cross_score_pairs(model, contexts: Sequence[Sequence[int]], continuations: S
     if method == "multi_prefix":
         score = score_multi_prefix
     else:
-        score = _score_naive if method == "naive" else partial(_score_prefix, shared=method == "shared_prefix")
+        score = (
+            _score_naive
+            if method == "naive"
+            else partial(_score_prefix, shared=method == "shared_prefix")
+        )
     with torch.inference_mode():
         S = score(model, contexts, continuations, temperature, batch_size)
     info["seconds"] = time.perf_counter() - start
@@ -306,9 +384,11 @@ def cross_score_pairs(model, contexts: Sequence[Sequence[int]], continuations: S
 
 # ---------------------------------------------------------------- information chain
 
+
 @dataclass
 class ChainResult:
     """MI metric dicts per link (``xz`` always; ``za``/``xa`` when actions were scored)."""
+
     metrics: dict[str, dict[str, float]]
     ema_state: dict[str, dict | None]
     info: dict[str, dict[str, Any]]
@@ -323,8 +403,9 @@ class ChainResult:
         return flat
 
 
-def chain_inputs(pairs: Sequence[ScoringPair], answer_prefix_ids: Sequence[int] | None = None
-                 ) -> dict[str, tuple[list[tuple[int, ...]], list[tuple[int, ...]], np.ndarray]]:
+def chain_inputs(
+    pairs: Sequence[ScoringPair], answer_prefix_ids: Sequence[int] | None = None
+) -> dict[str, tuple[list[tuple[int, ...]], list[tuple[int, ...]], np.ndarray]]:
     """Contexts, continuations and columns for each link of input -> reasoning -> action.
 
     ``xz``: reasonings under the distinct prompts. With ``answer_prefix_ids`` (the
@@ -353,12 +434,19 @@ def _longest_context(pair: ScoringPair, answer_prefix_ids: Sequence[int] | None)
     return len(pair.prompt_ids) + len(pair.reasoning_ids) + len(answer_prefix_ids)
 
 
-def information_chain(model, pairs: Sequence[ScoringPair], temperature: float = 1.0, *,
-                      answer_prefix_ids: Sequence[int] | None = None,
-                      ema_state: dict[str, dict | None] | None = None, method: ScoringMethod = "auto",
-                      batch_size: int = 128, max_continuation_tokens: int | None = None,
-                      uncertainty: Uncertainty | None = None,
-                      rng: np.random.Generator | None = None) -> ChainResult:
+def information_chain(
+    model,
+    pairs: Sequence[ScoringPair],
+    temperature: float = 1.0,
+    *,
+    answer_prefix_ids: Sequence[int] | None = None,
+    ema_state: dict[str, dict | None] | None = None,
+    method: ScoringMethod = "auto",
+    batch_size: int = 128,
+    max_continuation_tokens: int | None = None,
+    uncertainty: Uncertainty | None = None,
+    rng: np.random.Generator | None = None,
+) -> ChainResult:
     """I(X;Z) proxies for ``pairs`` and, given ``answer_prefix_ids``, I(Z;A) and I(X;A).
 
     Pairs with empty reasoning are dropped from every link (``valid_reasoning_rate``);
@@ -382,12 +470,20 @@ def information_chain(model, pairs: Sequence[ScoringPair], temperature: float = 
         action_links = chain_inputs(with_action, answer_prefix_ids)
         links["za"], links["xa"] = action_links["za"], action_links["xa"]
     for link, (contexts, continuations, column) in links.items():
-        scores = cross_score_pairs(model, contexts, continuations, temperature, method=method,
-                                   batch_size=batch_size, max_continuation_tokens=max_continuation_tokens)
+        scores = cross_score_pairs(
+            model,
+            contexts,
+            continuations,
+            temperature,
+            method=method,
+            batch_size=batch_size,
+            max_continuation_tokens=max_continuation_tokens,
+        )
         started = time.perf_counter()
-        link_metrics, ema_state[link] = mi_proxies(scores.L, scores.S, column, ema_state.get(link),
-                                                   uncertainty, rng)
-        scores.info["proxy_seconds"] = time.perf_counter() - started   # intervals and test included
+        link_metrics, ema_state[link] = mi_proxies(
+            scores.L, scores.S, column, ema_state.get(link), uncertainty, rng
+        )
+        scores.info["proxy_seconds"] = time.perf_counter() - started  # intervals and test included
         if link == "xz":
             if reasoning_rate is not None:
                 link_metrics["valid_reasoning_rate"] = reasoning_rate

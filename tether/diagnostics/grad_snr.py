@@ -51,9 +51,13 @@ def _grad_norm(loss: torch.Tensor, params: list[torch.nn.Parameter]) -> float:
     return float(torch.stack(squares).sum().sqrt()) if squares else 0.0
 
 
-def bucket_grad_norms(model: torch.nn.Module, task_loss_fn: LossFn, reg_loss_fn: LossFn,
-                      buckets: Sequence[Sequence[int]],
-                      group_reward_std: np.ndarray | None = None) -> list[dict[str, float]]:
+def bucket_grad_norms(
+    model: torch.nn.Module,
+    task_loss_fn: LossFn,
+    reg_loss_fn: LossFn,
+    buckets: Sequence[Sequence[int]],
+    group_reward_std: np.ndarray | None = None,
+) -> list[dict[str, float]]:
     """Per bucket, the task-loss and regulariser-loss gradient norms, measured separately.
 
     ``task_loss_fn(group_indices)`` / ``reg_loss_fn(group_indices)`` return the scalar
@@ -68,7 +72,11 @@ def bucket_grad_norms(model: torch.nn.Module, task_loss_fn: LossFn, reg_loss_fn:
     ``group_reward_std``, ``mean_rv``.
     """
     params = [p for p in model.parameters() if p.requires_grad]
-    rv = None if group_reward_std is None else np.asarray(group_reward_std, dtype=np.float64).reshape(-1)
+    rv = (
+        None
+        if group_reward_std is None
+        else np.asarray(group_reward_std, dtype=np.float64).reshape(-1)
+    )
     rows = []
     for k, bucket in enumerate(buckets, start=1):
         groups = [int(g) for g in bucket]
@@ -79,8 +87,9 @@ def bucket_grad_norms(model: torch.nn.Module, task_loss_fn: LossFn, reg_loss_fn:
     return rows
 
 
-def _with_ratio_and_rv(row: dict[str, float], rv: np.ndarray | None,
-                       groups: list[int]) -> dict[str, float]:
+def _with_ratio_and_rv(
+    row: dict[str, float], rv: np.ndarray | None, groups: list[int]
+) -> dict[str, float]:
     """A bucket's row completed with its SNR (task / regulariser norm) and mean RV."""
     if row["reg_grad_norm"] > 0:
         row["snr"] = row["task_grad_norm"] / row["reg_grad_norm"]
@@ -89,10 +98,12 @@ def _with_ratio_and_rv(row: dict[str, float], rv: np.ndarray | None,
     return row
 
 
-def bucket_grad_norms_accumulated(model: torch.nn.Module,
-                                  parts_fn: Callable[[list[int]], Iterable[tuple[torch.Tensor, torch.Tensor]]],
-                                  buckets: Sequence[Sequence[int]],
-                                  group_reward_std: np.ndarray | None = None) -> list[dict[str, float]]:
+def bucket_grad_norms_accumulated(
+    model: torch.nn.Module,
+    parts_fn: Callable[[list[int]], Iterable[tuple[torch.Tensor, torch.Tensor]]],
+    buckets: Sequence[Sequence[int]],
+    group_reward_std: np.ndarray | None = None,
+) -> list[dict[str, float]]:
     """As `bucket_grad_norms`, for buckets whose losses come in parts (micro-batches).
 
     ``parts_fn(group_indices)`` yields ``(task_part, reg_part)`` per micro-batch, each pair
@@ -102,12 +113,18 @@ def bucket_grad_norms_accumulated(model: torch.nn.Module,
     parts separately, so the norms are those of the whole bucket's two losses.
     """
     params = [p for p in model.parameters() if p.requires_grad]
-    rv = None if group_reward_std is None else np.asarray(group_reward_std, dtype=np.float64).reshape(-1)
+    rv = (
+        None
+        if group_reward_std is None
+        else np.asarray(group_reward_std, dtype=np.float64).reshape(-1)
+    )
     rows = []
     for k, bucket in enumerate(buckets, start=1):
         groups = [int(g) for g in bucket]
-        sums: dict[str, list[torch.Tensor | None]] = {"task": [None] * len(params),
-                                                       "reg": [None] * len(params)}
+        sums: dict[str, list[torch.Tensor | None]] = {
+            "task": [None] * len(params),
+            "reg": [None] * len(params),
+        }
         for task, reg in parts_fn(groups):
             for name, loss in (("task", task), ("reg", reg)):
                 if not loss.requires_grad:
@@ -116,7 +133,9 @@ def bucket_grad_norms_accumulated(model: torch.nn.Module,
                 acc = sums[name]
                 for i, g in enumerate(grads):
                     if g is not None:
-                        acc[i] = g.detach().double() if acc[i] is None else acc[i] + g.detach().double()
+                        acc[i] = (
+                            g.detach().double() if acc[i] is None else acc[i] + g.detach().double()
+                        )
         row: dict[str, float] = {"bucket": float(k), "num_groups": float(len(groups))}
         for name in ("task", "reg"):
             squares = [g.pow(2).sum() for g in sums[name] if g is not None]
@@ -125,7 +144,9 @@ def bucket_grad_norms_accumulated(model: torch.nn.Module,
     return rows
 
 
-def grad_snr_metrics(rows: Sequence[dict[str, float]], prefix: str = "grad_snr") -> dict[str, float]:
+def grad_snr_metrics(
+    rows: Sequence[dict[str, float]], prefix: str = "grad_snr"
+) -> dict[str, float]:
     """Flatten `bucket_grad_norms` rows to ``{prefix}/q{k}/{task_grad_norm|reg_grad_norm|snr|mean_rv}``."""
     metrics = {}
     for row in rows:

@@ -39,22 +39,22 @@ BEHAVIOURS = ("grounded", "template", "random_template")
 
 # Token ids of the synthetic language (no tokenizer: the harness works on ids).
 PAD, BOS, THINK, THINK_CLOSE, ANSWER_OPEN, ANSWER_CLOSE = range(6)
-KEY_IDS = range(8, 40)          # prompt keys (and grounded reasoning / actions)
-TEMPLATE_IDS = range(40, 64)    # template reasoning tokens and template actions
+KEY_IDS = range(8, 40)  # prompt keys (and grounded reasoning / actions)
+TEMPLATE_IDS = range(40, 64)  # template reasoning tokens and template actions
 VOCAB = 64
 ANSWER_PREFIX = (THINK_CLOSE, ANSWER_OPEN)
 
 
 @dataclass(frozen=True)
 class HarnessConfig:
-    n_prompts: int = 8            # N distinct prompts (columns)
-    samples: int = 8              # replies sampled per prompt (M = n_prompts * samples)
-    keys: int = 4                 # key tokens per prompt = grounded reasoning length
-    templates: int = 8            # T templates of random_template
-    template_len: int = 4         # tokens of each template
-    train_steps: int = 160        # SFT steps per behaviour (batch 32, fresh samples)
+    n_prompts: int = 8  # N distinct prompts (columns)
+    samples: int = 8  # replies sampled per prompt (M = n_prompts * samples)
+    keys: int = 4  # key tokens per prompt = grounded reasoning length
+    templates: int = 8  # T templates of random_template
+    template_len: int = 4  # tokens of each template
+    train_steps: int = 160  # SFT steps per behaviour (batch 32, fresh samples)
     lr: float = 1e-2
-    temperature: float = 1.0      # sampling and scoring temperature
+    temperature: float = 1.0  # sampling and scoring temperature
     seed: int = 0
 
 
@@ -80,10 +80,14 @@ class Behaviour:
         # Templates: distinct token strings, each with its own action token.
         picks = rng.choice(len(TEMPLATE_IDS), size=(cfg.templates, cfg.template_len))
         self.templates = [tuple(TEMPLATE_IDS[p] for p in row) for row in picks]
-        self.template_actions = [TEMPLATE_IDS[a] for a in rng.choice(len(TEMPLATE_IDS), size=cfg.templates,
-                                                                        replace=False)]
+        self.template_actions = [
+            TEMPLATE_IDS[a]
+            for a in rng.choice(len(TEMPLATE_IDS), size=cfg.templates, replace=False)
+        ]
 
-    def reply(self, keys: tuple[int, ...], rng: np.random.Generator) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    def reply(
+        self, keys: tuple[int, ...], rng: np.random.Generator
+    ) -> tuple[tuple[int, ...], tuple[int, ...]]:
         if self.name == "grounded":
             return keys, (keys[0],)
         k = 0 if self.name == "template" else int(rng.integers(self.cfg.templates))
@@ -105,27 +109,34 @@ def random_keys(cfg: HarnessConfig, rng: np.random.Generator) -> tuple[int, ...]
 
 def train_policy(behaviour: Behaviour, cfg: HarnessConfig, rng: np.random.Generator):
     """A micro model fine-tuned on fresh prompts answered by ``behaviour`` (loss on replies)."""
-    model = build_tiny_model(tiny_config("micro", vocab_size=VOCAB, max_context=64, pad_token_id=PAD),
-                             seed=cfg.seed)
+    model = build_tiny_model(
+        tiny_config("micro", vocab_size=VOCAB, max_context=64, pad_token_id=PAD), seed=cfg.seed
+    )
     sequences = []
     for _ in range(cfg.train_steps * 32):
         prompt = prompt_ids(random_keys(cfg, rng))
         reply = reply_ids(*behaviour.reply(prompt[1:-1], rng))
         sequences.append((list(prompt + reply), [0] * len(prompt) + [1] * len(reply)))
-    stats = supervised_finetune(model, sequences, PAD, epochs=1, batch_size=32, lr=cfg.lr,
-                                seed=cfg.seed)
+    stats = supervised_finetune(
+        model, sequences, PAD, epochs=1, batch_size=32, lr=cfg.lr, seed=cfg.seed
+    )
     return model, stats["sft_loss"]
 
 
 @torch.no_grad()
-def sample_replies(model, prompts: list[tuple[int, ...]], temperature: float, max_new_tokens: int,
-                   generator: torch.Generator) -> list[tuple[int, ...]]:
+def sample_replies(
+    model,
+    prompts: list[tuple[int, ...]],
+    temperature: float,
+    max_new_tokens: int,
+    generator: torch.Generator,
+) -> list[tuple[int, ...]]:
     """Ancestral sampling from softmax(logits / τ), all prompts of equal length, until
     ``</answer>`` or ``max_new_tokens``; returns each reply's tokens (``</answer>`` included)."""
-    ids = torch.tensor(prompts)                                               # [B, P]
+    ids = torch.tensor(prompts)  # [B, P]
     done = torch.zeros(len(prompts), dtype=torch.bool)
     for _ in range(max_new_tokens):
-        logits = model(input_ids=ids).logits[:, -1].float() / temperature    # [B, V]
+        logits = model(input_ids=ids).logits[:, -1].float() / temperature  # [B, V]
         token = torch.multinomial(torch.softmax(logits, -1), 1, generator=generator).squeeze(-1)
         token = torch.where(done, torch.full_like(token, PAD), token)
         ids = torch.cat([ids, token[:, None]], dim=1)
@@ -135,7 +146,7 @@ def sample_replies(model, prompts: list[tuple[int, ...]], temperature: float, ma
     width = len(prompts[0])
     replies = []
     for row in ids[:, width:].tolist():
-        replies.append(tuple(row[:row.index(ANSWER_CLOSE) + 1] if ANSWER_CLOSE in row else row))
+        replies.append(tuple(row[: row.index(ANSWER_CLOSE) + 1] if ANSWER_CLOSE in row else row))
     return replies
 
 
@@ -148,7 +159,7 @@ def parse_reply(reply: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...
     rest = reply[end:]
     if rest[:2] != ANSWER_PREFIX or ANSWER_CLOSE not in rest:
         return reply[:end], ()
-    return reply[:end], rest[2:rest.index(ANSWER_CLOSE)]
+    return reply[:end], rest[2 : rest.index(ANSWER_CLOSE)]
 
 
 @torch.no_grad()
@@ -160,10 +171,10 @@ def reasoning_token_entropy(model, prompts, replies, temperature: float) -> floa
     attention = torch.zeros_like(ids)
     mask = torch.zeros(len(rows), width)
     for b, (p, r) in enumerate(zip(prompts, replies)):
-        ids[b, :len(rows[b])] = torch.tensor(rows[b])
-        attention[b, :len(rows[b])] = 1
-        mask[b, len(p):len(p) + len(parse_reply(r)[0])] = 1.0
-    _, entropy = token_logprobs(model, ids, attention, temperature, with_entropy=True)   # [B, T]
+        ids[b, : len(rows[b])] = torch.tensor(rows[b])
+        attention[b, : len(rows[b])] = 1
+        mask[b, len(p) : len(p) + len(parse_reply(r)[0])] = 1.0
+    _, entropy = token_logprobs(model, ids, attention, temperature, with_entropy=True)  # [B, T]
     return float((entropy * mask).sum() / mask.sum().clamp_min(1.0))
 
 
@@ -179,18 +190,22 @@ def _run_behaviour(name: str, cfg: HarnessConfig) -> HarnessResult:
     model, sft_loss = train_policy(behaviour, cfg, rng)
     eval_rng = np.random.default_rng(cfg.seed + 1)
     distinct = [prompt_ids(random_keys(cfg, eval_rng)) for _ in range(cfg.n_prompts)]
-    prompts = [p for p in distinct for _ in range(cfg.samples)]             # groups, like first_turn
+    prompts = [p for p in distinct for _ in range(cfg.samples)]  # groups, like first_turn
     generator = torch.Generator().manual_seed(cfg.seed)
     max_new = max(cfg.keys, cfg.template_len) + 6
     replies = sample_replies(model, prompts, cfg.temperature, max_new, generator)
     parsed = [parse_reply(r) for r in replies]
     pairs = [ScoringPair(p, z, a) for p, (z, a) in zip(prompts, parsed)]
-    chain = information_chain(model, pairs, cfg.temperature, answer_prefix_ids=ANSWER_PREFIX,
-                              method="auto")
+    chain = information_chain(
+        model, pairs, cfg.temperature, answer_prefix_ids=ANSWER_PREFIX, method="auto"
+    )
     return HarnessResult(
-        behaviour=name, chain=chain.metrics,
+        behaviour=name,
+        chain=chain.metrics,
         reasoning_token_entropy=reasoning_token_entropy(model, prompts, replies, cfg.temperature),
-        format_ok_rate=sum(1 for z, a in parsed if z and a) / len(parsed), sft_loss=sft_loss)
+        format_ok_rate=sum(1 for z, a in parsed if z and a) / len(parsed),
+        sft_loss=sft_loss,
+    )
 
 
 def run_harness(cfg: HarnessConfig = HarnessConfig()) -> dict[str, HarnessResult]:
@@ -219,15 +234,31 @@ def main() -> None:
     started = time.perf_counter()
     results = run_harness()
     table = Table(title=f"known-answer harness ({time.perf_counter() - started:.1f} s)")
-    columns = [("I(X;Z) mi_estimate", "xz", "mi_estimate"), ("retrieval - chance", "xz", "retrieval_above_chance"),
-               ("mi_zscore", "xz", "mi_zscore"), ("H(Z|X) est", "xz", "conditional_entropy_est"),
-               ("H(Z) est", "xz", "reasoning_entropy_est"), ("I(Z;A)", "za", "mi_estimate"),
-               ("I(X;A)", "xa", "mi_estimate")]
-    for header in ["policy", *(c[0] for c in columns), "token H(reasoning)", "format ok", "sft loss"]:
+    columns = [
+        ("I(X;Z) mi_estimate", "xz", "mi_estimate"),
+        ("retrieval - chance", "xz", "retrieval_above_chance"),
+        ("mi_zscore", "xz", "mi_zscore"),
+        ("H(Z|X) est", "xz", "conditional_entropy_est"),
+        ("H(Z) est", "xz", "reasoning_entropy_est"),
+        ("I(Z;A)", "za", "mi_estimate"),
+        ("I(X;A)", "xa", "mi_estimate"),
+    ]
+    for header in [
+        "policy",
+        *(c[0] for c in columns),
+        "token H(reasoning)",
+        "format ok",
+        "sft loss",
+    ]:
         table.add_column(header)
     for name, r in results.items():
-        table.add_row(name, *(f"{r.chain[link].get(key, float('nan')):.3f}" for _, link, key in columns),
-                      f"{r.reasoning_token_entropy:.3f}", f"{r.format_ok_rate:.2f}", f"{r.sft_loss:.3f}")
+        table.add_row(
+            name,
+            *(f"{r.chain[link].get(key, float('nan')):.3f}" for _, link, key in columns),
+            f"{r.reasoning_token_entropy:.3f}",
+            f"{r.format_ok_rate:.2f}",
+            f"{r.sft_loss:.3f}",
+        )
     Console().print(table)
 
 

@@ -36,16 +36,25 @@ RETRIEVAL_KS = (2, 4, 8)
 # Metric keys that need at least two columns (distinct prompts). With one column
 # mutual information is undefined, so these are absent rather than NaN.
 MULTI_COLUMN_KEYS = (
-    "mi_estimate", "mi_seq_estimate", "mi_upper_bound",
-    "retrieval_acc", "retrieval_chance", "retrieval_above_chance",
+    "mi_estimate",
+    "mi_seq_estimate",
+    "mi_upper_bound",
+    "retrieval_acc",
+    "retrieval_chance",
+    "retrieval_above_chance",
     *(f"retrieval_acc@{k}" for k in RETRIEVAL_KS),
     *(f"retrieval_chance@{k}" for k in RETRIEVAL_KS),
-    "mi_zscore", "mi_zscore_ema", "marginal_std", "marginal_std_ema",
+    "mi_zscore",
+    "mi_zscore_ema",
+    "marginal_std",
+    "marginal_std_ema",
 )
 # Metric keys present whenever there is at least one pair.
 ENTROPY_KEYS = (
-    "conditional_entropy_est", "reasoning_entropy_est",
-    "conditional_entropy_seq_est", "reasoning_entropy_seq_est",
+    "conditional_entropy_est",
+    "reasoning_entropy_est",
+    "conditional_entropy_seq_est",
+    "reasoning_entropy_seq_est",
 )
 
 
@@ -71,8 +80,8 @@ def valid_reasoning_rate(reasonings: Sequence[Sequence[Any]]) -> float | None:
 
 def _matched_marginal(scores: np.ndarray, column: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     m, n = scores.shape
-    matched = scores[np.arange(m), column]                      # [M]
-    marginal = logsumexp(scores, axis=1) - np.log(n)             # [M]
+    matched = scores[np.arange(m), column]  # [M]
+    marginal = logsumexp(scores, axis=1) - np.log(n)  # [M]
     return matched, marginal
 
 
@@ -82,9 +91,14 @@ def _topk_hit_rate(scores: np.ndarray, column: np.ndarray, k: int) -> np.ndarray
     return hit_rate(scores, scores[np.arange(len(column)), column], k)
 
 
-def mi_proxies(L: np.ndarray, S: np.ndarray, column: np.ndarray,
-               ema_state: dict | None = None, uncertainty: Uncertainty | None = None,
-               rng: np.random.Generator | None = None) -> tuple[dict[str, float], dict | None]:
+def mi_proxies(
+    L: np.ndarray,
+    S: np.ndarray,
+    column: np.ndarray,
+    ema_state: dict | None = None,
+    uncertainty: Uncertainty | None = None,
+    rng: np.random.Generator | None = None,
+) -> tuple[dict[str, float], dict | None]:
     """The MI proxies (docs/methods.md, section 2) from per-token (`L`) and sequence (`S`)
     cross-scores.
 
@@ -113,7 +127,9 @@ def mi_proxies(L: np.ndarray, S: np.ndarray, column: np.ndarray,
     if column.shape != (m,):
         raise ValueError(f"column must have shape ({m},), got {column.shape}")
     if m and (column.min() < 0 or column.max() >= n):
-        raise ValueError(f"column indices must lie in [0, {n}), got range [{column.min()}, {column.max()}]")
+        raise ValueError(
+            f"column indices must lie in [0, {n}), got range [{column.min()}, {column.max()}]"
+        )
     if not (np.isfinite(L).all() and np.isfinite(S).all()):
         raise ValueError("cross-score matrices contain non-finite values")
 
@@ -137,7 +153,7 @@ def mi_proxies(L: np.ndarray, S: np.ndarray, column: np.ndarray,
     metrics["mi_upper_bound"] = float(np.log(n))
 
     # Chance of retrieval: a guesser drawing columns by their frequency in the batch.
-    counts = np.bincount(column, minlength=n)                   # [N]
+    counts = np.bincount(column, minlength=n)  # [N]
     chance = float((counts[column] / m).mean())
     metrics["retrieval_acc"] = float(_topk_hit_rate(L, column, 1).mean())
     metrics["retrieval_chance"] = chance
@@ -146,8 +162,8 @@ def mi_proxies(L: np.ndarray, S: np.ndarray, column: np.ndarray,
         metrics[f"retrieval_acc@{k}"] = float(_topk_hit_rate(L, column, k).mean())
         metrics[f"retrieval_chance@{k}"] = min(1.0, k * chance)
 
-    gap = matched - marginal                                     # [M]
-    sigma = float(marginal.std())                                # population std (ddof 0)
+    gap = matched - marginal  # [M]
+    sigma = float(marginal.std())  # population std (ddof 0)
     metrics["marginal_std"] = sigma
     metrics["mi_zscore"] = float((gap / (sigma + ZSCORE_EPS)).mean())
     if ema_state is None or "sigma" not in ema_state:

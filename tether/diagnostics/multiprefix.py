@@ -33,8 +33,17 @@ MULTI_PREFIX_ATTENTION = "tether_multi_prefix"
 CALL_OVERHEAD_TOKENS = 256
 
 
-def _multi_prefix_attention(module, query, key, value, attention_mask, dropout: float = 0.0,
-                            scaling: float | None = None, multi_prefix=None, **kwargs):
+def _multi_prefix_attention(
+    module,
+    query,
+    key,
+    value,
+    attention_mask,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    multi_prefix=None,
+    **kwargs,
+):
     """Attention of C x R rows (R continuations under each of C contexts) over their
     own context's cached prefix plus their own tokens.
 
@@ -44,33 +53,44 @@ def _multi_prefix_attention(module, query, key, value, attention_mask, dropout: 
     ([C*R, T, Hq, D], None) like every HF attention function.
     """
     layers, valid = multi_prefix
-    prefix_k, prefix_v = layers[module.layer_idx]                            # [C, Hkv, P, D]
+    prefix_k, prefix_v = layers[module.layer_idx]  # [C, Hkv, P, D]
     c, hkv, p, d = prefix_k.shape
     bt, hq, t, _ = query.shape
     r, g = bt // c, hq // hkv
-    scale = d ** -0.5 if scaling is None else scaling
-    q = (query.float() * scale).reshape(c, r, hkv, g, t, d).permute(0, 2, 1, 3, 4, 5)  # [C, Hkv, R, g, T, D]
-    s_pre = torch.bmm(q.reshape(c * hkv, r * g * t, d), prefix_k.float().reshape(c * hkv, p, d).transpose(1, 2))
-    s_pre = s_pre.view(c, hkv, r, g, t, p).masked_fill(~valid[:, None, None, None, None, :], float("-inf"))
-    k_own = key.float().reshape(c, r, hkv, t, d).permute(0, 2, 1, 3, 4).unsqueeze(3)   # [C, Hkv, R, 1, T, D]
+    scale = d**-0.5 if scaling is None else scaling
+    q = (
+        (query.float() * scale).reshape(c, r, hkv, g, t, d).permute(0, 2, 1, 3, 4, 5)
+    )  # [C, Hkv, R, g, T, D]
+    s_pre = torch.bmm(
+        q.reshape(c * hkv, r * g * t, d), prefix_k.float().reshape(c * hkv, p, d).transpose(1, 2)
+    )
+    s_pre = s_pre.view(c, hkv, r, g, t, p).masked_fill(
+        ~valid[:, None, None, None, None, :], float("-inf")
+    )
+    k_own = (
+        key.float().reshape(c, r, hkv, t, d).permute(0, 2, 1, 3, 4).unsqueeze(3)
+    )  # [C, Hkv, R, 1, T, D]
     v_own = value.float().reshape(c, r, hkv, t, d).permute(0, 2, 1, 3, 4).unsqueeze(3)
-    s_own = torch.matmul(q, k_own.transpose(-1, -2))                         # [C, Hkv, R, g, T, T]
+    s_own = torch.matmul(q, k_own.transpose(-1, -2))  # [C, Hkv, R, g, T, T]
     causal = torch.ones(t, t, dtype=torch.bool, device=query.device).tril()
     s_own = s_own.masked_fill(~causal, float("-inf"))
     peak = torch.maximum(s_pre.amax(-1, keepdim=True), s_own.amax(-1, keepdim=True))
     e_pre, e_own = torch.exp(s_pre - peak), torch.exp(s_own - peak)
     denom = e_pre.sum(-1, keepdim=True) + e_own.sum(-1, keepdim=True)
     out = torch.bmm(e_pre.reshape(c * hkv, r * g * t, p), prefix_v.float().reshape(c * hkv, p, d))
-    out = (out.view(c, hkv, r, g, t, d) + torch.matmul(e_own, v_own)) / denom  # [C, Hkv, R, g, T, D]
-    out = out.permute(0, 2, 4, 1, 3, 5).reshape(bt, t, hq, d)                # head = kv * g + group
+    out = (
+        out.view(c, hkv, r, g, t, d) + torch.matmul(e_own, v_own)
+    ) / denom  # [C, Hkv, R, g, T, D]
+    out = out.permute(0, 2, 4, 1, 3, 5).reshape(bt, t, hq, d)  # head = kv * g + group
     return out.to(query.dtype), None
 
 
 AttentionInterface.register(MULTI_PREFIX_ATTENTION, _multi_prefix_attention)
 
 
-def length_chunks(lengths: Sequence[int], max_rows: int,
-                  overhead: int = CALL_OVERHEAD_TOKENS) -> list[np.ndarray]:
+def length_chunks(
+    lengths: Sequence[int], max_rows: int, overhead: int = CALL_OVERHEAD_TOKENS
+) -> list[np.ndarray]:
     """Split continuations (by index) into chunks of similar length.
 
     Sorted by length, the cut points minimise Σ_chunks (rows x longest + overhead)
@@ -83,14 +103,14 @@ def length_chunks(lengths: Sequence[int], max_rows: int,
     best = np.full(m + 1, np.inf)
     best[0] = 0.0
     cut = np.zeros(m + 1, dtype=np.int64)
-    for end in range(1, m + 1):                    # chunk = sorted[start:end]
+    for end in range(1, m + 1):  # chunk = sorted[start:end]
         for start in range(max(0, end - max_rows), end):
             cost = best[start] + (end - start) * int(sorted_len[end - 1]) + overhead
             if cost < best[end]:
                 best[end], cut[end] = cost, start
     chunks, end = [], m
     while end > 0:
-        chunks.append(order[cut[end]:end])
+        chunks.append(order[cut[end] : end])
         end = cut[end]
     return chunks[::-1]
 
@@ -99,15 +119,23 @@ def _encode_contexts(model, contexts: Sequence[Sequence[int]], device):
     """One right-padded forward over contexts: per-layer KV [C, Hkv, P, D], valid [C, P],
     each context's length [C] and the logits at its last token [C, V]."""
     ids, mask = right_pad(contexts, device)
-    lengths = mask.sum(dim=1)                                                 # [C]
-    out = model(input_ids=ids, attention_mask=mask, use_cache=True,
-                logits_to_keep=(lengths - 1)[:, None])                       # logits [C, 1, V]
+    lengths = mask.sum(dim=1)  # [C]
+    out = model(
+        input_ids=ids, attention_mask=mask, use_cache=True, logits_to_keep=(lengths - 1)[:, None]
+    )  # logits [C, 1, V]
     kv = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
     return kv, mask.bool(), lengths, out.logits[:, 0]
 
 
-def score_multi_prefix(model, contexts, continuations, temperature: float, batch_size: int,
-                       context_batch: int = 16, max_tokens: int = 8192) -> np.ndarray:
+def score_multi_prefix(
+    model,
+    contexts,
+    continuations,
+    temperature: float,
+    batch_size: int,
+    context_batch: int = 16,
+    max_tokens: int = 8192,
+) -> np.ndarray:
     """S [M, N]: every continuation under every context, many contexts per forward.
 
     ``batch_size`` caps the continuations per chunk; ``context_batch`` the contexts
@@ -117,32 +145,48 @@ def score_multi_prefix(model, contexts, continuations, temperature: float, batch
 
     device = next(model.parameters()).device
     m, n = len(continuations), len(contexts)
-    chunks = [(rows, *right_pad([continuations[i] for i in rows], device))
-              for rows in length_chunks([len(y) for y in continuations], batch_size)]
+    chunks = [
+        (rows, *right_pad([continuations[i] for i in rows], device))
+        for rows in length_chunks([len(y) for y in continuations], batch_size)
+    ]
     scores = np.zeros((m, n), dtype=np.float64)
-    ctx_order = np.argsort([len(x) for x in contexts], kind="stable")  # similar lengths: less padding
+    ctx_order = np.argsort(
+        [len(x) for x in contexts], kind="stable"
+    )  # similar lengths: less padding
     for start in range(0, n, context_batch):
-        block = ctx_order[start:start + context_batch]
-        kv, valid, ctx_len, last_logits = _encode_contexts(model, [contexts[j] for j in block], device)
+        block = ctx_order[start : start + context_batch]
+        kv, valid, ctx_len, last_logits = _encode_contexts(
+            model, [contexts[j] for j in block], device
+        )
         for rows, ids, mask in chunks:
             r, width = ids.shape
             c_all = len(block)
             # The first continuation token is predicted by each context's last position.
-            total = target_logprobs(last_logits[:, None, :].expand(c_all, r, -1),
-                                     ids[None, :, 0].expand(c_all, r), temperature).double()  # [C, R]
+            total = target_logprobs(
+                last_logits[:, None, :].expand(c_all, r, -1),
+                ids[None, :, 0].expand(c_all, r),
+                temperature,
+            ).double()  # [C, R]
             if width > 1:
-                step = max(1, max_tokens // (r * (width - 1)))                   # contexts per forward
+                step = max(1, max_tokens // (r * (width - 1)))  # contexts per forward
                 for c0 in range(0, c_all, step):
                     c1 = min(c_all, c0 + step)
                     c = c1 - c0
                     p = int(ctx_len[c0:c1].max())
                     sub_kv = [(k[c0:c1, :, :p], v[c0:c1, :, :p]) for k, v in kv]
-                    inputs = ids[:, :-1].repeat(c, 1)                                # [C*R, W-1]
-                    positions = (ctx_len[c0:c1, None, None]
-                                 + torch.arange(width - 1, device=device)).expand(c, r, -1).reshape(c * r, -1)
+                    inputs = ids[:, :-1].repeat(c, 1)  # [C*R, W-1]
+                    positions = (
+                        (ctx_len[c0:c1, None, None] + torch.arange(width - 1, device=device))
+                        .expand(c, r, -1)
+                        .reshape(c * r, -1)
+                    )
                     with attention_implementation(model, MULTI_PREFIX_ATTENTION):
-                        logits = model(input_ids=inputs, position_ids=positions, use_cache=False,
-                                       multi_prefix=(sub_kv, valid[c0:c1, :p])).logits  # [C*R, W-1, V]
+                        logits = model(
+                            input_ids=inputs,
+                            position_ids=positions,
+                            use_cache=False,
+                            multi_prefix=(sub_kv, valid[c0:c1, :p]),
+                        ).logits  # [C*R, W-1, V]
                     logp = target_logprobs(logits, ids[:, 1:].repeat(c, 1), temperature)
                     total[c0:c1] += (logp.double() * mask[:, 1:].repeat(c, 1)).sum(dim=1).view(c, r)
             scores[np.ix_(rows, block)] = total.T.cpu().numpy()

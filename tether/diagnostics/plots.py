@@ -14,8 +14,16 @@ def cross_score_heatmap(L: np.ndarray, column: np.ndarray, title: str):
     order = np.argsort(column, kind="stable")
     fig, ax = plt.subplots(figsize=(1.2 + 0.35 * L.shape[1], 1.2 + 0.06 * L.shape[0]))
     image = ax.imshow(L[order], aspect="auto", cmap="viridis", interpolation="nearest")
-    ax.scatter(column[order], np.arange(len(order)), marker="s", s=6, facecolors="none",
-               edgecolors="red", linewidths=0.6, label="own prompt")
+    ax.scatter(
+        column[order],
+        np.arange(len(order)),
+        marker="s",
+        s=6,
+        facecolors="none",
+        edgecolors="red",
+        linewidths=0.6,
+        label="own prompt",
+    )
     ax.set_xlabel("prompt x_j")
     ax.set_ylabel("reasoning z_i (grouped by own prompt)")
     ax.set_title(title, fontsize=9)

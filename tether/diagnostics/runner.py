@@ -26,11 +26,21 @@ class DiagnosticsResult:
     matrices: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
 
 
-def collapse_diagnostics(model, trajectories, extractor: SpanExtractor, samplings, max_pairs: int,
-                         temperature: float, ema_state: dict | None, seed: int,
-                         information_chain_links: bool = True, method: str = "auto",
-                         keep_matrices: bool = False, max_cells: int | None = None,
-                         uncertainty: Uncertainty | None = None) -> DiagnosticsResult:
+def collapse_diagnostics(
+    model,
+    trajectories,
+    extractor: SpanExtractor,
+    samplings,
+    max_pairs: int,
+    temperature: float,
+    ema_state: dict | None,
+    seed: int,
+    information_chain_links: bool = True,
+    method: str = "auto",
+    keep_matrices: bool = False,
+    max_cells: int | None = None,
+    uncertainty: Uncertainty | None = None,
+) -> DiagnosticsResult:
     """Degenerate batches are reported, never fatal: a sampling with no turn to score
     logs ``num_pairs`` 0, a link whose pairs have no reasoning (or no action) logs its
     counts and valid rates without proxies."""
@@ -45,13 +55,23 @@ def collapse_diagnostics(model, trajectories, extractor: SpanExtractor, sampling
             metrics[f"collapse/{sampling}/num_pairs"] = 0.0
             continue
         result = information_chain(
-            model, pairs, temperature,
+            model,
+            pairs,
+            temperature,
             answer_prefix_ids=extractor.answer_prefix_ids if information_chain_links else None,
-            ema_state=ema_state.get(sampling), method=method, uncertainty=uncertainty, rng=rng)
+            ema_state=ema_state.get(sampling),
+            method=method,
+            uncertainty=uncertainty,
+            rng=rng,
+        )
         ema_state[sampling] = result.ema_state
         metrics.update(result.flat(f"collapse/{sampling}"))
-        metrics.update({f"timing/diagnose/{sampling}/{link}": float(info["seconds"])
-                        for link, info in result.info.items()})
+        metrics.update(
+            {
+                f"timing/diagnose/{sampling}/{link}": float(info["seconds"])
+                for link, info in result.info.items()
+            }
+        )
         proxies = sum(float(info.get("proxy_seconds", 0.0)) for info in result.info.values())
         metrics["timing/diagnose/proxies"] = metrics.get("timing/diagnose/proxies", 0.0) + proxies
         if keep_matrices and "xz" in result.scores and result.scores["xz"][0].L.size:
@@ -60,7 +80,9 @@ def collapse_diagnostics(model, trajectories, extractor: SpanExtractor, sampling
     return DiagnosticsResult(metrics, ema_state, matrices)
 
 
-def gradient_snr(model, batch, settings, n_buckets: int, micro_batched: bool = True) -> dict[str, float]:
+def gradient_snr(
+    model, batch, settings, n_buckets: int, micro_batched: bool = True
+) -> dict[str, float]:
     """Gradient SNR (docs/methods.md, section 10): per reward-variance bucket of groups, the
     task-loss and regulariser-loss gradient norms measured separately (two backward passes of one shared forward),
     their ratio and mean RV.
@@ -96,9 +118,14 @@ def gradient_snr(model, batch, settings, n_buckets: int, micro_batched: bool = T
 
     device = next(model.parameters()).device
     n_groups = int(batch.group_index.max()) + 1
-    group_std = np.array([float(batch.scores[batch.group_index == g].std(unbiased=True))
-                          if int((batch.group_index == g).sum()) > 1 else 0.0
-                          for g in range(n_groups)])
+    group_std = np.array(
+        [
+            float(batch.scores[batch.group_index == g].std(unbiased=True))
+            if int((batch.group_index == g).sum()) > 1
+            else 0.0
+            for g in range(n_groups)
+        ]
+    )
     buckets = rv_buckets(group_std, n_buckets)
 
     def bucket_rows(groups: list[int]):
@@ -110,17 +137,19 @@ def gradient_snr(model, batch, settings, n_buckets: int, micro_batched: bool = T
         return task, reg
 
     if micro_batched:
+
         def parts(groups: list[int]):
             rows = bucket_rows(groups)
             denominator = aggregation_denominator(batch.response_mask[rows], settings.loss_agg)
             lengths = batch.attention_mask[rows].sum(dim=1).tolist()
             for chunk in length_chunks(lengths, max(1, settings.micro_batch_size), overhead=512):
                 sub = trimmed_rows(batch, rows[torch.as_tensor(chunk)], device)
-                logprobs, entropy = micro_batch_logprobs(model, sub, settings.temperature, True,
-                                                         settings.shared_prefix)
+                logprobs, entropy = micro_batch_logprobs(
+                    model, sub, settings.temperature, True, settings.shared_prefix
+                )
                 task, reg = losses_of(sub, logprobs, entropy, denominator)
                 if not bool((sub.advantages * sub.response_mask).any()):
-                    task = task.detach()   # zero advantages: exactly zero task gradient
+                    task = task.detach()  # zero advantages: exactly zero task gradient
                 yield task, reg
 
         rows = bucket_grad_norms_accumulated(model, parts, buckets, group_std)
@@ -132,10 +161,17 @@ def gradient_snr(model, batch, settings, n_buckets: int, micro_batched: bool = T
             if key not in cache:
                 cache.clear()
                 sub = batch.select(bucket_rows(groups)).to(device)
-                logprobs, entropy = token_logprobs(model, sub.input_ids, sub.attention_mask,
-                                                   settings.temperature, with_entropy=True)
+                logprobs, entropy = token_logprobs(
+                    model,
+                    sub.input_ids,
+                    sub.attention_mask,
+                    settings.temperature,
+                    with_entropy=True,
+                )
                 cache[key] = losses_of(sub, logprobs, entropy)
             return cache[key]
 
-        rows = bucket_grad_norms(model, lambda g: losses(g)[0], lambda g: losses(g)[1], buckets, group_std)
+        rows = bucket_grad_norms(
+            model, lambda g: losses(g)[0], lambda g: losses(g)[1], buckets, group_std
+        )
     return grad_snr_metrics(rows)

@@ -9,13 +9,17 @@ from collections.abc import Sequence
 import torch
 
 
-def target_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
+def target_logprobs(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: float
+) -> torch.Tensor:
     """log softmax(logits/τ) at the target ids: [..., V], [...] -> [...] (fp32)."""
     scaled = logits.float() / temperature
     return scaled.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(scaled, dim=-1)
 
 
-def right_pad(seqs: Sequence[Sequence[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def right_pad(
+    seqs: Sequence[Sequence[int]], device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-pad token lists with id 0: ids [B, T] and a 0/1 validity mask [B, T]."""
     width = max(len(s) for s in seqs)
     ids = torch.zeros(len(seqs), width, dtype=torch.long)

@@ -48,9 +48,17 @@ from scipy.special import logsumexp
 ZSCORE_EPS = 1e-3
 
 #: Proxies that get a bootstrap interval (need >= 2 distinct prompts unless an entropy).
-CI_KEYS = ("mi_estimate", "mi_seq_estimate", "mi_zscore", "mi_zscore_ema", "retrieval_acc",
-           "conditional_entropy_est", "reasoning_entropy_est",
-           "conditional_entropy_seq_est", "reasoning_entropy_seq_est")
+CI_KEYS = (
+    "mi_estimate",
+    "mi_seq_estimate",
+    "mi_zscore",
+    "mi_zscore_ema",
+    "retrieval_acc",
+    "conditional_entropy_est",
+    "reasoning_entropy_est",
+    "conditional_entropy_seq_est",
+    "reasoning_entropy_seq_est",
+)
 #: Proxies that get a permutation null (``K_null_q95``).
 NULL_KEYS = ("mi_estimate", "mi_seq_estimate", "mi_zscore", "mi_zscore_ema", "retrieval_acc")
 _ENTROPY_KEYS = CI_KEYS[5:]
@@ -59,6 +67,7 @@ _ENTROPY_KEYS = CI_KEYS[5:]
 @dataclass(frozen=True)
 class Uncertainty:
     """How many resamples, at what confidence, and the significance level of the test."""
+
     bootstrap: int = 1000
     permutations: int = 1000
     confidence: float = 0.95
@@ -70,9 +79,13 @@ def _row_quantities(L: np.ndarray, S: np.ndarray, column: np.ndarray) -> dict[st
     rows = np.arange(m)
     marginal = logsumexp(L, axis=1) - np.log(n)
     marginal_seq = logsumexp(S, axis=1) - np.log(n)
-    return {"matched": L[rows, column], "marginal": marginal,
-            "matched_seq": S[rows, column], "marginal_seq": marginal_seq,
-            "hit": hit_rate(L, L[rows, column])}
+    return {
+        "matched": L[rows, column],
+        "marginal": marginal,
+        "matched_seq": S[rows, column],
+        "marginal_seq": marginal_seq,
+        "hit": hit_rate(L, L[rows, column]),
+    }
 
 
 def tie_split_hit(greater, equal, k: int = 1):
@@ -94,56 +107,63 @@ def _mixture_marginal(X: np.ndarray, draws: np.ndarray, needed: np.ndarray) -> n
     than ~745 nats below the row's best) and the row counts (``needed`` [B, M]), the
     cell is recomputed exactly in log space."""
     n = X.shape[1]
-    top = X.max(axis=1)                                                   # [M]
+    top = X.max(axis=1)  # [M]
     with np.errstate(divide="ignore"):
         out = np.log(draws @ np.exp(X - top[:, None]).T) + top[None, :] - np.log(n)
     b, i = np.nonzero(~np.isfinite(out) & needed)
     if len(b):
-        log_w = np.where(draws[b] > 0, np.log(np.maximum(draws[b], 1)), -np.inf)      # [K, N]
+        log_w = np.where(draws[b] > 0, np.log(np.maximum(draws[b], 1)), -np.inf)  # [K, N]
         out[b, i] = logsumexp(X[i] + log_w, axis=1) - np.log(n)
     return out
 
 
-def _resampled_columns(L: np.ndarray, S: np.ndarray, column: np.ndarray, draws: np.ndarray,
-                       weights: np.ndarray) -> dict[str, np.ndarray]:
+def _resampled_columns(
+    L: np.ndarray, S: np.ndarray, column: np.ndarray, draws: np.ndarray, weights: np.ndarray
+) -> dict[str, np.ndarray]:
     """Row quantities under resampled prompts ``draws`` [B, N] (how often each prompt was
     drawn; ``weights`` [B, M] the rows' resulting weights): a row's marginal is the
     mixture over the drawn prompts, and its retrieval asks whether its own prompt beats
     every *drawn* other.  So the interval also carries the variation that comes from
     which prompts a batch happens to hold."""
     rows = np.arange(L.shape[0])
-    own = L[rows, column]                                                 # [M]
-    present = (draws > 0).astype(np.float64)                              # [B, N]
-    greater = present @ (L > own[:, None]).T.astype(np.float64)           # [B, M]
+    own = L[rows, column]  # [M]
+    present = (draws > 0).astype(np.float64)  # [B, N]
+    greater = present @ (L > own[:, None]).T.astype(np.float64)  # [B, M]
     equal = present @ (L == own[:, None]).T.astype(np.float64)
     needed = weights > 0
-    return {"matched": own, "matched_seq": S[rows, column],
-            "marginal": _mixture_marginal(L, draws, needed),
-            "marginal_seq": _mixture_marginal(S, draws, needed),
-            "hit": tie_split_hit(greater, equal)}
+    return {
+        "matched": own,
+        "matched_seq": S[rows, column],
+        "marginal": _mixture_marginal(L, draws, needed),
+        "marginal_seq": _mixture_marginal(S, draws, needed),
+        "hit": tie_split_hit(greater, equal),
+    }
 
 
-def _statistics(q: dict[str, np.ndarray], weights: np.ndarray, sigma_ema: float | None
-                ) -> dict[str, np.ndarray]:
+def _statistics(
+    q: dict[str, np.ndarray], weights: np.ndarray, sigma_ema: float | None
+) -> dict[str, np.ndarray]:
     """Every proxy under row weights [B, M] (a bootstrap resample per row of weights)."""
     total = weights.sum(axis=1)
 
-    def mean(values: np.ndarray) -> np.ndarray:       # values [M], or [B, M] per resample
-        if values.ndim == 2:     # rows of weight 0 may hold -inf marginals: never multiplied
+    def mean(values: np.ndarray) -> np.ndarray:  # values [M], or [B, M] per resample
+        if values.ndim == 2:  # rows of weight 0 may hold -inf marginals: never multiplied
             return (weights * np.where(weights > 0, values, 0.0)).sum(axis=1) / total
         return weights @ values / total
 
     marginal_mean = mean(q["marginal"])
-    sigma = np.sqrt(np.maximum(mean(q["marginal"] ** 2) - marginal_mean ** 2, 0.0))
+    sigma = np.sqrt(np.maximum(mean(q["marginal"] ** 2) - marginal_mean**2, 0.0))
     gap = mean(q["matched"]) - marginal_mean
-    out = {"mi_estimate": gap,
-           "mi_seq_estimate": mean(q["matched_seq"]) - mean(q["marginal_seq"]),
-           "mi_zscore": gap / (sigma + ZSCORE_EPS),
-           "retrieval_acc": mean(q["hit"]),
-           "conditional_entropy_est": -mean(q["matched"]),
-           "reasoning_entropy_est": -marginal_mean,
-           "conditional_entropy_seq_est": -mean(q["matched_seq"]),
-           "reasoning_entropy_seq_est": -mean(q["marginal_seq"])}
+    out = {
+        "mi_estimate": gap,
+        "mi_seq_estimate": mean(q["matched_seq"]) - mean(q["marginal_seq"]),
+        "mi_zscore": gap / (sigma + ZSCORE_EPS),
+        "retrieval_acc": mean(q["hit"]),
+        "conditional_entropy_est": -mean(q["matched"]),
+        "reasoning_entropy_est": -marginal_mean,
+        "conditional_entropy_seq_est": -mean(q["matched_seq"]),
+        "reasoning_entropy_seq_est": -mean(q["marginal_seq"]),
+    }
     if sigma_ema is not None:
         out["mi_zscore_ema"] = gap / (sigma_ema + ZSCORE_EPS)
     return out
@@ -155,8 +175,14 @@ def _p_value(null: np.ndarray, observed: float) -> float:
     return (1 + reached) / (1 + len(null))
 
 
-def mi_uncertainty(L: np.ndarray, S: np.ndarray, column: np.ndarray, sigma_ema: float | None,
-                   settings: Uncertainty, rng: np.random.Generator | None = None) -> dict[str, float]:
+def mi_uncertainty(
+    L: np.ndarray,
+    S: np.ndarray,
+    column: np.ndarray,
+    sigma_ema: float | None,
+    settings: Uncertainty,
+    rng: np.random.Generator | None = None,
+) -> dict[str, float]:
     """Intervals and the permutation test for the proxies of one [M, N] cross-score matrix.
 
     ``sigma_ema`` is the moving average of std(marginal) that ``mi_zscore_ema`` divides
@@ -175,10 +201,13 @@ def mi_uncertainty(L: np.ndarray, S: np.ndarray, column: np.ndarray, sigma_ema: 
 
     if settings.bootstrap > 0:
         clusters, n_clusters = (column, n) if multi else (np.arange(m), m)
-        draws = rng.multinomial(n_clusters, np.full(n_clusters, 1.0 / n_clusters),
-                                size=settings.bootstrap)                     # [B, clusters]
-        weights = draws[:, clusters].astype(np.float64)                      # [B, M]
-        resampled = _resampled_columns(L, S, column, draws.astype(np.float64), weights) if multi else q
+        draws = rng.multinomial(
+            n_clusters, np.full(n_clusters, 1.0 / n_clusters), size=settings.bootstrap
+        )  # [B, clusters]
+        weights = draws[:, clusters].astype(np.float64)  # [B, M]
+        resampled = (
+            _resampled_columns(L, S, column, draws.astype(np.float64), weights) if multi else q
+        )
         stats = _statistics(resampled, weights, sigma_ema if multi else None)
         point = _statistics(q, np.ones((1, m)), sigma_ema if multi else None)
         tail = (1.0 - settings.confidence) / 2.0
@@ -195,13 +224,15 @@ def mi_uncertainty(L: np.ndarray, S: np.ndarray, column: np.ndarray, sigma_ema: 
 
     if multi and settings.permutations > 0:
         order = rng.random((settings.permutations, m)).argsort(axis=1)
-        labels = column[order]                                               # [P, M] permuted
+        labels = column[order]  # [P, M] permuted
         rows = np.arange(m)
-        matched = L[rows, labels]                                            # [P, M]
+        matched = L[rows, labels]  # [P, M]
         sigma = float(q["marginal"].std())
-        null = {"mi_estimate": matched.mean(1) - q["marginal"].mean(),
-                "mi_seq_estimate": S[rows, labels].mean(1) - q["marginal_seq"].mean(),
-                "retrieval_acc": hit_rate(L[None], matched).mean(1)}
+        null = {
+            "mi_estimate": matched.mean(1) - q["marginal"].mean(),
+            "mi_seq_estimate": S[rows, labels].mean(1) - q["marginal_seq"].mean(),
+            "retrieval_acc": hit_rate(L[None], matched).mean(1),
+        }
         null["mi_zscore"] = null["mi_estimate"] / (sigma + ZSCORE_EPS)
         if sigma_ema is not None:
             null["mi_zscore_ema"] = null["mi_estimate"] / (sigma_ema + ZSCORE_EPS)
@@ -211,7 +242,8 @@ def mi_uncertainty(L: np.ndarray, S: np.ndarray, column: np.ndarray, sigma_ema: 
         observed_mi = float(q["matched"].mean() - q["marginal"].mean())
         out["p_grounded"] = _p_value(null["mi_estimate"], observed_mi)
         out["mi_seq_estimate_p_grounded"] = _p_value(
-            null["mi_seq_estimate"], float(q["matched_seq"].mean() - q["marginal_seq"].mean()))
+            null["mi_seq_estimate"], float(q["matched_seq"].mean() - q["marginal_seq"].mean())
+        )
         out["retrieval_acc_p_grounded"] = _p_value(null["retrieval_acc"], float(q["hit"].mean()))
         out["grounded"] = float(out["p_grounded"] < settings.alpha)
     return out

@@ -45,7 +45,7 @@ def _normalise(name: str) -> str:
     """``"tether/Frozen_Lake-v0"``, ``"FrozenLake"`` and ``"frozenlake"`` all -> ``"frozenlake"``."""
     key = name.strip().lower()
     if key.startswith("tether/"):
-        key = key[len("tether/"):]
+        key = key[len("tether/") :]
     if key.endswith("-v0"):
         key = key[:-3]
     return key.replace("_", "").replace("-", "").replace(" ", "")
@@ -63,8 +63,10 @@ def make(env_id: str, **kwargs) -> TextEnv:
     constructor.  Raises ValueError for an unknown id, listing the valid ones."""
     key = _normalise(env_id) if isinstance(env_id, str) else ""
     if key not in SHORT_NAMES:
-        raise ValueError(f"unknown environment {env_id!r}; valid ids: {', '.join(ENV_IDS)} "
-                         f"(or short names {', '.join(sorted(SHORT_NAMES))})")
+        raise ValueError(
+            f"unknown environment {env_id!r}; valid ids: {', '.join(ENV_IDS)} "
+            f"(or short names {', '.join(sorted(SHORT_NAMES))})"
+        )
     register_all()
     env = gym.make(SHORT_NAMES[key], disable_env_checker=True, **kwargs).unwrapped
     assert isinstance(env, TextEnv)
@@ -78,11 +80,23 @@ def runs_untrusted_code(env_id: str) -> bool:
     if key not in _ENVS:
         return False
     module, _, name = _ENVS[key][1].partition(":")
-    return bool(getattr(getattr(importlib.import_module(module), name), "runs_untrusted_code", False))
+    return bool(
+        getattr(getattr(importlib.import_module(module), name), "runs_untrusted_code", False)
+    )
 
 
 register_all()
 
-__all__ = ["ENV_IDS", "SHORT_NAMES", "CountdownEnv", "FrozenLakeEnv", "MultiTurnTextEnv",
-           "SingleTurnTextEnv", "SokobanEnv", "TextEnv", "make", "register_all",
-           "runs_untrusted_code"]
+__all__ = [
+    "ENV_IDS",
+    "SHORT_NAMES",
+    "CountdownEnv",
+    "FrozenLakeEnv",
+    "MultiTurnTextEnv",
+    "SingleTurnTextEnv",
+    "SokobanEnv",
+    "TextEnv",
+    "make",
+    "register_all",
+    "runs_untrusted_code",
+]

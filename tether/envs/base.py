@@ -77,8 +77,13 @@ class TextEnv(gym.Env, abc.ABC):
         return np.random.default_rng([int(seed), 0x7E7E])
 
     def _invalid(self, reason: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        info = {"action_is_valid": False, "invalid_reason": reason, "success": False,
-                "executed_actions": [], "requested_actions": []}
+        info = {
+            "action_is_valid": False,
+            "invalid_reason": reason,
+            "success": False,
+            "executed_actions": [],
+            "requested_actions": [],
+        }
         return self.render(), self.format_penalty, False, False, info
 
 
@@ -91,9 +96,14 @@ class MultiTurnTextEnv(TextEnv):
     #: Valid action names, in a fixed order (matching is case-insensitive).
     action_names: tuple[str, ...] = ()
 
-    def __init__(self, stochasticity: float = 0.0, format_penalty: float = -0.1,
-                 max_turns: int | None = None, max_actions_per_turn: int | None = None,
-                 max_actions: int | None = None) -> None:
+    def __init__(
+        self,
+        stochasticity: float = 0.0,
+        format_penalty: float = -0.1,
+        max_turns: int | None = None,
+        max_actions_per_turn: int | None = None,
+        max_actions: int | None = None,
+    ) -> None:
         super().__init__(stochasticity, format_penalty)
         self.max_turns = int(max_turns or type(self).max_turns)
         self.max_actions_per_turn = int(max_actions_per_turn or type(self).max_actions_per_turn)
@@ -141,8 +151,12 @@ class MultiTurnTextEnv(TextEnv):
             total += reward
             executed.append(name)
         truncated = (not self.done) and self.actions_left() <= 0
-        info = {"action_is_valid": True, "success": bool(success), "executed_actions": executed,
-                "requested_actions": requested}
+        info = {
+            "action_is_valid": True,
+            "success": bool(success),
+            "executed_actions": executed,
+            "requested_actions": requested,
+        }
         return self.render(), float(total), bool(self.done), bool(truncated), info
 
     @abc.abstractmethod
@@ -176,6 +190,8 @@ class SingleTurnTextEnv(TextEnv):
             obs, penalty, _, _, info = self._invalid("unparseable answer")
             return obs, penalty, True, False, info
         if self.stochasticity > 0.0 and self.np_random.random() < self.stochasticity:
-            reward = float(self.reward_support[int(self.np_random.integers(len(self.reward_support)))])
+            reward = float(
+                self.reward_support[int(self.np_random.integers(len(self.reward_support)))]
+            )
         info = {"action_is_valid": True, "success": bool(success), "executed_actions": [action]}
         return self.render(), float(reward), True, False, info

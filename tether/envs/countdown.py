@@ -70,9 +70,10 @@ def to_text(expr: Expr) -> str:
     left_text, right_text = to_text(left), to_text(right)
     if not isinstance(left, int) and PRECEDENCE[left[0]] < PRECEDENCE[op]:
         left_text = f"({left_text})"
-    if not isinstance(right, int) and (PRECEDENCE[right[0]] < PRECEDENCE[op]
-                                       or (PRECEDENCE[right[0]] == PRECEDENCE[op]
-                                           and op in "-/")):
+    if not isinstance(right, int) and (
+        PRECEDENCE[right[0]] < PRECEDENCE[op]
+        or (PRECEDENCE[right[0]] == PRECEDENCE[op] and op in "-/")
+    ):
         right_text = f"({right_text})"
     return f"{left_text}{op}{right_text}"
 
@@ -80,7 +81,9 @@ def to_text(expr: Expr) -> str:
 def fmt_value(value: Fraction | None) -> str:
     if value is None:
         return "undefined"
-    return str(value.numerator) if value.denominator == 1 else f"{value.numerator}/{value.denominator}"
+    return (
+        str(value.numerator) if value.denominator == 1 else f"{value.numerator}/{value.denominator}"
+    )
 
 
 def steps(expr: Expr) -> list[str]:
@@ -89,8 +92,11 @@ def steps(expr: Expr) -> list[str]:
         return []
     op, left, right = expr
     a, b = evaluate(left), evaluate(right)
-    return steps(left) + steps(right) + [
-        f"{fmt_value(a)}{op}{fmt_value(b)}={fmt_value(evaluate(expr))}"]
+    return (
+        steps(left)
+        + steps(right)
+        + [f"{fmt_value(a)}{op}{fmt_value(b)}={fmt_value(evaluate(expr))}"]
+    )
 
 
 def _integer_steps(expr: Expr) -> bool:
@@ -98,8 +104,13 @@ def _integer_steps(expr: Expr) -> bool:
     if isinstance(expr, int):
         return True
     value = evaluate(expr)
-    return (value is not None and value.denominator == 1 and value >= 0
-            and _integer_steps(expr[1]) and _integer_steps(expr[2]))
+    return (
+        value is not None
+        and value.denominator == 1
+        and value >= 0
+        and _integer_steps(expr[1])
+        and _integer_steps(expr[2])
+    )
 
 
 def parse_expression(text: str) -> Expr | None:
@@ -126,15 +137,15 @@ def _to_expr(node: ast.AST) -> Expr:
     raise ValueError(f"unsupported syntax: {type(node).__name__}")
 
 
-def solve_countdown(numbers: Sequence[int], target: int,
-                    integer_only: bool | None = None) -> Expr | None:
+def solve_countdown(
+    numbers: Sequence[int], target: int, integer_only: bool | None = None
+) -> Expr | None:
     """An expression using every number once that equals ``target`` (brute force
     over combination orders), or None.  By default it first looks for a solution
     whose intermediate values are all non-negative integers (easier to read and to
     learn), then allows fractions."""
     if integer_only is None:
-        return (solve_countdown(numbers, target, True)
-                or solve_countdown(numbers, target, False))
+        return solve_countdown(numbers, target, True) or solve_countdown(numbers, target, False)
     goal = Fraction(target)
 
     def search(pool: list[tuple[Fraction, Expr]]) -> Expr | None:
@@ -171,8 +182,14 @@ class CountdownEnv(SingleTurnTextEnv):
 
     reward_support = (0.0, 0.1, 1.0)
 
-    def __init__(self, num_count: int = 3, max_number: int = 20, max_target: int = 100,
-                 stochasticity: float = 0.0, format_penalty: float = -0.1) -> None:
+    def __init__(
+        self,
+        num_count: int = 3,
+        max_number: int = 20,
+        max_target: int = 100,
+        stochasticity: float = 0.0,
+        format_penalty: float = -0.1,
+    ) -> None:
         super().__init__(stochasticity, format_penalty)
         if not 2 <= int(num_count) <= 6:
             raise ValueError(f"num_count must be in 2..6, got {num_count}")
@@ -230,10 +247,12 @@ class CountdownEnv(SingleTurnTextEnv):
         return None if expr is None else to_text(expr)
 
     def rules(self) -> str:
-        return ("Countdown: combine every given number exactly once with + - * / and "
-                "parentheses to make the target. Answer with the expression only, "
-                "e.g. (3+5)*2. Reward 1 if correct, 0.1 if it uses the right numbers "
-                "but misses.")
+        return (
+            "Countdown: combine every given number exactly once with + - * / and "
+            "parentheses to make the target. Answer with the expression only, "
+            "e.g. (3+5)*2. Reward 1 if correct, 0.1 if it uses the right numbers "
+            "but misses."
+        )
 
     def render(self) -> str:  # type: ignore[override]
         if self.target is None:

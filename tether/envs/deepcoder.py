@@ -127,12 +127,28 @@ def parse_problem(row: dict, index: int = 0) -> Problem | None:
     solution = row.get("solution")
     if not isinstance(solution, str):
         solutions = _maybe_json(row.get("solutions"))
-        solution = solutions[0] if isinstance(solutions, list) and solutions and isinstance(
-            solutions[0], str) else None
-    problem_id = next((str(row[f]) for f in ("id", "problem_id", "question_id", "task_id")
-                       if row.get(f) is not None), str(index))
-    return Problem(problem_id, statement.strip(), fn_name, starter.strip(), tests, solution,
-                   str(row.get("hint") or ""))
+        solution = (
+            solutions[0]
+            if isinstance(solutions, list) and solutions and isinstance(solutions[0], str)
+            else None
+        )
+    problem_id = next(
+        (
+            str(row[f])
+            for f in ("id", "problem_id", "question_id", "task_id")
+            if row.get(f) is not None
+        ),
+        str(index),
+    )
+    return Problem(
+        problem_id,
+        statement.strip(),
+        fn_name,
+        starter.strip(),
+        tests,
+        solution,
+        str(row.get("hint") or ""),
+    )
 
 
 @functools.lru_cache(maxsize=8)
@@ -140,8 +156,11 @@ def load_problems(path: str | None = None) -> tuple[Problem, ...]:
     """Problems of a JSONL or JSON-list file (unusable rows skipped); None: the
     shipped set.  Raises ValueError when no row is usable."""
     if path is None:
-        text = resources.files("tether.envs").joinpath("data/deepcoder_problems.jsonl").read_text(
-            encoding="utf-8")
+        text = (
+            resources.files("tether.envs")
+            .joinpath("data/deepcoder_problems.jsonl")
+            .read_text(encoding="utf-8")
+        )
         where = "the shipped DeepCoder problems"
     else:
         text = Path(path).expanduser().read_text(encoding="utf-8")
@@ -174,11 +193,24 @@ def extract_code(answer: Any) -> str | None:
     return code
 
 
-_SWAPS: dict[type, type] = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Add,
-                            ast.FloorDiv: ast.Mod, ast.Mod: ast.FloorDiv, ast.Div: ast.Mult,
-                            ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt,
-                            ast.Eq: ast.NotEq, ast.NotEq: ast.Eq, ast.In: ast.NotIn,
-                            ast.NotIn: ast.In, ast.And: ast.Or, ast.Or: ast.And}
+_SWAPS: dict[type, type] = {
+    ast.Add: ast.Sub,
+    ast.Sub: ast.Add,
+    ast.Mult: ast.Add,
+    ast.FloorDiv: ast.Mod,
+    ast.Mod: ast.FloorDiv,
+    ast.Div: ast.Mult,
+    ast.Lt: ast.LtE,
+    ast.LtE: ast.Lt,
+    ast.Gt: ast.GtE,
+    ast.GtE: ast.Gt,
+    ast.Eq: ast.NotEq,
+    ast.NotEq: ast.Eq,
+    ast.In: ast.NotIn,
+    ast.NotIn: ast.In,
+    ast.And: ast.Or,
+    ast.Or: ast.And,
+}
 
 
 def mutate(code: str, rng: np.random.Generator) -> str:
@@ -244,20 +276,32 @@ class DeepCoderEnv(SingleTurnTextEnv):
 
     runs_untrusted_code = True
 
-    def __init__(self, data_path: str | None = None, max_problems: int | None = None,
-                 cpu_seconds: int = 1, wall_seconds: float = 3.0, memory_mb: int = 512,
-                 max_workers: int | None = None, isolation: str = "auto",
-                 stochasticity: float = 0.0, format_penalty: float = -0.1) -> None:
+    def __init__(
+        self,
+        data_path: str | None = None,
+        max_problems: int | None = None,
+        cpu_seconds: int = 1,
+        wall_seconds: float = 3.0,
+        memory_mb: int = 512,
+        max_workers: int | None = None,
+        isolation: str = "auto",
+        stochasticity: float = 0.0,
+        format_penalty: float = -0.1,
+    ) -> None:
         super().__init__(stochasticity, format_penalty)
         problems = load_problems(None if data_path is None else str(data_path))
         if max_problems is not None:
             if int(max_problems) < 1:
                 raise ValueError(f"max_problems must be at least 1, got {max_problems}")
-            problems = problems[:int(max_problems)]
+            problems = problems[: int(max_problems)]
         self.problems = problems
         resolve_isolation(isolation)  # refuse now, not at the first step, if it cannot be had
-        self.limits = SandboxLimits(cpu_seconds=int(cpu_seconds), wall_seconds=float(wall_seconds),
-                                    memory_bytes=int(memory_mb) * 2**20, isolation=isolation)
+        self.limits = SandboxLimits(
+            cpu_seconds=int(cpu_seconds),
+            wall_seconds=float(wall_seconds),
+            memory_bytes=int(memory_mb) * 2**20,
+            isolation=isolation,
+        )
         self.max_workers = max_workers
         self.problem: Problem | None = None
         self.reward_support = (0.0, 1.0)
@@ -284,8 +328,9 @@ class DeepCoderEnv(SingleTurnTextEnv):
         code = extract_code(answer)
         if code is None:
             return 0.0, False, False
-        self.last_outcomes = run_tests(code, self.problem.tests, self.problem.fn_name,
-                                       self.limits, self.max_workers)
+        self.last_outcomes = run_tests(
+            code, self.problem.tests, self.problem.fn_name, self.limits, self.max_workers
+        )
         passed = sum(o.passed for o in self.last_outcomes)
         total = len(self.problem.tests)
         return passed / total, True, passed == total
@@ -296,9 +341,11 @@ class DeepCoderEnv(SingleTurnTextEnv):
 
     # -- text ---------------------------------------------------------------------------
     def rules(self) -> str:
-        return ("DeepCoder: write Python 3 code for the task. Answer with the code only: the "
-                "function with the given signature, or a program reading stdin and printing "
-                "the output. Reward = share of hidden tests passed.")
+        return (
+            "DeepCoder: write Python 3 code for the task. Answer with the code only: the "
+            "function with the given signature, or a program reading stdin and printing "
+            "the output. Reward = share of hidden tests passed."
+        )
 
     def _example(self) -> str | None:
         assert self.problem is not None

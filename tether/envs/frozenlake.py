@@ -82,12 +82,20 @@ class FrozenLakeEnv(MultiTurnTextEnv):
 
     action_names = ("Left", "Down", "Right", "Up")
 
-    def __init__(self, size: int = 4, frozen_fraction: float = 0.8, start: str = "region",
-                 stochasticity: float = 0.0, format_penalty: float = -0.1,
-                 max_turns: int | None = None, max_actions_per_turn: int | None = None,
-                 max_actions: int | None = None) -> None:
-        super().__init__(stochasticity, format_penalty, max_turns, max_actions_per_turn,
-                         max_actions)
+    def __init__(
+        self,
+        size: int = 4,
+        frozen_fraction: float = 0.8,
+        start: str = "region",
+        stochasticity: float = 0.0,
+        format_penalty: float = -0.1,
+        max_turns: int | None = None,
+        max_actions_per_turn: int | None = None,
+        max_actions: int | None = None,
+    ) -> None:
+        super().__init__(
+            stochasticity, format_penalty, max_turns, max_actions_per_turn, max_actions
+        )
         if int(size) < 2:
             raise ValueError(f"size must be at least 2, got {size}")
         if not 0.0 < float(frozen_fraction) <= 1.0:
@@ -95,8 +103,10 @@ class FrozenLakeEnv(MultiTurnTextEnv):
         if start not in START_MODES:
             raise ValueError(f"start must be one of {START_MODES}, got {start!r}")
         if start == "corner" and 2 * (int(size) - 1) > self.max_actions:
-            raise ValueError(f"a corner-to-corner path on a {size}x{size} board needs more "
-                             f"than max_actions={self.max_actions} moves")
+            raise ValueError(
+                f"a corner-to-corner path on a {size}x{size} board needs more "
+                f"than max_actions={self.max_actions} moves"
+            )
         self.size = int(size)
         self.frozen_fraction = float(frozen_fraction)
         self.start_mode = start
@@ -124,13 +134,19 @@ class FrozenLakeEnv(MultiTurnTextEnv):
         for _ in range(GENERATION_TRIES):
             start, goal = self._pick_start_goal(rng)
             hole_mask = rng.random((n, n)) >= self.frozen_fraction
-            holes = frozenset((r, c) for r in range(n) for c in range(n)
-                              if hole_mask[r, c] and (r, c) not in (start, goal))
+            holes = frozenset(
+                (r, c)
+                for r in range(n)
+                for c in range(n)
+                if hole_mask[r, c] and (r, c) not in (start, goal)
+            )
             plan = solve_frozenlake(n, holes, start, goal)
             if plan and len(plan) <= self.max_actions:
                 return holes, start, goal
-        raise RuntimeError(f"no FrozenLake map with a path of <= {self.max_actions} moves "
-                           f"(size={n}, frozen_fraction={self.frozen_fraction})")
+        raise RuntimeError(
+            f"no FrozenLake map with a path of <= {self.max_actions} moves "
+            f"(size={n}, frozen_fraction={self.frozen_fraction})"
+        )
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         """New map named by ``seed``; ``options={"grid": [...]}`` loads a fixed map
@@ -163,9 +179,11 @@ class FrozenLakeEnv(MultiTurnTextEnv):
 
     # -- text ---------------------------------------------------------------------------
     def rules(self) -> str:
-        return ("FrozenLake: walk to the goal G without stepping into a hole H. P player, "
-                "_ frozen; positions are (row,col). Moves: Left, Down, Right, Up. "
-                "Reward +1 at the goal; a hole ends the episode with 0.")
+        return (
+            "FrozenLake: walk to the goal G without stepping into a hole H. P player, "
+            "_ frozen; positions are (row,col). Moves: Left, Down, Right, Up. "
+            "Reward +1 at the goal; a hole ends the episode with 0."
+        )
 
     def render(self) -> str:  # type: ignore[override]
         if self.player is None:
@@ -175,8 +193,15 @@ class FrozenLakeEnv(MultiTurnTextEnv):
             row = []
             for c in range(self.board_size):
                 p = (r, c)
-                row.append("P" if p == self.player else "G" if p == self.goal
-                           else "H" if p in self.holes else "_")
+                row.append(
+                    "P"
+                    if p == self.player
+                    else "G"
+                    if p == self.goal
+                    else "H"
+                    if p in self.holes
+                    else "_"
+                )
             lines.append("".join(row))
         status = ""
         if self.player in self.holes:
@@ -190,12 +215,14 @@ class FrozenLakeEnv(MultiTurnTextEnv):
         nxt = move(self.board_size, pos, action)
         if nxt == pos:
             return nxt, f"{action} hits the edge"
-        what = ("is a hole" if nxt in self.holes else "is the goal" if nxt == self.goal
-                else "is safe")
+        what = (
+            "is a hole" if nxt in self.holes else "is the goal" if nxt == self.goal else "is safe"
+        )
         return nxt, f"{action} to {fmt_pos(nxt)} {what}"
 
-    def demonstration(self, rng: np.random.Generator, noise: float = 0.0,
-                      restate: bool = False) -> tuple[str, str]:
+    def demonstration(
+        self, rng: np.random.Generator, noise: float = 0.0, restate: bool = False
+    ) -> tuple[str, str]:
         """Reasoning that names the player and goal and where each chosen move leads,
         then the moves: the optimal plan's next ≤2 moves, or with probability
         ``noise`` as many random moves.  ``restate`` opens the reasoning with the map's
@@ -214,8 +241,11 @@ class FrozenLakeEnv(MultiTurnTextEnv):
             clauses.append(clause)
             if pos in self.holes or pos == self.goal:
                 break  # the episode would end here; later moves would not run
-        reasoning = (f"At {fmt_pos(self.player)}, goal {fmt_pos(self.goal)}. "
-                     + ", then ".join(clauses) + ".")
+        reasoning = (
+            f"At {fmt_pos(self.player)}, goal {fmt_pos(self.goal)}. "
+            + ", then ".join(clauses)
+            + "."
+        )
         if restate:
             reasoning = self.render().rsplit("\n", 1)[0] + "\n" + reasoning
         return reasoning, " || ".join(actions)

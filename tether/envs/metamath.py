@@ -57,7 +57,8 @@ _NUMBER = r"(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+"
 #: Optional digit-free text (currency, "x =", "about"), one number or fraction,
 #: optional %, optional digit-free text (units, "dollars", a period).
 _NUMERIC_ANSWER = re.compile(
-    rf"^([^\d]*?)([-+]?)\s*({_NUMBER})(?:\s*/\s*({_NUMBER}))?\s*%?([^\d]*)$")
+    rf"^([^\d]*?)([-+]?)\s*({_NUMBER})(?:\s*/\s*({_NUMBER}))?\s*%?([^\d]*)$"
+)
 _FRAC = re.compile(r"\\[dt]?frac\s*\{\s*(-?[\d.,]+)\s*\}\s*\{\s*(-?[\d.,]+)\s*\}")
 _LEAD = re.compile(r"^\s*(?:the\s+)?(?:final\s+)?answer\s*(?:is)?\s*[:=]?\s*", re.IGNORECASE)
 
@@ -108,7 +109,8 @@ def answers_match(answer: str, gold: str) -> bool | None:
         if value is None:
             return None
         return value == gold_value or abs(value - gold_value) <= Fraction(1, 10**6) * max(
-            1, abs(gold_value))
+            1, abs(gold_value)
+        )
     normalised = normalise_text(answer)
     return None if not normalised else normalised == normalise_text(gold)
 
@@ -189,15 +191,15 @@ def extract_final_answer(solution: str) -> str | None:
     lowered = solution.lower()
     position = lowered.rfind("the answer is")
     if position >= 0:
-        answer = solution[position + len("the answer is"):].lstrip(" :").strip()
+        answer = solution[position + len("the answer is") :].lstrip(" :").strip()
     elif "####" in solution:
-        answer = solution[solution.rfind("####") + 4:].strip()
+        answer = solution[solution.rfind("####") + 4 :].strip()
     else:
         start = solution.rfind("\\boxed{")
         if start < 0:
             return None
         depth, chars = 1, []
-        for ch in solution[start + len("\\boxed{"):]:
+        for ch in solution[start + len("\\boxed{") :]:
             depth += ch == "{"
             depth -= ch == "}"
             if depth == 0:
@@ -239,9 +241,11 @@ def _load_cached(path: str, mtime_ns: int, size: int) -> tuple[Problem, ...]:
             if answer is not None and question.strip():
                 problems.append(Problem(question.strip(), answer, solution))
     if not problems:
-        raise ValueError(f"{path}: no usable problems; expected JSONL (or a JSON list) with "
-                         "'query'/'question' and 'response'/'answer' ending in "
-                         "'The answer is: X' or '#### X'")
+        raise ValueError(
+            f"{path}: no usable problems; expected JSONL (or a JSON list) with "
+            "'query'/'question' and 'response'/'answer' ending in "
+            "'The answer is: X' or '#### X'"
+        )
     return tuple(problems)
 
 
@@ -259,7 +263,7 @@ def _solution_tail(solution: str, words: int = REASONING_WORDS) -> str:
     text = re.sub(r"<<[^<>]*>>", "", solution)
     for marker in ("The answer is", "####"):
         if marker in text:
-            text = text[:text.rfind(marker)]
+            text = text[: text.rfind(marker)]
     sentences = [s for s in re.split(r"(?<=[.!?])\s+|\n+", text.strip()) if s.strip()]
     tail: list[str] = []
     for sentence in reversed(sentences):
@@ -286,8 +290,14 @@ class MetaMathQAEnv(SingleTurnTextEnv):
 
     reward_support = (0.0, 1.0)
 
-    def __init__(self, data_path: str | None = None, difficulty: int = 2, max_attempts: int = 3,
-                 stochasticity: float = 0.0, format_penalty: float = -0.1) -> None:
+    def __init__(
+        self,
+        data_path: str | None = None,
+        difficulty: int = 2,
+        max_attempts: int = 3,
+        stochasticity: float = 0.0,
+        format_penalty: float = -0.1,
+    ) -> None:
         super().__init__(stochasticity, format_penalty)
         if not 1 <= int(difficulty) <= MAX_DIFFICULTY:
             raise ValueError(f"difficulty must be in 1..{MAX_DIFFICULTY}, got {difficulty}")
@@ -316,8 +326,9 @@ class MetaMathQAEnv(SingleTurnTextEnv):
         rng = self._seed_level_rng(seed)
         index = None
         if options and options.get("question") is not None:
-            self.problem = Problem(str(options["question"]), str(options["answer"]),
-                                   str(options.get("solution", "")))
+            self.problem = Problem(
+                str(options["question"]), str(options["answer"]), str(options.get("solution", ""))
+            )
             source = "options"
         elif self.problems is not None:
             index = int(rng.integers(len(self.problems)))
@@ -338,7 +349,7 @@ class MetaMathQAEnv(SingleTurnTextEnv):
             match = None
         if match is None:
             return 0.0, False, False
-        return (0.5 ** self.attempt if match else 0.0), True, bool(match)
+        return (0.5**self.attempt if match else 0.0), True, bool(match)
 
     def step(self, action: str):  # type: ignore[override]
         if self.done or self.problem is None:
@@ -349,12 +360,16 @@ class MetaMathQAEnv(SingleTurnTextEnv):
         verdict = correct
         if self.stochasticity > 0.0 and self.np_random.random() < self.stochasticity:
             verdict = bool(self.np_random.integers(2))
-            reward = 0.5 ** self.attempt if verdict else 0.0
+            reward = 0.5**self.attempt if verdict else 0.0
         if not verdict:
             self.wrong_answers.append(" ".join(action.split()))
         self.done = verdict or self.attempt >= self.max_attempts
-        info = {"action_is_valid": True, "success": bool(correct), "executed_actions": [action],
-                "attempt": self.attempt if verdict else self.attempt - 1}
+        info = {
+            "action_is_valid": True,
+            "success": bool(correct),
+            "executed_actions": [action],
+            "attempt": self.attempt if verdict else self.attempt - 1,
+        }
         return self.render(), float(reward), bool(self.done), False, info
 
     def solve(self) -> str | None:
@@ -363,9 +378,11 @@ class MetaMathQAEnv(SingleTurnTextEnv):
 
     # -- text ---------------------------------------------------------------------------
     def rules(self) -> str:
-        return (f"Math: solve the word problem and answer with the final result only, e.g. 42. "
-                f"You have {self.max_attempts} attempts; the reward is 1 for a correct first "
-                f"answer and halves with each retry.")
+        return (
+            f"Math: solve the word problem and answer with the final result only, e.g. 42. "
+            f"You have {self.max_attempts} attempts; the reward is 1 for a correct first "
+            f"answer and halves with each retry."
+        )
 
     def render(self) -> str:  # type: ignore[override]
         if self.problem is None:
@@ -400,8 +417,12 @@ class MetaMathQAEnv(SingleTurnTextEnv):
         a, op, b, result = step
         for other in rng.permutation(["+", "-", "*"]):
             value = _apply(a, str(other), b)
-            if (other != op and value is not None and value != result
-                    and not self._already_wrong(str(value))):
+            if (
+                other != op
+                and value is not None
+                and value != result
+                and not self._already_wrong(str(value))
+            ):
                 return a, str(other), b, value
         for extra in range(1, 100):  # every other operation was tried already
             if not self._already_wrong(str(a + b + extra)):
@@ -423,7 +444,8 @@ class MetaMathQAEnv(SingleTurnTextEnv):
             if not pool:
                 break
             other = pool[int(rng.integers(len(pool)))].answer
-            if (answers_match(other, self.problem.answer) is False
-                    and not self._already_wrong(other)):
+            if answers_match(other, self.problem.answer) is False and not self._already_wrong(
+                other
+            ):
                 return other
         return "0"

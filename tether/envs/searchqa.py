@@ -98,8 +98,12 @@ def parse_action(text: Any) -> tuple[str, str] | None:
     if match is None:
         return None
     argument = " ".join(match.group(2).split())
-    if (not argument or len(argument) > MAX_ARG_CHARS or not re.search(r"\w", argument)
-            or INNER_ACTION.search(argument)):
+    if (
+        not argument
+        or len(argument) > MAX_ARG_CHARS
+        or not re.search(r"\w", argument)
+        or INNER_ACTION.search(argument)
+    ):
         return None
     return match.group(1).lower(), argument
 
@@ -128,14 +132,28 @@ class SearchQAEnv(MultiTurnTextEnv):
     max_actions = 5
     action_names = ("search", "finish")
 
-    def __init__(self, data_path: str | None = None, corpus_path: str | None = None,
-                 top_k: int = 3, passage_words: int = 30, num_people: int = 300,
-                 kb_seed: int = 0, two_hop_fraction: float = 0.5, max_turns: int = 5,
-                 stochasticity: float = 0.0, format_penalty: float = -0.1) -> None:
+    def __init__(
+        self,
+        data_path: str | None = None,
+        corpus_path: str | None = None,
+        top_k: int = 3,
+        passage_words: int = 30,
+        num_people: int = 300,
+        kb_seed: int = 0,
+        two_hop_fraction: float = 0.5,
+        max_turns: int = 5,
+        stochasticity: float = 0.0,
+        format_penalty: float = -0.1,
+    ) -> None:
         if int(max_turns) < 1:
             raise ValueError(f"max_turns must be at least 1, got {max_turns}")
-        super().__init__(stochasticity, format_penalty, max_turns=int(max_turns),
-                         max_actions_per_turn=1, max_actions=int(max_turns))
+        super().__init__(
+            stochasticity,
+            format_penalty,
+            max_turns=int(max_turns),
+            max_actions_per_turn=1,
+            max_actions=int(max_turns),
+        )
         if int(top_k) < 1 or int(passage_words) < 1:
             raise ValueError("top_k and passage_words must be positive")
         if int(num_people) < 2:
@@ -157,8 +175,9 @@ class SearchQAEnv(MultiTurnTextEnv):
                 ckey = file_key(corpus_path)
                 self.corpus = shared_corpus(("corpus",) + ckey, lambda: corpus_documents(ckey))
             elif paragraphs:
-                self.corpus = shared_corpus(("context",) + qkey,
-                                            lambda: dedupe_documents(paragraphs))
+                self.corpus = shared_corpus(
+                    ("context",) + qkey, lambda: dedupe_documents(paragraphs)
+                )
             else:
                 raise ValueError(f"{data_path}: no 'context' paragraphs; give corpus_path")
         self.question: Question | None = None
@@ -209,8 +228,12 @@ class SearchQAEnv(MultiTurnTextEnv):
         reward, self.done, success = self._apply(executed)
         self.actions_taken += 1
         truncated = (not self.done) and self.actions_left() <= 0
-        info = {"action_is_valid": True, "success": bool(success), "executed_actions": [executed],
-                "requested_actions": [requested]}
+        info = {
+            "action_is_valid": True,
+            "success": bool(success),
+            "executed_actions": [executed],
+            "requested_actions": [requested],
+        }
         return self.render(), float(reward), bool(self.done), bool(truncated), info
 
     def _apply(self, action_name: str) -> tuple[float, bool, bool]:
@@ -243,8 +266,9 @@ class SearchQAEnv(MultiTurnTextEnv):
         if self.question is None or self.done:
             return None
         searches = [f"search[{_argument(title)}]" for title, _ in self._pending_hops()]
-        return (searches[:max(0, self.actions_left() - 1)]
-                + [f"finish[{_argument(self.question.answer)}]"])
+        return searches[: max(0, self.actions_left() - 1)] + [
+            f"finish[{_argument(self.question.answer)}]"
+        ]
 
     def demonstration(self, rng: np.random.Generator, noise: float = 0.0) -> tuple[str, str]:
         """Search the next unread document of the question's chain, naming what was
@@ -253,9 +277,13 @@ class SearchQAEnv(MultiTurnTextEnv):
         assert self.question is not None
         question, pending = self.question, self._pending_hops()
         wrong = rng.random() < noise
-        read = [fact for title, fact in question.hops
-                if fact and (title, fact) not in pending
-                and self.corpus.by_title.get(title.lower()) in self.seen]
+        read = [
+            fact
+            for title, fact in question.hops
+            if fact
+            and (title, fact) not in pending
+            and self.corpus.by_title.get(title.lower()) in self.seen
+        ]
         prefix = f"{read[-1]}. " if read else ""
         if pending and self.actions_left() > 1:
             title = pending[0][0]
@@ -268,14 +296,18 @@ class SearchQAEnv(MultiTurnTextEnv):
             return f"I guess the answer is {guess}.", f"finish[{_argument(guess)}]"
         if not read and question.hops:
             prefix = f"Read {', '.join(t for t, _ in question.hops)}. "
-        return (_clip(f"{prefix}The answer is {question.answer}."),
-                f"finish[{_argument(question.answer)}]")
+        return (
+            _clip(f"{prefix}The answer is {question.answer}."),
+            f"finish[{_argument(question.answer)}]",
+        )
 
     # -- text ---------------------------------------------------------------------------
     def rules(self) -> str:
-        return (f"SearchQA: answer the question. search[query] shows the top {self.top_k} "
-                "passages; finish[answer] gives your answer and ends. One action per turn. "
-                "Reward 1 for an exact answer, partial for overlapping words.")
+        return (
+            f"SearchQA: answer the question. search[query] shows the top {self.top_k} "
+            "passages; finish[answer] gives your answer and ends. One action per turn. "
+            "Reward 1 for an exact answer, partial for overlapping words."
+        )
 
     def render(self) -> str:  # type: ignore[override]
         if self.question is None:
@@ -289,8 +321,10 @@ class SearchQAEnv(MultiTurnTextEnv):
             lines.append(f"No results for {self.last_query}.")
         else:
             lines.append(f"Results for {self.last_query}:")
-            lines += [f"{k + 1}. {self.corpus.passage(i, self.passage_words)}"
-                      for k, i in enumerate(self.last_results)]
+            lines += [
+                f"{k + 1}. {self.corpus.passage(i, self.passage_words)}"
+                for k, i in enumerate(self.last_results)
+            ]
         return "\n".join(lines)
 
 

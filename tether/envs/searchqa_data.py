@@ -85,8 +85,18 @@ class Question:
     distractors: tuple[str, ...] = ()
 
 
-JOBS = ("painter", "doctor", "pilot", "chef", "teacher", "baker", "farmer", "writer", "singer",
-        "lawyer")
+JOBS = (
+    "painter",
+    "doctor",
+    "pilot",
+    "chef",
+    "teacher",
+    "baker",
+    "farmer",
+    "writer",
+    "singer",
+    "lawyer",
+)
 COMPANY_KINDS = ("Labs", "Works", "Foundry", "Mills", "Group", "Motors")
 _CONSONANTS, _VOWELS = "bdfgklmnprstvz", "aeiou"
 
@@ -95,28 +105,33 @@ _CONSONANTS, _VOWELS = "bdfgklmnprstvz", "aeiou"
 class KnowledgeBase:
     """Fictional entities; every relation lives in one entity's document."""
 
-    people: tuple[tuple[str, str, int, int], ...]   # name, job, city, company
-    companies: tuple[tuple[str, int, int], ...]     # name, city, year founded
-    cities: tuple[tuple[str, int], ...]             # name, country
-    countries: tuple[tuple[str, int], ...]          # name, capital city
+    people: tuple[tuple[str, str, int, int], ...]  # name, job, city, company
+    companies: tuple[tuple[str, int, int], ...]  # name, city, year founded
+    cities: tuple[tuple[str, int], ...]  # name, country
+    countries: tuple[tuple[str, int], ...]  # name, capital city
 
     def documents(self) -> tuple[list[str], list[str]]:
         titles, texts = [], []
         for name, job, city, company in self.people:
             titles.append(name)
-            texts.append(f"{name} is a {job} born in {self.cities[city][0]}. {name} works at "
-                         f"{self.companies[company][0]}.")
+            texts.append(
+                f"{name} is a {job} born in {self.cities[city][0]}. {name} works at "
+                f"{self.companies[company][0]}."
+            )
         for name, city, year in self.companies:
             titles.append(name)
-            texts.append(f"{name} is a company based in {self.cities[city][0]}. {name} was "
-                         f"founded in {year}.")
+            texts.append(
+                f"{name} is a company based in {self.cities[city][0]}. {name} was "
+                f"founded in {year}."
+            )
         for name, country in self.cities:
             titles.append(name)
             texts.append(f"{name} is a city in {self.countries[country][0]}.")
         for name, capital in self.countries:
             titles.append(name)
-            texts.append(f"{name} is a country. The capital of {name} is "
-                         f"{self.cities[capital][0]}.")
+            texts.append(
+                f"{name} is a country. The capital of {name} is {self.cities[capital][0]}."
+            )
         return titles, texts
 
     # One fact per relation, as (document title, sentence learned there).
@@ -154,30 +169,62 @@ class KnowledgeBase:
         years = [str(x[2]) for x in self.companies]
         if rng.random() < two_hop_fraction:
             options = [
-                (f"In which country was {person} born?", country_of_city(p_city),
-                 (self._born(p), self._in_country(p_city)), countries),
-                (f"In which city is the company of {person} based?",
-                 city_of(self.companies[p_company][1]),
-                 (self._works(p), self._based(p_company)), cities),
-                (f"In which year was the company of {person} founded?",
-                 str(self.companies[p_company][2]),
-                 (self._works(p), self._founded(p_company)), years),
-                (f"In which country is {company} based?", country_of_city(c_city),
-                 (self._based(c), self._in_country(c_city)), countries)]
+                (
+                    f"In which country was {person} born?",
+                    country_of_city(p_city),
+                    (self._born(p), self._in_country(p_city)),
+                    countries,
+                ),
+                (
+                    f"In which city is the company of {person} based?",
+                    city_of(self.companies[p_company][1]),
+                    (self._works(p), self._based(p_company)),
+                    cities,
+                ),
+                (
+                    f"In which year was the company of {person} founded?",
+                    str(self.companies[p_company][2]),
+                    (self._works(p), self._founded(p_company)),
+                    years,
+                ),
+                (
+                    f"In which country is {company} based?",
+                    country_of_city(c_city),
+                    (self._based(c), self._in_country(c_city)),
+                    countries,
+                ),
+            ]
         else:
             country, capital = self.countries[co]
             options = [
                 (f"Where was {person} born?", city_of(p_city), (self._born(p),), cities),
-                (f"Which company does {person} work at?", self.companies[p_company][0],
-                 (self._works(p),), companies),
-                (f"What is the job of {person}?", job, ((person, f"{person} is a {job}"),),
-                 list(JOBS)),
+                (
+                    f"Which company does {person} work at?",
+                    self.companies[p_company][0],
+                    (self._works(p),),
+                    companies,
+                ),
+                (
+                    f"What is the job of {person}?",
+                    job,
+                    ((person, f"{person} is a {job}"),),
+                    list(JOBS),
+                ),
                 (f"In which city is {company} based?", city_of(c_city), (self._based(c),), cities),
                 (f"In which year was {company} founded?", str(year), (self._founded(c),), years),
-                (f"Which country is {city_of(ci)} in?", country_of_city(ci),
-                 (self._in_country(ci),), countries),
-                (f"What is the capital of {country}?", city_of(capital),
-                 ((country, f"The capital of {country} is {city_of(capital)}"),), cities)]
+                (
+                    f"Which country is {city_of(ci)} in?",
+                    country_of_city(ci),
+                    (self._in_country(ci),),
+                    countries,
+                ),
+                (
+                    f"What is the capital of {country}?",
+                    city_of(capital),
+                    ((country, f"The capital of {country} is {city_of(capital)}"),),
+                    cities,
+                ),
+            ]
         text, answer, hops, pool = options[int(rng.integers(len(options)))]
         pool = sorted({x for x in pool if x != answer})
         picks = rng.choice(len(pool), size=min(8, len(pool)), replace=False) if pool else []
@@ -190,8 +237,11 @@ def _unique_words(rng: np.random.Generator, n: int) -> list[str]:
     seen: set[str] = set()
     while len(words) < n:
         syllables = 2
-        word = "".join(_CONSONANTS[int(rng.integers(len(_CONSONANTS)))]
-                       + _VOWELS[int(rng.integers(len(_VOWELS)))] for _ in range(syllables))
+        word = "".join(
+            _CONSONANTS[int(rng.integers(len(_CONSONANTS)))]
+            + _VOWELS[int(rng.integers(len(_VOWELS)))]
+            for _ in range(syllables)
+        )
         if rng.random() < 0.5:
             word += _CONSONANTS[int(rng.integers(len(_CONSONANTS)))]
         if word not in seen and word not in _STOPWORDS:
@@ -207,16 +257,29 @@ def generate_knowledge_base(seed: int, num_people: int) -> KnowledgeBase:
     n_countries, n_cities = max(2, num_people // 40), max(3, num_people // 8)
     n_companies = max(2, num_people // 5)
     words = iter(_unique_words(rng, n_countries + n_cities + n_companies + 2 * num_people))
-    city_country = [i % n_countries if i < n_countries else int(rng.integers(n_countries))
-                    for i in range(n_cities)]
+    city_country = [
+        i % n_countries if i < n_countries else int(rng.integers(n_countries))
+        for i in range(n_cities)
+    ]
     cities = tuple((next(words), country) for country in city_country)
     countries = tuple((next(words), i) for i in range(n_countries))  # capital: city i
-    companies = tuple((f"{next(words)} {COMPANY_KINDS[int(rng.integers(len(COMPANY_KINDS)))]}",
-                       int(rng.integers(n_cities)), int(rng.integers(1900, 2021)))
-                      for _ in range(n_companies))
-    people = tuple((f"{next(words)} {next(words)}", JOBS[int(rng.integers(len(JOBS)))],
-                    int(rng.integers(n_cities)), int(rng.integers(n_companies)))
-                   for _ in range(num_people))
+    companies = tuple(
+        (
+            f"{next(words)} {COMPANY_KINDS[int(rng.integers(len(COMPANY_KINDS)))]}",
+            int(rng.integers(n_cities)),
+            int(rng.integers(1900, 2021)),
+        )
+        for _ in range(n_companies)
+    )
+    people = tuple(
+        (
+            f"{next(words)} {next(words)}",
+            JOBS[int(rng.integers(len(JOBS)))],
+            int(rng.integers(n_cities)),
+            int(rng.integers(n_companies)),
+        )
+        for _ in range(num_people)
+    )
     return KnowledgeBase(people, companies, cities, countries)
 
 
@@ -274,8 +337,9 @@ def file_key(path: str | os.PathLike) -> tuple[str, int, int]:
 
 
 @lru_cache(maxsize=8)
-def load_questions(key: tuple[str, int, int]) -> tuple[tuple[Question, ...],
-                                                        tuple[tuple[str, str], ...]]:
+def load_questions(
+    key: tuple[str, int, int],
+) -> tuple[tuple[Question, ...], tuple[tuple[str, str], ...]]:
     """Questions and the context paragraphs of a HotpotQA-style file (by ``file_key``)."""
     questions, paragraphs = [], []
     for r in _read_records(key[0]):
@@ -287,9 +351,11 @@ def load_questions(key: tuple[str, int, int]) -> tuple[tuple[Question, ...],
     if not questions:
         raise ValueError(f"{key[0]}: no questions with 'question' and 'answer' fields")
     answers = sorted({q.answer for q in questions})
-    spread = answers[::max(1, len(answers) // 50)]  # other questions' answers, for noisy demos
-    questions = [Question(q.text, q.answer, q.hops, tuple(a for a in spread if a != q.answer))
-                 for q in questions]
+    spread = answers[:: max(1, len(answers) // 50)]  # other questions' answers, for noisy demos
+    questions = [
+        Question(q.text, q.answer, q.hops, tuple(a for a in spread if a != q.answer))
+        for q in questions
+    ]
     return tuple(questions), tuple(paragraphs)
 
 

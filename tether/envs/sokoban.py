@@ -45,8 +45,9 @@ def _add(pos: Pos, delta: Pos) -> Pos:
     return (pos[0] + delta[0], pos[1] + delta[1])
 
 
-def move(walls: frozenset[Pos], targets: frozenset[Pos], player: Pos, boxes: Boxes,
-         action: str) -> tuple[Pos, Boxes, float]:
+def move(
+    walls: frozenset[Pos], targets: frozenset[Pos], player: Pos, boxes: Boxes, action: str
+) -> tuple[Pos, Boxes, float]:
     """One Sokoban move: the new (player, boxes) and the push reward (±1 or 0)."""
     delta = MOVES[action]
     ahead = _add(player, delta)
@@ -66,9 +67,14 @@ def move(walls: frozenset[Pos], targets: frozenset[Pos], player: Pos, boxes: Box
     return ahead, new_boxes, push_reward
 
 
-def solve_sokoban(walls: frozenset[Pos], targets: frozenset[Pos], player: Pos, boxes: Boxes,
-                  max_depth: int | None = None,
-                  max_states: int = MAX_SEARCH_STATES) -> list[str] | None:
+def solve_sokoban(
+    walls: frozenset[Pos],
+    targets: frozenset[Pos],
+    player: Pos,
+    boxes: Boxes,
+    max_depth: int | None = None,
+    max_states: int = MAX_SEARCH_STATES,
+) -> list[str] | None:
     """Shortest move sequence that puts every box on a target (BFS), or None.
 
     ``[]`` means already solved; None means unsolvable within ``max_depth`` moves
@@ -115,20 +121,31 @@ class SokobanEnv(MultiTurnTextEnv):
 
     action_names = ("Up", "Down", "Left", "Right")
 
-    def __init__(self, dim: Sequence[int] = (6, 6), num_boxes: int = 1, max_walls: int = 3,
-                 min_plan_length: int = 1, stochasticity: float = 0.0,
-                 format_penalty: float = -0.1, max_turns: int | None = None,
-                 max_actions_per_turn: int | None = None, max_actions: int | None = None) -> None:
-        super().__init__(stochasticity, format_penalty, max_turns, max_actions_per_turn,
-                         max_actions)
+    def __init__(
+        self,
+        dim: Sequence[int] = (6, 6),
+        num_boxes: int = 1,
+        max_walls: int = 3,
+        min_plan_length: int = 1,
+        stochasticity: float = 0.0,
+        format_penalty: float = -0.1,
+        max_turns: int | None = None,
+        max_actions_per_turn: int | None = None,
+        max_actions: int | None = None,
+    ) -> None:
+        super().__init__(
+            stochasticity, format_penalty, max_turns, max_actions_per_turn, max_actions
+        )
         self.dim = (int(dim[0]), int(dim[1]))
         self.num_boxes = int(num_boxes)
         self.max_walls = int(max_walls)
         self.min_plan_length = max(1, int(min_plan_length))
         interior = (self.dim[0] - 2) * (self.dim[1] - 2)
         if min(self.dim) < 3 or self.num_boxes < 1 or interior < 2 * self.num_boxes + 1:
-            raise ValueError(f"a {self.dim} room cannot hold {self.num_boxes} box(es), "
-                             "their targets and the player")
+            raise ValueError(
+                f"a {self.dim} room cannot hold {self.num_boxes} box(es), "
+                "their targets and the player"
+            )
         if self.min_plan_length > self.max_actions:
             raise ValueError("min_plan_length exceeds max_actions")
         self.walls: frozenset[Pos] = frozenset()
@@ -138,10 +155,16 @@ class SokobanEnv(MultiTurnTextEnv):
         self.shape = self.dim  # of the current level (a loaded grid may differ from dim)
 
     # -- level generation ---------------------------------------------------------------
-    def _generate(self, rng: np.random.Generator) -> tuple[frozenset[Pos], frozenset[Pos], Pos, Boxes]:
+    def _generate(
+        self, rng: np.random.Generator
+    ) -> tuple[frozenset[Pos], frozenset[Pos], Pos, Boxes]:
         rows, cols = self.dim
-        border = {(r, c) for r in range(rows) for c in range(cols)
-                  if r in (0, rows - 1) or c in (0, cols - 1)}
+        border = {
+            (r, c)
+            for r in range(rows)
+            for c in range(cols)
+            if r in (0, rows - 1) or c in (0, cols - 1)
+        }
         interior = [(r, c) for r in range(1, rows - 1) for c in range(1, cols - 1)]
         needed = 2 * self.num_boxes + 1
         for _ in range(GENERATION_TRIES):
@@ -151,15 +174,17 @@ class SokobanEnv(MultiTurnTextEnv):
             cells = [interior[i] for i in order]
             walls = frozenset(border | set(cells[:n_walls]))
             free = cells[n_walls:]
-            targets = frozenset(free[:self.num_boxes])
-            boxes = tuple(sorted(free[self.num_boxes:2 * self.num_boxes]))
+            targets = frozenset(free[: self.num_boxes])
+            boxes = tuple(sorted(free[self.num_boxes : 2 * self.num_boxes]))
             player = free[2 * self.num_boxes]
             plan = solve_sokoban(walls, targets, player, boxes, max_depth=self.max_actions)
             if plan is not None and len(plan) >= self.min_plan_length:
                 return walls, targets, player, boxes
-        raise RuntimeError(f"no solvable Sokoban level for dim={self.dim}, "
-                           f"num_boxes={self.num_boxes} in {GENERATION_TRIES} tries; "
-                           "use a larger room or a larger max_actions")
+        raise RuntimeError(
+            f"no solvable Sokoban level for dim={self.dim}, "
+            f"num_boxes={self.num_boxes} in {GENERATION_TRIES} tries; "
+            "use a larger room or a larger max_actions"
+        )
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         """New level named by ``seed``; ``options={"grid": [...]}`` loads a fixed
@@ -179,8 +204,9 @@ class SokobanEnv(MultiTurnTextEnv):
     # -- dynamics -----------------------------------------------------------------------
     def _apply(self, action_name: str) -> tuple[float, bool, bool]:
         assert self.player is not None
-        self.player, self.boxes, push = move(self.walls, self.targets, self.player,
-                                             self.boxes, action_name)
+        self.player, self.boxes, push = move(
+            self.walls, self.targets, self.player, self.boxes, action_name
+        )
         solved = set(self.boxes) == self.targets
         return STEP_REWARD + push + (SOLVED_REWARD if solved else 0.0), solved, solved
 
@@ -191,10 +217,12 @@ class SokobanEnv(MultiTurnTextEnv):
 
     # -- text ---------------------------------------------------------------------------
     def rules(self) -> str:
-        return ("Sokoban: push every box X onto a target O. # wall, _ floor, * box on target, "
-                "P player, + player on target; positions are (row,col). Moves: Up, Down, "
-                "Left, Right; walk into a box to push it, you cannot pull. "
-                "Reward -0.1 a move, +1 box on target, -1 box off, +10 when all are placed.")
+        return (
+            "Sokoban: push every box X onto a target O. # wall, _ floor, * box on target, "
+            "P player, + player on target; positions are (row,col). Moves: Up, Down, "
+            "Left, Right; walk into a box to push it, you cannot pull. "
+            "Reward -0.1 a move, +1 box on target, -1 box off, +10 when all are placed."
+        )
 
     def render(self) -> str:  # type: ignore[override]
         if self.player is None:
@@ -215,8 +243,10 @@ class SokobanEnv(MultiTurnTextEnv):
                 else:
                     line.append("O" if on_target else "_")
             lines.append("".join(line))
-        lines.append(f"Player {fmt_pos(self.player)}. Boxes {_fmt_many(self.boxes)}. "
-                     f"Targets {_fmt_many(sorted(self.targets))}.")
+        lines.append(
+            f"Player {fmt_pos(self.player)}. Boxes {_fmt_many(self.boxes)}. "
+            f"Targets {_fmt_many(sorted(self.targets))}."
+        )
         return "\n".join(lines)
 
     def demonstration(self, rng: np.random.Generator, noise: float = 0.0) -> tuple[str, str]:
@@ -245,9 +275,10 @@ class SokobanEnv(MultiTurnTextEnv):
             player, boxes = new_player, new_boxes
         box_word = "box" if len(self.boxes) == 1 else "boxes"
         target_word = "target" if len(self.targets) == 1 else "targets"
-        reasoning = (f"At {fmt_pos(self.player)}, {box_word} {_fmt_many(self.boxes)}, "
-                     f"{target_word} {_fmt_many(sorted(self.targets))}. "
-                     + ", then ".join(clauses) + ".")
+        reasoning = (
+            f"At {fmt_pos(self.player)}, {box_word} {_fmt_many(self.boxes)}, "
+            f"{target_word} {_fmt_many(sorted(self.targets))}. " + ", then ".join(clauses) + "."
+        )
         return reasoning, " || ".join(actions)
 
 

@@ -62,59 +62,144 @@ from .base import ACTION_SEPARATOR, MultiTurnTextEnv
 
 #: noun, category path, price range (dollars), attribute pool, option groups
 CATALOGUE = (
-    ("boots", "fashion › shoes › boots", (30, 120),
-     ("waterproof", "leather", "insulated", "lightweight", "non slip"),
-     {"color": ("black", "brown", "grey"), "size": ("7", "8", "9", "10")}),
-    ("sneakers", "fashion › shoes › sneakers", (20, 90),
-     ("breathable", "lightweight", "cushioned", "canvas", "non slip"),
-     {"color": ("white", "black", "blue", "red"), "size": ("7", "8", "9", "10")}),
-    ("hoodie", "fashion › clothing › hoodies", (15, 60),
-     ("cotton", "fleece", "zip up", "oversized", "machine washable"),
-     {"color": ("black", "grey", "green", "navy"), "size": ("small", "medium", "large", "xl")}),
-    ("jacket", "fashion › clothing › jackets", (40, 150),
-     ("waterproof", "hooded", "windproof", "lightweight", "down"),
-     {"color": ("black", "blue", "green", "red"), "size": ("small", "medium", "large", "xl")}),
-    ("mug", "home › kitchen › mugs", (8, 30),
-     ("ceramic", "insulated", "dishwasher safe", "microwave safe", "glass"),
-     {"color": ("white", "black", "blue"), "capacity": ("12 oz", "16 oz", "20 oz")}),
-    ("lamp", "home › lighting › lamps", (15, 70),
-     ("led", "dimmable", "rechargeable", "touch control", "usb"),
-     {"color": ("white", "black", "gold"), "pack": ("1 pack", "2 pack")}),
-    ("pillow", "home › bedding › pillows", (15, 80),
-     ("memory foam", "cooling", "hypoallergenic", "washable", "firm"),
-     {"size": ("standard", "queen", "king"), "pack": ("1 pack", "2 pack")}),
-    ("headphones", "electronics › audio › headphones", (20, 200),
-     ("wireless", "noise cancelling", "bluetooth", "over ear", "foldable"),
-     {"color": ("black", "white", "blue", "pink")}),
-    ("speaker", "electronics › audio › speakers", (20, 150),
-     ("bluetooth", "waterproof", "portable", "bass boost", "rechargeable"),
-     {"color": ("black", "blue", "red")}),
-    ("charger", "electronics › accessories › chargers", (10, 50),
-     ("fast charging", "usb c", "wireless", "compact", "dual port"),
-     {"color": ("black", "white"), "pack": ("1 pack", "2 pack", "3 pack")}),
-    ("backpack", "bags › backpacks", (25, 120),
-     ("waterproof", "laptop", "lightweight", "anti theft", "large"),
-     {"color": ("black", "grey", "blue", "green")}),
-    ("shampoo", "beauty › hair care › shampoo", (6, 40),
-     ("sulfate free", "organic", "moisturizing", "anti dandruff", "vegan"),
-     {"size": ("8 oz", "16 oz", "32 oz"), "scent": ("mint", "lavender", "coconut")}),
-    ("lotion", "beauty › skin care › lotion", (6, 35),
-     ("fragrance free", "organic", "moisturizing", "vegan", "spf 30"),
-     {"size": ("8 oz", "16 oz"), "scent": ("unscented", "vanilla", "coconut")}),
-    ("coffee", "grocery › beverages › coffee", (8, 45),
-     ("organic", "decaf", "dark roast", "fair trade", "whole bean"),
-     {"size": ("12 oz", "2 lb"), "pack": ("1 pack", "2 pack")}),
-    ("tea", "grocery › beverages › tea", (5, 30),
-     ("organic", "herbal", "green", "caffeine free", "loose leaf"),
-     {"flavor": ("mint", "lemon", "ginger", "peach"), "pack": ("20 bags", "50 bags")}),
-    ("socks", "fashion › clothing › socks", (8, 35),
-     ("cotton", "wool", "ankle", "cushioned", "moisture wicking"),
-     {"color": ("black", "white", "grey"), "pack": ("3 pack", "6 pack")}),
+    (
+        "boots",
+        "fashion › shoes › boots",
+        (30, 120),
+        ("waterproof", "leather", "insulated", "lightweight", "non slip"),
+        {"color": ("black", "brown", "grey"), "size": ("7", "8", "9", "10")},
+    ),
+    (
+        "sneakers",
+        "fashion › shoes › sneakers",
+        (20, 90),
+        ("breathable", "lightweight", "cushioned", "canvas", "non slip"),
+        {"color": ("white", "black", "blue", "red"), "size": ("7", "8", "9", "10")},
+    ),
+    (
+        "hoodie",
+        "fashion › clothing › hoodies",
+        (15, 60),
+        ("cotton", "fleece", "zip up", "oversized", "machine washable"),
+        {"color": ("black", "grey", "green", "navy"), "size": ("small", "medium", "large", "xl")},
+    ),
+    (
+        "jacket",
+        "fashion › clothing › jackets",
+        (40, 150),
+        ("waterproof", "hooded", "windproof", "lightweight", "down"),
+        {"color": ("black", "blue", "green", "red"), "size": ("small", "medium", "large", "xl")},
+    ),
+    (
+        "mug",
+        "home › kitchen › mugs",
+        (8, 30),
+        ("ceramic", "insulated", "dishwasher safe", "microwave safe", "glass"),
+        {"color": ("white", "black", "blue"), "capacity": ("12 oz", "16 oz", "20 oz")},
+    ),
+    (
+        "lamp",
+        "home › lighting › lamps",
+        (15, 70),
+        ("led", "dimmable", "rechargeable", "touch control", "usb"),
+        {"color": ("white", "black", "gold"), "pack": ("1 pack", "2 pack")},
+    ),
+    (
+        "pillow",
+        "home › bedding › pillows",
+        (15, 80),
+        ("memory foam", "cooling", "hypoallergenic", "washable", "firm"),
+        {"size": ("standard", "queen", "king"), "pack": ("1 pack", "2 pack")},
+    ),
+    (
+        "headphones",
+        "electronics › audio › headphones",
+        (20, 200),
+        ("wireless", "noise cancelling", "bluetooth", "over ear", "foldable"),
+        {"color": ("black", "white", "blue", "pink")},
+    ),
+    (
+        "speaker",
+        "electronics › audio › speakers",
+        (20, 150),
+        ("bluetooth", "waterproof", "portable", "bass boost", "rechargeable"),
+        {"color": ("black", "blue", "red")},
+    ),
+    (
+        "charger",
+        "electronics › accessories › chargers",
+        (10, 50),
+        ("fast charging", "usb c", "wireless", "compact", "dual port"),
+        {"color": ("black", "white"), "pack": ("1 pack", "2 pack", "3 pack")},
+    ),
+    (
+        "backpack",
+        "bags › backpacks",
+        (25, 120),
+        ("waterproof", "laptop", "lightweight", "anti theft", "large"),
+        {"color": ("black", "grey", "blue", "green")},
+    ),
+    (
+        "shampoo",
+        "beauty › hair care › shampoo",
+        (6, 40),
+        ("sulfate free", "organic", "moisturizing", "anti dandruff", "vegan"),
+        {"size": ("8 oz", "16 oz", "32 oz"), "scent": ("mint", "lavender", "coconut")},
+    ),
+    (
+        "lotion",
+        "beauty › skin care › lotion",
+        (6, 35),
+        ("fragrance free", "organic", "moisturizing", "vegan", "spf 30"),
+        {"size": ("8 oz", "16 oz"), "scent": ("unscented", "vanilla", "coconut")},
+    ),
+    (
+        "coffee",
+        "grocery › beverages › coffee",
+        (8, 45),
+        ("organic", "decaf", "dark roast", "fair trade", "whole bean"),
+        {"size": ("12 oz", "2 lb"), "pack": ("1 pack", "2 pack")},
+    ),
+    (
+        "tea",
+        "grocery › beverages › tea",
+        (5, 30),
+        ("organic", "herbal", "green", "caffeine free", "loose leaf"),
+        {"flavor": ("mint", "lemon", "ginger", "peach"), "pack": ("20 bags", "50 bags")},
+    ),
+    (
+        "socks",
+        "fashion › clothing › socks",
+        (8, 35),
+        ("cotton", "wool", "ankle", "cushioned", "moisture wicking"),
+        {"color": ("black", "white", "grey"), "pack": ("3 pack", "6 pack")},
+    ),
 )
-COLOURS = ("beige", "black", "blue", "brown", "gold", "green", "grey", "gray", "ivory", "khaki",
-           "navy", "orange", "pink", "purple", "red", "silver", "tan", "white", "yellow")
-STOPWORDS = frozenset("a an and are as at be by for from i in is it me my need of on or s the to "
-                      "with want find looking price lower than dollars under".split())
+COLOURS = (
+    "beige",
+    "black",
+    "blue",
+    "brown",
+    "gold",
+    "green",
+    "grey",
+    "gray",
+    "ivory",
+    "khaki",
+    "navy",
+    "orange",
+    "pink",
+    "purple",
+    "red",
+    "silver",
+    "tan",
+    "white",
+    "yellow",
+)
+STOPWORDS = frozenset(
+    "a an and are as at be by for from i in is it me my need of on or s the to "
+    "with want find looking price lower than dollars under".split()
+)
 NEXT, PREV, BACK, BUY = "next >", "< prev", "back to search", "buy now"
 ACTION = re.compile(r"^\s*(search|click)\s*\[(.*)\]\s*$", re.IGNORECASE | re.DOTALL)
 MAX_QUERY_CHARS = 200
@@ -140,7 +225,9 @@ def fuzzy_match(a: str, b: str) -> bool:
         return True
     t0 = " ".join(sorted(common))
     t1, t2 = (f"{t0} {' '.join(sorted(t - common))}".strip() for t in (ta, tb))
-    ratio = max(difflib.SequenceMatcher(None, x, y).ratio() for x, y in ((t0, t1), (t0, t2), (t1, t2)))
+    ratio = max(
+        difflib.SequenceMatcher(None, x, y).ratio() for x, y in ((t0, t1), (t0, t2), (t1, t2))
+    )
     return ratio > 0.85
 
 
@@ -204,11 +291,15 @@ def type_reward(product: Product, goal: Goal, target: Product) -> float:
 
 def reward(product: Product, chosen: dict[str, str], goal: Goal, target: Product) -> float:
     """WebShop's purchase reward of ``product`` bought with options ``chosen``."""
-    attr_hits = sum(1 for g in goal.attributes
-                    if any(fuzzy_match(p, g) for p in product.attributes) or g.lower() in product.text)
+    attr_hits = sum(
+        1
+        for g in goal.attributes
+        if any(fuzzy_match(p, g) for p in product.attributes) or g.lower() in product.text
+    )
     bought = [normalise_colour(v) for v in chosen.values()]
-    option_hits = sum(1 for g in goal.options
-                      if any(fuzzy_match(v, normalise_colour(g.lower())) for v in bought))
+    option_hits = sum(
+        1 for g in goal.options if any(fuzzy_match(v, normalise_colour(g.lower())) for v in bought)
+    )
     price_ok = 1.0 if product.price <= goal.price_upper else 0.0
     total = (attr_hits + option_hits + price_ok) / (len(goal.attributes) + len(goal.options) + 1)
     return total * type_reward(product, goal, target)
@@ -217,8 +308,13 @@ def reward(product: Product, chosen: dict[str, str], goal: Goal, target: Product
 class Shop:
     """Products, goals and a BM25 index over the products' text."""
 
-    def __init__(self, products: list[Product], goals: list[Goal], search_pool: list[str],
-                 max_results: int = MAX_RESULTS) -> None:
+    def __init__(
+        self,
+        products: list[Product],
+        goals: list[Goal],
+        search_pool: list[str],
+        max_results: int = MAX_RESULTS,
+    ) -> None:
         self.products = tuple(products)
         self.by_asin = {p.asin.lower(): p for p in products}
         self.goals = tuple(g for g in goals if g.asin.lower() in self.by_asin)
@@ -244,7 +340,7 @@ class Shop:
             for i, tf in postings:
                 norm = tf + 1.5 * (0.25 + 0.75 * self._lengths[i] / self._avg_length)
                 scores[i] += idf * tf * 2.5 / norm
-        ranked = sorted(scores, key=lambda i: (-scores[i], i))[:self.max_results]
+        ranked = sorted(scores, key=lambda i: (-scores[i], i))[: self.max_results]
         return tuple(self.products[i].asin for i in ranked)
 
     def product(self, asin: str) -> Product:
@@ -268,8 +364,18 @@ def generated_shop(catalogue_seed: int, categories: int, per_category: int) -> S
                 keep = sorted(int(i) for i in rng.choice(len(values), size=k, replace=False))
                 options[group] = tuple(values[i] for i in keep)
             name = f"{attrs[0]} {attrs[1]} {noun}"
-            products.append(Product(f"p{len(products):03d}", name, float(rng.integers(low, high + 1)),
-                                    options, attrs, noun, path, name))
+            products.append(
+                Product(
+                    f"p{len(products):03d}",
+                    name,
+                    float(rng.integers(low, high + 1)),
+                    options,
+                    attrs,
+                    noun,
+                    path,
+                    name,
+                )
+            )
     return Shop(products, [], pool)  # goals are drawn per reset by ``generated_goal``
 
 
@@ -277,14 +383,23 @@ def generated_goal(shop: Shop, rng: np.random.Generator) -> Goal:
     """A goal met by at least one product: the attributes, options and a price
     bound of a random product."""
     target = shop.products[int(rng.integers(len(shop.products)))]
-    attrs = target.attributes if rng.random() < 0.5 else (
-        target.attributes[int(rng.integers(len(target.attributes)))],)
+    attrs = (
+        target.attributes
+        if rng.random() < 0.5
+        else (target.attributes[int(rng.integers(len(target.attributes)))],)
+    )
     options = {g: values[int(rng.integers(len(values)))] for g, values in target.options.items()}
     upper = float(10 * (int(target.price) // 10 + 1 + int(rng.integers(0, 3))))
     wanted = ", ".join(f"{g} {v}" for g, v in options.items())
     instruction = f"Find {' '.join(attrs)} {target.query}, {wanted}, under {fmt_price(upper)}."
-    return Goal(target.asin, instruction, attrs, tuple(options.values()), upper,
-                f"{' '.join(attrs)} {target.query}")
+    return Goal(
+        target.asin,
+        instruction,
+        attrs,
+        tuple(options.values()),
+        upper,
+        f"{' '.join(attrs)} {target.query}",
+    )
 
 
 def _price(pricing: Any) -> float:
@@ -305,9 +420,16 @@ def parse_product(item: dict, extra_attributes: dict[str, list] | None = None) -
     name = str(item.get("name") or item.get("Title") or item.get("title") or "")
     options: dict[str, tuple[str, ...]] = {}
     raw = item.get("options") or item.get("customization_options") or {}
-    for group, values in (raw.items() if isinstance(raw, dict) else []):
-        cleaned = [" ".join(str(v.get("value", "") if isinstance(v, dict) else v).replace("/", " | ")
-                            .lower().split()) for v in (values or [])]
+    for group, values in raw.items() if isinstance(raw, dict) else []:
+        cleaned = [
+            " ".join(
+                str(v.get("value", "") if isinstance(v, dict) else v)
+                .replace("/", " | ")
+                .lower()
+                .split()
+            )
+            for v in (values or [])
+        ]
         if any(cleaned):
             options[str(group).lower()] = tuple(v for v in cleaned if v)
     attributes = item.get("Attributes") or item.get("attributes") or []
@@ -316,10 +438,16 @@ def parse_product(item: dict, extra_attributes: dict[str, list] | None = None) -
     bullets = item.get("small_description") or item.get("BulletPoints") or ""
     bullets = " ".join(map(str, bullets)) if isinstance(bullets, list) else str(bullets)
     description = str(item.get("full_description") or item.get("Description") or "")
-    return Product(str(item["asin"]), name, _price(item.get("pricing", item.get("price"))), options,
-                   tuple(str(a) for a in attributes if isinstance(a, str)),
-                   str(item.get("query") or "").lower().strip(), str(item.get("product_category") or ""),
-                   f"{name} {bullets} {description}".lower()[:4000])
+    return Product(
+        str(item["asin"]),
+        name,
+        _price(item.get("pricing", item.get("price"))),
+        options,
+        tuple(str(a) for a in attributes if isinstance(a, str)),
+        str(item.get("query") or "").lower().strip(),
+        str(item.get("product_category") or ""),
+        f"{name} {bullets} {description}".lower()[:4000],
+    )
 
 
 def _read_json(path: str) -> Any:
@@ -347,8 +475,14 @@ def _goal_from(asin: str, entry: dict, product: Product | None, index: int) -> G
         upper = float(10 * (int(product.price) // 10 + int(steps)))
         text = f"{text.strip().rstrip('.')}, and price lower than {upper:.2f} dollars"
     search = " ".join(t for t in tokens(text.split(", and price")[0]) if t not in STOPWORDS)
-    return Goal(asin, text.strip(), tuple(map(str, attrs)), tuple(map(str, options)), float(upper),
-                " ".join(search.split()[:8]))
+    return Goal(
+        asin,
+        text.strip(),
+        tuple(map(str, attrs)),
+        tuple(map(str, options)),
+        float(upper),
+        " ".join(search.split()[:8]),
+    )
 
 
 @functools.lru_cache(maxsize=4)
@@ -359,17 +493,26 @@ def load_shop(products_path: str, goals_path: str) -> Shop:
         raise ValueError(f"{products_path}: expected a JSON list of products")
     extra = {}
     if isinstance(raw_goals, dict):  # synthetic instructions carry the products' attributes
-        extra = {a: v["attributes"] for a, v in raw_goals.items()
-                 if isinstance(v, dict) and isinstance(v.get("attributes"), list)}
+        extra = {
+            a: v["attributes"]
+            for a, v in raw_goals.items()
+            if isinstance(v, dict) and isinstance(v.get("attributes"), list)
+        }
     products = [p for item in items if (p := parse_product(item, extra)) is not None]
     by_asin = {p.asin: p for p in products}
     if isinstance(raw_goals, dict):
-        entries = [(asin, e) for asin, value in raw_goals.items()
-                   for e in (value if isinstance(value, list) else [value])]
+        entries = [
+            (asin, e)
+            for asin, value in raw_goals.items()
+            for e in (value if isinstance(value, list) else [value])
+        ]
     else:
         entries = [(str(g.get("asin", "")), g) for g in raw_goals if isinstance(g, dict)]
-    goals = [g for i, (asin, e) in enumerate(entries)
-             if isinstance(e, dict) and (g := _goal_from(asin, e, by_asin.get(asin), i)) is not None]
+    goals = [
+        g
+        for i, (asin, e) in enumerate(entries)
+        if isinstance(e, dict) and (g := _goal_from(asin, e, by_asin.get(asin), i)) is not None
+    ]
     pool = sorted({p.query for p in products if p.query})[:100]
     shop = Shop(products, goals, pool)
     if not shop.goals:
@@ -394,21 +537,35 @@ class WebShopEnv(MultiTurnTextEnv):
     max_actions_per_turn = 1
     max_actions = 9
 
-    def __init__(self, products_path: str | None = None, goals_path: str | None = None,
-                 catalogue_seed: int = 0, categories: int = len(CATALOGUE),
-                 products_per_category: int = 6, results_per_page: int = 3, max_results: int = 15,
-                 stochasticity: float = 0.0, format_penalty: float = -0.1,
-                 max_turns: int | None = None, max_actions: int | None = None) -> None:
+    def __init__(
+        self,
+        products_path: str | None = None,
+        goals_path: str | None = None,
+        catalogue_seed: int = 0,
+        categories: int = len(CATALOGUE),
+        products_per_category: int = 6,
+        results_per_page: int = 3,
+        max_results: int = 15,
+        stochasticity: float = 0.0,
+        format_penalty: float = -0.1,
+        max_turns: int | None = None,
+        max_actions: int | None = None,
+    ) -> None:
         super().__init__(stochasticity, format_penalty, max_turns, 1, max_actions)
         if (products_path is None) != (goals_path is None):
             raise ValueError("give both products_path and goals_path, or neither")
         if not 1 <= int(categories) <= len(CATALOGUE) or int(products_per_category) < 1:
-            raise ValueError(f"categories must be in 1..{len(CATALOGUE)} and "
-                             f"products_per_category at least 1")
+            raise ValueError(
+                f"categories must be in 1..{len(CATALOGUE)} and products_per_category at least 1"
+            )
         if int(results_per_page) < 1 or not 1 <= int(max_results) <= MAX_RESULTS:
-            raise ValueError(f"results_per_page must be positive and max_results in 1..{MAX_RESULTS}")
+            raise ValueError(
+                f"results_per_page must be positive and max_results in 1..{MAX_RESULTS}"
+            )
         if products_path is None:
-            self.shop = generated_shop(int(catalogue_seed), int(categories), int(products_per_category))
+            self.shop = generated_shop(
+                int(catalogue_seed), int(categories), int(products_per_category)
+            )
         else:
             self.shop = load_shop(str(products_path), str(goals_path))
         self.results_per_page = int(results_per_page)
@@ -420,20 +577,24 @@ class WebShopEnv(MultiTurnTextEnv):
 
     # -- pages ----------------------------------------------------------------------------
     def _results(self, query: str) -> tuple[str, ...]:
-        return self.shop.search(query)[:self.max_results]
+        return self.shop.search(query)[: self.max_results]
 
     def _page_items(self, view: View) -> tuple[tuple[str, ...], int]:
         asins = self._results(view.query)
         pages = max(1, math.ceil(len(asins) / self.results_per_page))
         start = (view.page_no - 1) * self.results_per_page
-        return asins[start:start + self.results_per_page], pages
+        return asins[start : start + self.results_per_page], pages
 
     def _clicks(self, view: View) -> list[str]:
         """Clickable labels of a results or item page, in display order."""
         if view.page == "results":
             items, pages = self._page_items(view)
-            return [*items, *([NEXT] if view.page_no < pages else []),
-                    *([PREV] if view.page_no > 1 else []), BACK]
+            return [
+                *items,
+                *([NEXT] if view.page_no < pages else []),
+                *([PREV] if view.page_no > 1 else []),
+                BACK,
+            ]
         if view.page == "item":
             product = self.shop.product(view.asin)
             return [v for values in product.options.values() for v in values] + [BUY, PREV, BACK]
@@ -453,8 +614,12 @@ class WebShopEnv(MultiTurnTextEnv):
         return self.valid_actions()
 
     def parse_actions(self, answer: str) -> list[str] | None:
-        if (not isinstance(answer, str) or len(answer) > 2 * MAX_QUERY_CHARS or self.goal is None
-                or ACTION_SEPARATOR in answer):  # one action per turn
+        if (
+            not isinstance(answer, str)
+            or len(answer) > 2 * MAX_QUERY_CHARS
+            or self.goal is None
+            or ACTION_SEPARATOR in answer
+        ):  # one action per turn
             return None
         match = ACTION.match(answer)
         if match is None:
@@ -493,8 +658,12 @@ class WebShopEnv(MultiTurnTextEnv):
         if self.view.page != "done":
             return 0.0, False, False
         assert self.goal is not None
-        self.final_reward = reward(self.shop.product(self.view.asin), dict(self.view.chosen),
-                                   self.goal, self.shop.product(self.goal.asin))
+        self.final_reward = reward(
+            self.shop.product(self.view.asin),
+            dict(self.view.chosen),
+            self.goal,
+            self.shop.product(self.goal.asin),
+        )
         return self.final_reward, True, self.final_reward >= 1.0 - 1e-9
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
@@ -512,8 +681,11 @@ class WebShopEnv(MultiTurnTextEnv):
         self.view, self.final_reward, self._potential_cache = View(), None, {}
         self._start_episode()
         plan = self.solve()
-        return self.render(), {"goal_asin": self.goal.asin, "instruction": self.goal.instruction,
-                               "optimal_plan_length": None if plan is None else len(plan)}
+        return self.render(), {
+            "goal_asin": self.goal.asin,
+            "instruction": self.goal.instruction,
+            "optimal_plan_length": None if plan is None else len(plan),
+        }
 
     # -- expert -----------------------------------------------------------------------------
     def _potential(self, asin: str) -> tuple[float, dict[str, str]]:
@@ -523,8 +695,15 @@ class WebShopEnv(MultiTurnTextEnv):
             product, chosen = self.shop.product(asin), {}
             for wanted in self.goal.options:
                 for group, values in product.options.items():
-                    hit = next((v for v in values if group not in chosen and fuzzy_match(
-                        normalise_colour(v), normalise_colour(wanted.lower()))), None)
+                    hit = next(
+                        (
+                            v
+                            for v in values
+                            if group not in chosen
+                            and fuzzy_match(normalise_colour(v), normalise_colour(wanted.lower()))
+                        ),
+                        None,
+                    )
                     if hit is not None:
                         chosen[group] = hit
                         break
@@ -538,8 +717,9 @@ class WebShopEnv(MultiTurnTextEnv):
         return list(dict.fromkeys(q for q in (self.goal.search_text, target.name) if q.strip()))
 
     def _best(self) -> float:
-        return max((self._potential(a)[0] for q in self._queries() for a in self._results(q)),
-                   default=0.0)
+        return max(
+            (self._potential(a)[0] for q in self._queries() for a in self._results(q)), default=0.0
+        )
 
     def _plan(self, view: View, depth: int = 0) -> list[str] | None:
         best = self._best()
@@ -569,7 +749,9 @@ class WebShopEnv(MultiTurnTextEnv):
             return None if rest is None else [f"click[{BACK}]"] + rest
         for query in self._queries():
             if any(self._potential(a)[0] >= best - 1e-9 for a in self._results(query)):
-                return [f"search[{query}]"] + (self._plan(View("results", query, 1), depth + 1) or [])
+                return [f"search[{query}]"] + (
+                    self._plan(View("results", query, 1), depth + 1) or []
+                )
         return None
 
     def solve(self) -> list[str] | None:
@@ -580,9 +762,11 @@ class WebShopEnv(MultiTurnTextEnv):
 
     # -- text -------------------------------------------------------------------------------
     def rules(self) -> str:
-        return ("WebShop: buy what the instruction asks for. search[query] on the search page, "
-                "click[id] an item, click[option] its options, then click[buy now]. Reward: share "
-                "of attributes, options and price matched.")
+        return (
+            "WebShop: buy what the instruction asks for. search[query] on the search page, "
+            "click[id] an item, click[option] its options, then click[buy now]. Reward: share "
+            "of attributes, options and price matched."
+        )
 
     def _short_name(self, product: Product, words: int = 12) -> str:
         parts = product.name.split()
@@ -606,21 +790,30 @@ class WebShopEnv(MultiTurnTextEnv):
             lines = [f'Results for "{view.query}", page {view.page_no}/{pages}:']
             for asin in items:
                 product = self.shop.product(asin)
-                lines.append(f"{product.asin} {self._short_name(product)} {fmt_price(product.price)}")
+                lines.append(
+                    f"{product.asin} {self._short_name(product)} {fmt_price(product.price)}"
+                )
             moves = [label for label in self._clicks(view) if label in (NEXT, PREV, BACK)]
             lines.append("Actions: " + ", ".join(f"click[{c}]" for c in ["<id>", *moves]))
             return "\n".join(lines)
         product = self.shop.product(view.asin)
         chosen = ", ".join(f"{g} {v}" for g, v in view.chosen) or "none"
         if view.page == "done":
-            return (f"Bought {product.asin} {self._short_name(product)} for "
-                    f"{fmt_price(product.price)}, options: {chosen}. Reward {self.final_reward:.2f}.")
+            return (
+                f"Bought {product.asin} {self._short_name(product)} for "
+                f"{fmt_price(product.price)}, options: {chosen}. Reward {self.final_reward:.2f}."
+            )
         lines = [instruction] if not view.chosen else []  # shown on the first view of the item
-        lines.append(f"Item {product.asin}: {self._short_name(product)}, {fmt_price(product.price)}")
+        lines.append(
+            f"Item {product.asin}: {self._short_name(product)}, {fmt_price(product.price)}"
+        )
         lines += [f"{g}: {', '.join(values)}" for g, values in product.options.items()]
         lines.append(f"Chosen: {chosen}")
-        lines.append("Actions: " + ("click[<option>], " if product.options else "")
-                     + f"click[{BUY}], click[{PREV}], click[{BACK}]")
+        lines.append(
+            "Actions: "
+            + ("click[<option>], " if product.options else "")
+            + f"click[{BUY}], click[{PREV}], click[{BACK}]"
+        )
         return "\n".join(lines)
 
     def _explain(self, action: str, expert: bool) -> str:
@@ -631,7 +824,9 @@ class WebShopEnv(MultiTurnTextEnv):
         upper = fmt_price(self.goal.price_upper)
         if verb == "search":
             wanted = self.goal.search_text or " ".join(tokens(self.goal.instruction)[:8])
-            return f"Want {wanted} under {upper}. " + ("Search it." if arg == wanted else f"Try {arg}.")
+            return f"Want {wanted} under {upper}. " + (
+                "Search it." if arg == wanted else f"Try {arg}."
+            )
         if arg == BACK:
             return "Nothing fits here. Back to search." if expert else "Back to search."
         if self.view.page == "results":
@@ -643,7 +838,9 @@ class WebShopEnv(MultiTurnTextEnv):
             return f"{item} fits, under {upper}." if expert else f"Try {item}."
         product = self.shop.product(self.view.asin)
         if arg == PREV:
-            return f"{product.asin} does not fit. Back to results." if expert else "Back to results."
+            return (
+                f"{product.asin} does not fit. Back to results." if expert else "Back to results."
+            )
         if arg == BUY:
             chosen = ", ".join(f"{g} {v}" for g, v in self.view.chosen) or "no options"
             return f"Chosen {chosen}. Buy." if expert else f"Buy {product.asin}."

@@ -56,8 +56,8 @@ class _Entry:
 class ActorPool:
     def __init__(self, keep: bool) -> None:
         self.keep = keep
-        self.idle: dict[str, _Entry] = {}   # kept from an earlier run, by kind
-        self.lent: dict[str, _Entry] = {}   # held by the current run
+        self.idle: dict[str, _Entry] = {}  # kept from an earlier run, by kind
+        self.lent: dict[str, _Entry] = {}  # held by the current run
         #: Per kind, whether the last checkout reused the idle actors (tests, logs).
         self.reused: dict[str, bool] = {}
 
@@ -67,12 +67,17 @@ class ActorPool:
         Idle actors that no request takes back are ended first, so new actors find their
         resources free."""
         if self.lent:
-            raise RuntimeError(f"actors {sorted(self.lent)} are still checked out: one run at "
-                               f"a time per pool")
+            raise RuntimeError(
+                f"actors {sorted(self.lent)} are still checked out: one run at a time per pool"
+            )
         wanted = {r.kind: r for r in requests}
         for kind in list(self.idle):
             request = wanted.get(kind)
-            if request is None or not request.reusable or self.idle[kind].request.key != request.key:
+            if (
+                request is None
+                or not request.reusable
+                or self.idle[kind].request.key != request.key
+            ):
                 self._end(self.idle.pop(kind))
         out = []
         for request in requests:

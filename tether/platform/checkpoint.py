@@ -12,8 +12,9 @@ def checkpoint_path(directory: Path, iteration: int) -> Path:
     return Path(directory) / f"iter_{iteration:06d}.pt"
 
 
-def save_checkpoint(directory: Path, iteration: int, state: dict, keep: int = 2,
-                    protect: tuple[Path, ...] = ()) -> Path:
+def save_checkpoint(
+    directory: Path, iteration: int, state: dict, keep: int = 2, protect: tuple[Path, ...] = ()
+) -> Path:
     """Save ``state`` as ``iter_<iteration>.pt``; keep the newest ``keep`` and the
     ``protect``ed ones (a rollback's targets), delete older ones."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -60,12 +61,15 @@ def resolve_resume(target: str, tracking_uri: str) -> tuple[Path, str, dict]:
         try:
             run = MlflowClient(tracking_uri).get_run(target)
         except MlflowException:
-            raise ResumeError(f"{target!r} is neither a checkpoint path nor a run id in "
-                              f"{tracking_uri}") from None
+            raise ResumeError(
+                f"{target!r} is neither a checkpoint path nor a run id in {tracking_uri}"
+            ) from None
         last = run.data.tags.get("tether.last_checkpoint")
         if not last or not Path(last).is_file():
-            raise ResumeError(f"MLflow run {target} has no checkpoint on this machine "
-                              f"(tag tether.last_checkpoint = {last!r})")
+            raise ResumeError(
+                f"MLflow run {target} has no checkpoint on this machine "
+                f"(tag tether.last_checkpoint = {last!r})"
+            )
         path = Path(last)
     driver = load_checkpoint(path)["driver"]
     return path, driver["run_id"], driver["config"]

@@ -10,15 +10,22 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Tether: multi-turn agent RL on Ray that detects and prevents "
-                       "template collapse.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Tether: multi-turn agent RL on Ray that detects and prevents template collapse.",
+)
 console = Console()
 err_console = Console(stderr=True)
 
-KEY_METRICS = [("rollout/success", "success"), ("rollout/in_group_reward_std", "rv"),
-               ("filter/kept_ratio", "kept"), ("actor/entropy", "entropy"),
-               ("val/success", "val")]
+KEY_METRICS = [
+    ("rollout/success", "success"),
+    ("rollout/in_group_reward_std", "rv"),
+    ("filter/kept_ratio", "kept"),
+    ("actor/entropy", "entropy"),
+    ("val/success", "val"),
+]
 
 
 def _with_interval(metrics: dict, key: str) -> str:
@@ -56,15 +63,24 @@ def _load(config: Path | None, overrides: list[str], address: str | None):
 
 
 @app.command()
-def run(config: Path | None = typer.Argument(None, help="Experiment YAML (default: the "
-                                                "embedded defaults)."),
-        overrides: list[str] | None = typer.Argument(None, help="Dotted overrides, e.g. "
-                                                        "algo.kl_coef=0.01 rollout.groups=4."),
-        address: str | None = typer.Option(None, "--address", help="Join this Ray cluster "
-                                              "(default: start a local Ray on 127.0.0.1)."),
-        resume: str | None = typer.Option(None, "--resume", help="Continue a run from its "
-                                             "last checkpoint: a checkpoint file or directory, "
-                                             "or an MLflow run id (same MLflow run).")):
+def run(
+    config: Path | None = typer.Argument(
+        None, help="Experiment YAML (default: the embedded defaults)."
+    ),
+    overrides: list[str] | None = typer.Argument(
+        None, help="Dotted overrides, e.g. algo.kl_coef=0.01 rollout.groups=4."
+    ),
+    address: str | None = typer.Option(
+        None, "--address", help="Join this Ray cluster (default: start a local Ray on 127.0.0.1)."
+    ),
+    resume: str | None = typer.Option(
+        None,
+        "--resume",
+        help="Continue a run from its "
+        "last checkpoint: a checkpoint file or directory, "
+        "or an MLflow run id (same MLflow run).",
+    ),
+):
     """Train an agent: warm start (cached), Ray actors, MLflow tracking."""
     _check_cluster(address)  # first: an unreachable --address fails in seconds
     resume_from = resume_run_id = None
@@ -80,8 +96,9 @@ def run(config: Path | None = typer.Argument(None, help="Experiment YAML (defaul
         except ResumeError as exc:
             fail(f"resume: {exc}")
         try:  # the run's own config, with this command's overrides on top
-            cfg = build_config(saved, list(overrides or []) +
-                               ([f"ray.address={address}"] if address else []))
+            cfg = build_config(
+                saved, list(overrides or []) + ([f"ray.address={address}"] if address else [])
+            )
         except ConfigError as exc:
             fail(f"config: {exc}")
     else:
@@ -105,9 +122,14 @@ def run(config: Path | None = typer.Argument(None, help="Experiment YAML (defaul
             if data["step"] % max(1, data["total"] // 10) == 0 or data["step"] == data["total"]:
                 console.print(f"warm start {data['step']}/{data['total']} loss {data['loss']:.3f}")
         elif plain and kind == "iteration":
-            info = "  ".join(f"{label} {data[key]:.3f}" for key, label in KEY_METRICS if key in data)
-            console.print(f"iteration {data['iteration']}/{data['total']}  {info}  "
-                          f"({data.get('timing/iteration', 0):.1f} s)", highlight=False)
+            info = "  ".join(
+                f"{label} {data[key]:.3f}" for key, label in KEY_METRICS if key in data
+            )
+            console.print(
+                f"iteration {data['iteration']}/{data['total']}  {info}  "
+                f"({data.get('timing/iteration', 0):.1f} s)",
+                highlight=False,
+            )
         elif kind == "warm_start":
             if "warm" not in tasks:
                 tasks["warm"] = progress.add_task("warm start", total=data["total"], info="")
@@ -120,25 +142,32 @@ def run(config: Path | None = typer.Argument(None, help="Experiment YAML (defaul
             style = "bold red" if data["mode"] == "stop" else "yellow"
             console.print(f"[{style}]ALARM[/] {data['message']}", highlight=False)
         elif kind == "action":
-            console.print(f"[cyan]ACTION[/] iteration {data['iteration']}: {data['message']}",
-                          highlight=False)
+            console.print(
+                f"[cyan]ACTION[/] iteration {data['iteration']}: {data['message']}", highlight=False
+            )
         elif kind == "worker_failed":
-            console.print(f"[yellow]rollout worker {data['worker']} died "
-                          f"({data['error']}); re-collecting its share[/]", highlight=False)
+            console.print(
+                f"[yellow]rollout worker {data['worker']} died "
+                f"({data['error']}); re-collecting its share[/]",
+                highlight=False,
+            )
         elif kind == "validation":
             console.print(f"validation before training: success {data['val/success']:.3f}")
         elif kind == "iteration":
             if "train" not in tasks:
                 tasks["train"] = progress.add_task("training", total=data["total"], info="")
-            info = "  ".join(f"{label} {data[key]:.3f}" for key, label in KEY_METRICS if key in data)
+            info = "  ".join(
+                f"{label} {data[key]:.3f}" for key, label in KEY_METRICS if key in data
+            )
             progress.update(tasks["train"], completed=data["iteration"], info=info)
 
     from ..envs.sandbox import SandboxUnavailable
 
     try:
         with progress:
-            summary = Trainer(cfg, on_event, resume_from=resume_from,
-                              resume_run_id=resume_run_id).run()
+            summary = Trainer(
+                cfg, on_event, resume_from=resume_from, resume_run_id=resume_run_id
+            ).run()
     except (ClusterError, TrackingError, SandboxUnavailable) as exc:
         fail(str(exc))
     except KeyboardInterrupt:
@@ -146,8 +175,11 @@ def run(config: Path | None = typer.Argument(None, help="Experiment YAML (defaul
     except Exception as exc:  # an actor crash or a bug: one line here, details in the log
         if os.environ.get("TETHER_DEBUG"):
             raise
-        fail(f"run failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''} "
-             f"(set TETHER_DEBUG=1 for the traceback)", code=1)
+        fail(
+            f"run failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''} "
+            f"(set TETHER_DEBUG=1 for the traceback)",
+            code=1,
+        )
     table = Table(title="Tether run summary")
     table.add_column("metric")
     table.add_column("value", justify="right")
@@ -170,19 +202,28 @@ def run(config: Path | None = typer.Argument(None, help="Experiment YAML (defaul
             table.add_row(f"{key} @ {int(d['iteration'])}", _with_interval(d, key))
     if "collapse/first_turn/p_grounded" in d:
         p = d["collapse/first_turn/p_grounded"]
-        table.add_row("reasoning depends on input", f"{'yes' if d.get('collapse/first_turn/grounded') else 'not shown'}"
-                      f" (permutation p = {p:.3g})")
+        table.add_row(
+            "reasoning depends on input",
+            f"{'yes' if d.get('collapse/first_turn/grounded') else 'not shown'}"
+            f" (permutation p = {p:.3g})",
+        )
     console.print(table)
     console.print(f"MLflow run id: [cyan]{summary.run_id}[/]")
     console.print(f"Look at it: [green]{summary.ui_command}[/]")
 
 
 @app.command("config")
-def show_config(config: Path | None = typer.Argument(None, help="Experiment YAML."),
-                overrides: list[str] | None = typer.Argument(None, help="Dotted overrides."),
-                fields: bool = typer.Option(False, "--fields", help="List every field with its "
-                                            "default (or, given a YAML, its value) and "
-                                            "description instead.")):
+def show_config(
+    config: Path | None = typer.Argument(None, help="Experiment YAML."),
+    overrides: list[str] | None = typer.Argument(None, help="Dotted overrides."),
+    fields: bool = typer.Option(
+        False,
+        "--fields",
+        help="List every field with its "
+        "default (or, given a YAML, its value) and "
+        "description instead.",
+    ),
+):
     """Validate a config and print the resolved tree (nothing starts)."""
     import yaml
 
@@ -214,15 +255,26 @@ def envs():
 
 
 @app.command()
-def sweep(spec: Path = typer.Argument(..., help="Sweep spec YAML: a run config plus a "
-                                      "sweep: section (experiments/*_smoke.yaml)."),
-          overrides: list[str] | None = typer.Argument(None, help="Dotted overrides of the "
-                                                          "run config or the sweep, e.g. "
-                                                          "sweep.num_samples=8 algo.lr=1e-4."),
-          resume: bool = typer.Option(False, "--resume", help="Continue an interrupted sweep: "
-                                      "only unfinished trials run, in the same MLflow parent."),
-          address: str | None = typer.Option(None, "--address", help="Join this Ray cluster "
-                                                "(default: RAY_ADDRESS, else a local Ray).")):
+def sweep(
+    spec: Path = typer.Argument(
+        ..., help="Sweep spec YAML: a run config plus a sweep: section (experiments/*_smoke.yaml)."
+    ),
+    overrides: list[str] | None = typer.Argument(
+        None,
+        help="Dotted overrides of the "
+        "run config or the sweep, e.g. "
+        "sweep.num_samples=8 algo.lr=1e-4.",
+    ),
+    resume: bool = typer.Option(
+        False,
+        "--resume",
+        help="Continue an interrupted sweep: "
+        "only unfinished trials run, in the same MLflow parent.",
+    ),
+    address: str | None = typer.Option(
+        None, "--address", help="Join this Ray cluster (default: RAY_ADDRESS, else a local Ray)."
+    ),
+):
     """Ray Tune sweep: one training run per trial, nested under one MLflow parent run."""
     _check_cluster(address)
     from .config import ConfigError
@@ -242,9 +294,13 @@ def sweep(spec: Path = typer.Argument(..., help="Sweep spec YAML: a run config p
 
     try:  # bars in a terminal (warm start, trials with an ETA), else one line per event
         with SweepDisplay(console) as display:
-            outcome = run_sweep(sweep_spec, resume=resume, address=address,
-                                echo=lambda line: console.print(line, highlight=False),
-                                display=display)
+            outcome = run_sweep(
+                sweep_spec,
+                resume=resume,
+                address=address,
+                echo=lambda line: console.print(line, highlight=False),
+                display=display,
+            )
     except (SweepError, ClusterError, TrackingError, SandboxUnavailable) as exc:
         fail(str(exc))
     except KeyboardInterrupt:
@@ -252,14 +308,23 @@ def sweep(spec: Path = typer.Argument(..., help="Sweep spec YAML: a run config p
     except Exception as exc:  # a bug or a dead cluster: one line here, details in the log
         if os.environ.get("TETHER_DEBUG"):
             raise
-        fail(f"sweep failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-             f" (set TETHER_DEBUG=1 for the traceback)", code=1)
-    table = results_table(outcome.rows, sweep_spec.sweep.metric,
-                          f"Sweep {outcome.name}: trials ranked by {sweep_spec.sweep.metric}")
+        fail(
+            f"sweep failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            f" (set TETHER_DEBUG=1 for the traceback)",
+            code=1,
+        )
+    table = results_table(
+        outcome.rows,
+        sweep_spec.sweep.metric,
+        f"Sweep {outcome.name}: trials ranked by {sweep_spec.sweep.metric}",
+    )
     (console if console.is_terminal else Console(width=200)).print(table)  # job logs: no wrap
-    console.print(f"{outcome.status}: {outcome.trials} trials in {outcome.seconds:.0f} s; "
-                  f"MLflow parent run [cyan]{outcome.parent_run_id}[/] (results: "
-                  f"sweep_results.csv)", highlight=False)
+    console.print(
+        f"{outcome.status}: {outcome.trials} trials in {outcome.seconds:.0f} s; "
+        f"MLflow parent run [cyan]{outcome.parent_run_id}[/] (results: "
+        f"sweep_results.csv)",
+        highlight=False,
+    )
     console.print(f"Look at it: [green]{outcome.ui_command}[/]")
     if outcome.status == "KILLED":
         console.print(f"interrupted: continue with `tether sweep {spec} --resume`")
@@ -274,34 +339,60 @@ def _tracking_uri(uri: str | None, output_dir: Path | None) -> str:
     from .config import TetherConfig
     from .tracking import default_tracking_uri
 
-    uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri(
-        output_dir or TetherConfig().experiment.output_dir)
-    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
-        fail(f"tracking: no MLflow store at {uri[len('sqlite:///'):]}; pass --tracking-uri "
-             f"(the tracking.uri of the runs) or --output-dir (their experiment.output_dir)")
+    uri = (
+        uri
+        or os.environ.get("MLFLOW_TRACKING_URI")
+        or default_tracking_uri(output_dir or TetherConfig().experiment.output_dir)
+    )
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///") :]).is_file():
+        fail(
+            f"tracking: no MLflow store at {uri[len('sqlite:///') :]}; pass --tracking-uri "
+            f"(the tracking.uri of the runs) or --output-dir (their experiment.output_dir)"
+        )
     return uri
 
 
-TRACKING_URI = typer.Option(None, "--tracking-uri", help="MLflow tracking URI of the runs "
-                            "(default: MLFLOW_TRACKING_URI, else the SQLite store under "
-                            "--output-dir).")
-OUTPUT_DIR = typer.Option(None, "--output-dir", help="experiment.output_dir of the runs, "
-                          "whose mlflow.db is read when no tracking URI is given.")
+TRACKING_URI = typer.Option(
+    None,
+    "--tracking-uri",
+    help="MLflow tracking URI of the runs "
+    "(default: MLFLOW_TRACKING_URI, else the SQLite store under "
+    "--output-dir).",
+)
+OUTPUT_DIR = typer.Option(
+    None,
+    "--output-dir",
+    help="experiment.output_dir of the runs, "
+    "whose mlflow.db is read when no tracking URI is given.",
+)
 
 
 @app.command()
-def report(target: str = typer.Argument(..., help="A run id, a sweep's parent run id, or an "
-                                        "experiment name."),
-           tracking_uri: str | None = TRACKING_URI,
-           output_dir: Path | None = OUTPUT_DIR,
-           out: Path | None = typer.Option(None, "--out", help="Where to write the report "
-                                              "(default: ./tether_report/<target>)."),
-           sampling: str = typer.Option("first_turn", "--sampling", help="Cross-scoring "
-                                        "sampling the analyses use: first_turn | trajectory."),
-           mi_name: str = typer.Option("mi_estimate", "--mi", help="MI proxy of the quartile, "
-                                       "regime and sensitivity views (e.g. mi_zscore_ema)."),
-           log: bool = typer.Option(True, "--log/--no-log", help="Log the report as artifacts "
-                                    "(report/) of the run or sweep parent.")):
+def report(
+    target: str = typer.Argument(
+        ..., help="A run id, a sweep's parent run id, or an experiment name."
+    ),
+    tracking_uri: str | None = TRACKING_URI,
+    output_dir: Path | None = OUTPUT_DIR,
+    out: Path | None = typer.Option(
+        None, "--out", help="Where to write the report (default: ./tether_report/<target>)."
+    ),
+    sampling: str = typer.Option(
+        "first_turn",
+        "--sampling",
+        help="Cross-scoring sampling the analyses use: first_turn | trajectory.",
+    ),
+    mi_name: str = typer.Option(
+        "mi_estimate",
+        "--mi",
+        help="MI proxy of the quartile, regime and sensitivity views (e.g. mi_zscore_ema).",
+    ),
+    log: bool = typer.Option(
+        True,
+        "--log/--no-log",
+        help="Log the report as artifacts (report/) of the run or sweep parent.",
+    ),
+):
     """The paper's analyses (docs/methods.md, section 13) over MLflow runs: figures (PNG +
     HTML) and report.html."""
     from ..analysis.report import ReportSettings, build_report, log_report
@@ -319,8 +410,13 @@ def report(target: str = typer.Argument(..., help="A run id, a sweep's parent ru
         fail(f"report: {exc}")
     out = out or Path("tether_report") / target.replace("/", "_")
     settings = ReportSettings(sampling=sampling, mi_name=mi_name)
-    result = build_report(runs, out, f"Tether report: {resolved.kind} {resolved.label} "
-                          f"({len(runs)} runs)", settings, resolved.sweep_base)
+    result = build_report(
+        runs,
+        out,
+        f"Tether report: {resolved.kind} {resolved.label} ({len(runs)} runs)",
+        settings,
+        resolved.sweep_base,
+    )
     for note in result.notes:
         console.print(f"[yellow]note:[/] {note}", highlight=False)
     for name, section in result.sections.items():
@@ -330,8 +426,13 @@ def report(target: str = typer.Argument(..., help="A run id, a sweep's parent ru
                 if column != "run_id":
                     table.add_column(column, justify="right")
             for row in section.rows:
-                table.add_row(*[f"{v:.3g}" if isinstance(v, float) else str(v)
-                                for k, v in row.items() if k != "run_id"])
+                table.add_row(
+                    *[
+                        f"{v:.3g}" if isinstance(v, float) else str(v)
+                        for k, v in row.items()
+                        if k != "run_id"
+                    ]
+                )
             console.print(table)
     if log:
         from mlflow.tracking import MlflowClient
@@ -339,36 +440,55 @@ def report(target: str = typer.Argument(..., help="A run id, a sweep's parent ru
         from .tracking import Tracker
 
         client = MlflowClient(tracking_uri=uri)
-        log_to = resolved.log_to or Tracker(uri, client.get_experiment(
-            resolved.experiment_id).name, run_name=f"report-{target}",
-            tags={"tether.kind": "report"}).run_id
+        log_to = (
+            resolved.log_to
+            or Tracker(
+                uri,
+                client.get_experiment(resolved.experiment_id).name,
+                run_name=f"report-{target}",
+                tags={"tether.kind": "report"},
+            ).run_id
+        )
         log_report(client, log_to, out)
         if resolved.log_to is None:
             client.set_terminated(log_to)
         console.print(f"logged as artifacts report/ of run [cyan]{log_to}[/]")
-    console.print(f"report: [green]{(out / 'report.html').resolve()}[/] "
-                  f"({len(result.figures)} figures)")
+    console.print(
+        f"report: [green]{(out / 'report.html').resolve()}[/] ({len(result.figures)} figures)"
+    )
 
 
 @app.command()
-def serve(tracking_uri: str | None = TRACKING_URI,
-          output_dir: Path | None = OUTPUT_DIR,
-          host: str = typer.Option("127.0.0.1", "--host", help="Interface to bind. Beyond "
-                                   "localhost (e.g. 0.0.0.0) a --token is required."),
-          port: int = typer.Option(8600, "--port", help="HTTP port of the page."),
-          token: str | None = typer.Option(None, "--token", envvar="TETHER_SERVE_TOKEN",
-                                              help="Require this token: open the page once as "
-                                              "http://HOST:PORT/?token=TOKEN (it becomes an "
-                                              "HttpOnly cookie; API: header 'Authorization: "
-                                              "Bearer TOKEN'). Default: no login (localhost "
-                                              "only)."),
-          experiment: list[str] | None = typer.Option(None, "--experiment", help="Only these "
-                                                         "experiments (repeatable; default all)."),
-          refresh: float = typer.Option(5.0, "--refresh", min=0.5, help="Page refresh, seconds."),
-          sampling: str = typer.Option("first_turn", "--sampling", help="Cross-scoring "
-                                       "sampling shown: first_turn | trajectory."),
-          address: str | None = typer.Option(None, "--address", help="Run Serve on this Ray "
-                                                "cluster (default: a local Ray).")):
+def serve(
+    tracking_uri: str | None = TRACKING_URI,
+    output_dir: Path | None = OUTPUT_DIR,
+    host: str = typer.Option(
+        "127.0.0.1",
+        "--host",
+        help="Interface to bind. Beyond localhost (e.g. 0.0.0.0) a --token is required.",
+    ),
+    port: int = typer.Option(8600, "--port", help="HTTP port of the page."),
+    token: str | None = typer.Option(
+        None,
+        "--token",
+        envvar="TETHER_SERVE_TOKEN",
+        help="Require this token: open the page once as "
+        "http://HOST:PORT/?token=TOKEN (it becomes an "
+        "HttpOnly cookie; API: header 'Authorization: "
+        "Bearer TOKEN'). Default: no login (localhost "
+        "only).",
+    ),
+    experiment: list[str] | None = typer.Option(
+        None, "--experiment", help="Only these experiments (repeatable; default all)."
+    ),
+    refresh: float = typer.Option(5.0, "--refresh", min=0.5, help="Page refresh, seconds."),
+    sampling: str = typer.Option(
+        "first_turn", "--sampling", help="Cross-scoring sampling shown: first_turn | trajectory."
+    ),
+    address: str | None = typer.Option(
+        None, "--address", help="Run Serve on this Ray cluster (default: a local Ray)."
+    ),
+):
     """Live collapse monitor: a Ray Serve page of the MLflow runs, refreshing while they train."""
     from ..analysis.runs import SAMPLINGS
 
@@ -381,8 +501,10 @@ def serve(tracking_uri: str | None = TRACKING_URI,
     from ..dashboards.monitor import MonitorError, is_loopback, start_monitor
 
     if not is_loopback(host) and not token:
-        fail(f"--host {host} is beyond localhost: pass --token (or TETHER_SERVE_TOKEN) so "
-             f"the page is not open to the network")
+        fail(
+            f"--host {host} is beyond localhost: pass --token (or TETHER_SERVE_TOKEN) so "
+            f"the page is not open to the network"
+        )
     try:
         started = start_ray(address, None, 1)
     except ClusterError as exc:
@@ -392,8 +514,16 @@ def serve(tracking_uri: str | None = TRACKING_URI,
     from ray import serve as ray_serve
 
     try:
-        url = start_monitor(uri, host, port, token, experiment, refresh, sampling,
-                            warn=lambda line: console.print(f"[yellow]warning:[/] {line}"))
+        url = start_monitor(
+            uri,
+            host,
+            port,
+            token,
+            experiment,
+            refresh,
+            sampling,
+            warn=lambda line: console.print(f"[yellow]warning:[/] {line}"),
+        )
     except MonitorError as exc:  # e.g. a Serve already on 0.0.0.0: leave it as it was
         stop_ray(started)
         fail(str(exc))

@@ -32,57 +32,101 @@ class ExperimentConfig(Section):
     name: str = Field("tether", description="MLflow experiment name.")
     run_name: str | None = Field(None, description="MLflow run name (default: env-algo-seed).")
     seed: int = Field(0, description="Global seed: env levels, sampling and init derive from it.")
-    output_dir: Path = Field(Path("tether_runs"), description="Where checkpoints, the default "
-                             "MLflow database and artifacts are written.")
+    output_dir: Path = Field(
+        Path("tether_runs"),
+        description="Where checkpoints, the default MLflow database and artifacts are written.",
+    )
 
 
 class EnvConfig(Section):
-    id: str = Field("tether/FrozenLake-v0", description="Environment id, e.g. tether/Sokoban-v0, "
-                    "tether/FrozenLake-v0, tether/Countdown-v0 (short names work too).")
-    stochasticity: float = Field(0.0, ge=0.0, le=1.0, description="Noise p in [0, 1]: "
-                                 "random action replacement (multi-turn) or reward replacement "
-                                 "(single-turn).")
-    format_penalty: float = Field(-0.1, le=0.0, description="Reward for an unparseable or "
-                                  "invalid reply (no env step).")
-    kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra constructor "
-                                   "arguments of the env (e.g. size, frozen_fraction, dim).")
-    val_seed_offset: int = Field(1_000_000, ge=1, description="Held-out validation levels use "
-                                 "seeds from this offset on; training seeds stay below it.")
+    id: str = Field(
+        "tether/FrozenLake-v0",
+        description="Environment id, e.g. tether/Sokoban-v0, "
+        "tether/FrozenLake-v0, tether/Countdown-v0 (short names work too).",
+    )
+    stochasticity: float = Field(
+        0.0,
+        ge=0.0,
+        le=1.0,
+        description="Noise p in [0, 1]: "
+        "random action replacement (multi-turn) or reward replacement "
+        "(single-turn).",
+    )
+    format_penalty: float = Field(
+        -0.1, le=0.0, description="Reward for an unparseable or invalid reply (no env step)."
+    )
+    kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Extra constructor arguments of the env (e.g. size, frozen_fraction, dim).",
+    )
+    val_seed_offset: int = Field(
+        1_000_000,
+        ge=1,
+        description="Held-out validation levels use "
+        "seeds from this offset on; training seeds stay below it.",
+    )
 
 
 class WarmStartConfig(Section):
-    episodes: int = Field(800, ge=0, description="Demonstration episodes written by the env's "
-                          "solver for supervised warm start (0 = no warm start).")
-    noise: float = Field(0.3, ge=0.0, le=1.0, description="Share of imperfect demonstration "
-                         "turns (random actions), so the warm policy succeeds only sometimes.")
+    episodes: int = Field(
+        800,
+        ge=0,
+        description="Demonstration episodes written by the env's "
+        "solver for supervised warm start (0 = no warm start).",
+    )
+    noise: float = Field(
+        0.3,
+        ge=0.0,
+        le=1.0,
+        description="Share of imperfect demonstration "
+        "turns (random actions), so the warm policy succeeds only sometimes.",
+    )
     epochs: int = Field(1, ge=1, description="Passes over the demonstrations.")
     batch_size: int = Field(8, ge=1, description="Episodes per SFT step.")
     lr: float = Field(2e-3, gt=0.0, description="AdamW learning rate of the warm start.")
     vocab_size: int = Field(512, ge=300, description="BPE vocabulary of the project tokenizer.")
     numerals: Literal["digits", "coordinates", "numbers"] = Field(
-        "digits", description="Tokenizer numerals: digits (one a token), coordinates ((r,c) may "
-        "merge into one token: copying a position is one token), numbers (and digit runs).")
-    state_turn_epochs: int = Field(0, ge=0, description="Curriculum: passes over every turn "
-                                   "alone (observed state, then reply) before the full episodes, "
-                                   "where copying the state is learned in few steps (0 = none).")
+        "digits",
+        description="Tokenizer numerals: digits (one a token), coordinates ((r,c) may "
+        "merge into one token: copying a position is one token), numbers (and digit runs).",
+    )
+    state_turn_epochs: int = Field(
+        0,
+        ge=0,
+        description="Curriculum: passes over every turn "
+        "alone (observed state, then reply) before the full episodes, "
+        "where copying the state is learned in few steps (0 = none).",
+    )
     state_turn_batch_size: int = Field(32, ge=1, description="Turns per step of that stage.")
-    restate: bool = Field(False, description="Demonstration reasoning opens with the whole "
-                          "observed state (FrozenLake: the map's rows), where the env supports it.")
+    restate: bool = Field(
+        False,
+        description="Demonstration reasoning opens with the whole "
+        "observed state (FrozenLake: the map's rows), where the env supports it.",
+    )
+
 
 class ModelConfig(Section):
-    path: str | None = Field(None, description="A Hugging Face causal LM directory or hub id "
-                             "(None: the tiny CPU model that Tether builds and warm-starts).")
-    size: Literal["tiny", "small", "micro"] = Field("tiny", description="Tiny model size: tiny "
-                                                    "4.3M, small 0.59M, micro 0.16M params.")
+    path: str | None = Field(
+        None,
+        description="A Hugging Face causal LM directory or hub id "
+        "(None: the tiny CPU model that Tether builds and warm-starts).",
+    )
+    size: Literal["tiny", "small", "micro"] = Field(
+        "tiny", description="Tiny model size: tiny 4.3M, small 0.59M, micro 0.16M params."
+    )
     max_context: int = Field(1024, ge=64, description="Model window in tokens (tiny model).")
-    cache_dir: Path = Field(Path.home() / ".cache" / "tether" / "models", description="Where "
-                            "the warm-started tiny model is saved and reused.")
+    cache_dir: Path = Field(
+        Path.home() / ".cache" / "tether" / "models",
+        description="Where the warm-started tiny model is saved and reused.",
+    )
     warm_start: WarmStartConfig = Field(default_factory=WarmStartConfig)
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="Parameter dtype.")
 
     @model_validator(mode="after")
     def _path_exists(self):
-        if self.path is not None and ("/" not in self.path or self.path.startswith((".", "/", "~"))):
+        if self.path is not None and (
+            "/" not in self.path or self.path.startswith((".", "/", "~"))
+        ):
             p = Path(self.path).expanduser()
             if not p.exists():
                 raise ValueError(f"model path {self.path!r} does not exist")
@@ -90,28 +134,44 @@ class ModelConfig(Section):
 
 
 class RolloutConfig(Section):
-    engine: Literal["hf", "vllm"] = Field("hf", description="Sampler: hf (transformers, CPU) or "
-                                          "vllm (GPU).")
-    num_workers: int = Field(2, ge=1, description="Rollout-worker actors (each owns an "
-                             "environment-pool actor and an engine).")
+    engine: Literal["hf", "vllm"] = Field(
+        "hf", description="Sampler: hf (transformers, CPU) or vllm (GPU)."
+    )
+    num_workers: int = Field(
+        2,
+        ge=1,
+        description="Rollout-worker actors (each owns an environment-pool actor and an engine).",
+    )
     groups: int = Field(8, ge=1, description="Prompts (env levels) per iteration (paper: 8).")
     group_size: int = Field(16, ge=1, description="Samples per prompt (paper: 16).")
     temperature: float = Field(1.0, ge=0.0, description="Sampling temperature (0 = greedy).")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
     max_reply_tokens: int = Field(48, ge=4, description="Token limit of one reply.")
     max_turns: int | None = Field(None, ge=1, description="Cap on turns (default: the env's).")
-    max_collect_attempts: int = Field(5, ge=1, description="Collection attempts of a worker's "
-                                      "share before the iteration fails (workers restart).")
-    restart_timeout_s: float = Field(300.0, gt=0.0, description="How long to wait for a "
-                                     "dead rollout worker to restart (it reloads the model) "
-                                     "before the iteration fails.")
-    num_cpus_per_worker: float = Field(1.0, gt=0.0, description="Ray CPUs per rollout worker "
-                                       "(also its torch threads, rounded up).")
+    max_collect_attempts: int = Field(
+        5,
+        ge=1,
+        description="Collection attempts of a worker's "
+        "share before the iteration fails (workers restart).",
+    )
+    restart_timeout_s: float = Field(
+        300.0,
+        gt=0.0,
+        description="How long to wait for a "
+        "dead rollout worker to restart (it reloads the model) "
+        "before the iteration fails.",
+    )
+    num_cpus_per_worker: float = Field(
+        1.0, gt=0.0, description="Ray CPUs per rollout worker (also its torch threads, rounded up)."
+    )
     num_gpus_per_worker: float = Field(0.0, ge=0.0, description="Ray GPUs per rollout worker.")
-    engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra engine "
-                                          "constructor arguments, e.g. for vllm "
-                                          "gpu_memory_utilization, enforce_eager, "
-                                          "tensor_parallel_size.")
+    engine_kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Extra engine "
+        "constructor arguments, e.g. for vllm "
+        "gpu_memory_utilization, enforce_eager, "
+        "tensor_parallel_size.",
+    )
 
     @field_validator("engine")
     @classmethod
@@ -120,8 +180,10 @@ class RolloutConfig(Section):
             import importlib.util
 
             if importlib.util.find_spec("vllm") is None:
-                raise ValueError("engine 'vllm' needs the vllm package (pip install "
-                                 "'tether[vllm]' on a CUDA machine); use engine: hf on CPU")
+                raise ValueError(
+                    "engine 'vllm' needs the vllm package (pip install "
+                    "'tether[vllm]' on a CUDA machine); use engine: hf on CPU"
+                )
         return engine
 
     @property
@@ -131,87 +193,146 @@ class RolloutConfig(Section):
 
 
 class DiagnosticsConfig(Section):
-    every: int = Field(5, ge=1, description="Cross-score MI diagnostics every N iterations "
-                       "(and at iteration 1); docs/methods.md, section 2.")
+    every: int = Field(
+        5,
+        ge=1,
+        description="Cross-score MI diagnostics every N iterations "
+        "(and at iteration 1); docs/methods.md, section 2.",
+    )
     samplings: list[Literal["first_turn", "trajectory"]] = Field(
         default_factory=lambda: ["first_turn", "trajectory"],
         description="Pair samplings: first_turn (turn 1, prompts repeat within a group) and "
-                    "trajectory (one random turn per trajectory).")
-    max_pairs: int = Field(32, ge=2, description="Pairs M cross-scored per sampling (cost "
-                           "grows with M x distinct prompts).")
-    max_cells: int = Field(256, ge=4, description="Cap on the cross-score matrix of a sampling, "
-                           "M pairs x N distinct prompts: pairs are subsampled until it fits. "
-                           "first_turn (8 prompts x 32 pairs) fits as is; trajectory sampling, "
-                           "whose prompts are nearly all distinct, keeps ~16 pairs.")
-    information_chain: bool = Field(True, description="Also log I(Z;A) and I(X;A) beside "
-                                    "I(X;Z).")
-    chain_every: int = Field(10, ge=1, description="Score the information-chain links I(Z;A) "
-                             "and I(X;A) every N iterations (and at iteration 1), on diagnostic "
-                             "iterations (so it takes effect on multiples of `every`). I(Z;A) has "
-                             "one context per pair (M x M scores); with multi_prefix scoring the "
-                             "two links together cost about as much as I(X;Z).")
+        "trajectory (one random turn per trajectory).",
+    )
+    max_pairs: int = Field(
+        32,
+        ge=2,
+        description="Pairs M cross-scored per sampling (cost grows with M x distinct prompts).",
+    )
+    max_cells: int = Field(
+        256,
+        ge=4,
+        description="Cap on the cross-score matrix of a sampling, "
+        "M pairs x N distinct prompts: pairs are subsampled until it fits. "
+        "first_turn (8 prompts x 32 pairs) fits as is; trajectory sampling, "
+        "whose prompts are nearly all distinct, keeps ~16 pairs.",
+    )
+    information_chain: bool = Field(True, description="Also log I(Z;A) and I(X;A) beside I(X;Z).")
+    chain_every: int = Field(
+        10,
+        ge=1,
+        description="Score the information-chain links I(Z;A) "
+        "and I(X;A) every N iterations (and at iteration 1), on diagnostic "
+        "iterations (so it takes effect on multiples of `every`). I(Z;A) has "
+        "one context per pair (M x M scores); with multi_prefix scoring the "
+        "two links together cost about as much as I(X;Z).",
+    )
     method: Literal["auto", "multi_prefix", "shared_prefix", "prefix", "naive"] = Field(
-        "auto", description="Cross-scoring implementation (prefix KV reuse unless naive; auto = "
-        "multi_prefix, many contexts per forward, when the model's attention allows it).")
-    heatmap_every: int = Field(10, ge=1, description="Log the cross-score matrix as a heatmap "
-                               "every N iterations.")
-    grad_snr_every: int = Field(10, ge=0, description="Gradient SNR by reward-variance bucket "
-                                "every N iterations (0 = off; docs/methods.md, section 10): one forward and two "
-                                "gradient passes over every collected trajectory (before "
-                                "filtering), about 1-2 updates' worth of compute; every 10 gives "
-                                "a 400-iteration run 40 analyses.")
-    grad_snr_buckets: int = Field(6, ge=1, description="RV quantile buckets of the gradient-SNR "
-                                  "analysis.")
-    enabled: bool = Field(True, description="Run the collapse diagnostics at all (cross-scoring, "
-                          "heatmaps and gradient SNR).")
-    bootstrap: int = Field(1000, ge=0, description="Bootstrap resamples (by prompt) behind the "
-                           "interval logged beside every MI proxy (<proxy>_ci_low / _ci_high); "
-                           "reuses the cross-score matrix, no model calls. 0 = no intervals (the "
-                           "template_collapse alarm then cannot judge).")
-    permutations: int = Field(1000, ge=0, description="Permutations of the test 'reasoning "
-                              "depends on the input' (which prompt each reasoning belongs to is "
-                              "shuffled): p_grounded, <proxy>_null_q95. 0 = no test.")
-    confidence: float = Field(0.95, gt=0.5, lt=1.0, description="Coverage of the bootstrap "
-                              "intervals.")
-    alpha: float = Field(0.05, gt=0.0, lt=0.5, description="Significance level of the input-"
-                         "dependence test: 'grounded' = 1 when p_grounded < alpha.")
+        "auto",
+        description="Cross-scoring implementation (prefix KV reuse unless naive; auto = "
+        "multi_prefix, many contexts per forward, when the model's attention allows it).",
+    )
+    heatmap_every: int = Field(
+        10, ge=1, description="Log the cross-score matrix as a heatmap every N iterations."
+    )
+    grad_snr_every: int = Field(
+        10,
+        ge=0,
+        description="Gradient SNR by reward-variance bucket "
+        "every N iterations (0 = off; docs/methods.md, section 10): one forward and two "
+        "gradient passes over every collected trajectory (before "
+        "filtering), about 1-2 updates' worth of compute; every 10 gives "
+        "a 400-iteration run 40 analyses.",
+    )
+    grad_snr_buckets: int = Field(
+        6, ge=1, description="RV quantile buckets of the gradient-SNR analysis."
+    )
+    enabled: bool = Field(
+        True,
+        description="Run the collapse diagnostics at all (cross-scoring, "
+        "heatmaps and gradient SNR).",
+    )
+    bootstrap: int = Field(
+        1000,
+        ge=0,
+        description="Bootstrap resamples (by prompt) behind the "
+        "interval logged beside every MI proxy (<proxy>_ci_low / _ci_high); "
+        "reuses the cross-score matrix, no model calls. 0 = no intervals (the "
+        "template_collapse alarm then cannot judge).",
+    )
+    permutations: int = Field(
+        1000,
+        ge=0,
+        description="Permutations of the test 'reasoning "
+        "depends on the input' (which prompt each reasoning belongs to is "
+        "shuffled): p_grounded, <proxy>_null_q95. 0 = no test.",
+    )
+    confidence: float = Field(
+        0.95, gt=0.5, lt=1.0, description="Coverage of the bootstrap intervals."
+    )
+    alpha: float = Field(
+        0.05,
+        gt=0.0,
+        lt=0.5,
+        description="Significance level of the input-"
+        "dependence test: 'grounded' = 1 when p_grounded < alpha.",
+    )
 
     def uncertainty(self) -> Uncertainty:
         from ..diagnostics.uncertainty import Uncertainty
 
-        return Uncertainty(bootstrap=self.bootstrap, permutations=self.permutations,
-                           confidence=self.confidence, alpha=self.alpha)
+        return Uncertainty(
+            bootstrap=self.bootstrap,
+            permutations=self.permutations,
+            confidence=self.confidence,
+            alpha=self.alpha,
+        )
 
 
 class TrainerConfig(Section):
     iterations: int = Field(30, ge=1, description="Training iterations.")
-    val_every: int = Field(10, ge=1, description="Validate on held-out seeds every N "
-                           "iterations (and at the start and end).")
+    val_every: int = Field(
+        10,
+        ge=1,
+        description="Validate on held-out seeds every N iterations (and at the start and end).",
+    )
     val_episodes: int = Field(128, ge=1, description="Held-out episodes per validation.")
-    val_temperature: float | None = Field(None, ge=0.0, description="Validation temperature "
-                                          "(default: the rollout temperature).")
+    val_temperature: float | None = Field(
+        None, ge=0.0, description="Validation temperature (default: the rollout temperature)."
+    )
     checkpoint_every: int = Field(10, ge=1, description="Checkpoint every N iterations.")
-    samples_every: int = Field(5, ge=1, description="Log sample transcripts and the per-prompt rewards "
-                               "(prompts/iter_N.json, for the report's heatmaps) every N iterations.")
+    samples_every: int = Field(
+        5,
+        ge=1,
+        description="Log sample transcripts and the per-prompt rewards "
+        "(prompts/iter_N.json, for the report's heatmaps) every N iterations.",
+    )
     samples_per_log: int = Field(4, ge=0, description="Transcripts per sample artifact.")
 
 
 class TrackingConfig(Section):
-    uri: str | None = Field(None, description="MLflow tracking URI (default: a SQLite file in "
-                            "experiment.output_dir).")
+    uri: str | None = Field(
+        None, description="MLflow tracking URI (default: a SQLite file in experiment.output_dir)."
+    )
     log_model: bool = Field(True, description="Log the final policy as an artifact.")
 
 
 class RayConfig(Section):
-    address: str | None = Field(None, description="Ray cluster address (None: start a local "
-                                "Ray on 127.0.0.1).")
-    num_cpus: int | None = Field(None, ge=1, description="CPUs of a local Ray (default: enough "
-                                 "for the actors asked for).")
-    autoscaler_wait_s: float = Field(120.0, ge=0, description="Joining a cluster that cannot "
-                                     "fit the run yet and whose autoscaler has not published its "
-                                     "node types (it does so some time after the cluster starts): "
-                                     "wait up to this long for them before refusing (0 = refuse "
-                                     "at once).")
+    address: str | None = Field(
+        None, description="Ray cluster address (None: start a local Ray on 127.0.0.1)."
+    )
+    num_cpus: int | None = Field(
+        None, ge=1, description="CPUs of a local Ray (default: enough for the actors asked for)."
+    )
+    autoscaler_wait_s: float = Field(
+        120.0,
+        ge=0,
+        description="Joining a cluster that cannot "
+        "fit the run yet and whose autoscaler has not published its "
+        "node types (it does so some time after the cluster starts): "
+        "wait up to this long for them before refusing (0 = refuse "
+        "at once).",
+    )
 
 
 class TetherConfig(Section):
@@ -233,8 +354,10 @@ class TetherConfig(Section):
         if self.rollout.group_size < 2 and self.algo.advantage in ("grpo", "drgrpo", "rloo"):
             raise ValueError("rollout.group_size must be ≥ 2 for group-relative advantages")
         if self.rollout.engine == "vllm" and not self.algo.recompute_old_logprobs:
-            raise ValueError("rollout.engine vllm needs algo.recompute_old_logprobs: true (vLLM's "
-                             "log-probs differ numerically from the learner's)")
+            raise ValueError(
+                "rollout.engine vllm needs algo.recompute_old_logprobs: true (vLLM's "
+                "log-probs differ numerically from the learner's)"
+            )
         return self
 
     def resource_demands(self) -> list:
@@ -242,19 +365,37 @@ class TetherConfig(Section):
         from .session import ResourceDemand
 
         r, a = self.rollout, self.algo
-        return [ResourceDemand("rollout worker", "rollout.num_workers", r.num_workers,
-                               "rollout.num_cpus_per_worker", r.num_cpus_per_worker,
-                               "rollout.num_gpus_per_worker", r.num_gpus_per_worker),
-                ResourceDemand("learner rank", "algo.learner_world_size", a.learner_world_size,
-                               "algo.num_cpus", a.num_cpus, "algo.num_gpus", a.num_gpus)]
+        return [
+            ResourceDemand(
+                "rollout worker",
+                "rollout.num_workers",
+                r.num_workers,
+                "rollout.num_cpus_per_worker",
+                r.num_cpus_per_worker,
+                "rollout.num_gpus_per_worker",
+                r.num_gpus_per_worker,
+            ),
+            ResourceDemand(
+                "learner rank",
+                "algo.learner_world_size",
+                a.learner_world_size,
+                "algo.num_cpus",
+                a.num_cpus,
+                "algo.num_gpus",
+                a.num_gpus,
+            ),
+        ]
 
     def env_kwargs(self) -> dict[str, Any]:
         """The env's constructor arguments: stochasticity, format penalty, ``env.kwargs``,
         and ``isolation`` from ``sandbox`` for an env that runs model-written code."""
         from ..envs import runs_untrusted_code
 
-        kwargs = {"stochasticity": self.env.stochasticity,
-                  "format_penalty": self.env.format_penalty, **self.env.kwargs}
+        kwargs = {
+            "stochasticity": self.env.stochasticity,
+            "format_penalty": self.env.format_penalty,
+            **self.env.kwargs,
+        }
         if runs_untrusted_code(self.env.id):
             kwargs["isolation"] = self.sandbox.isolation
         return kwargs
@@ -264,8 +405,11 @@ class TetherConfig(Section):
         out: dict[str, Any] = {}
 
         def walk(prefix: str, value: Any) -> None:
-            if isinstance(value, dict) and value and prefix not in ("env.kwargs",
-                                                                    "rollout.engine_kwargs"):
+            if (
+                isinstance(value, dict)
+                and value
+                and prefix not in ("env.kwargs", "rollout.engine_kwargs")
+            ):
                 for k, v in value.items():
                     walk(f"{prefix}.{k}" if prefix else k, v)
             else:
@@ -284,7 +428,9 @@ def _format_validation_error(err: ValidationError) -> str:
     for e in err.errors():
         path = ".".join(str(p) for p in e["loc"]) or "<root>"
         msg = e["msg"].removeprefix("Value error, ")
-        lines.append(f"{path}: {msg}" + (" (unknown key)" if e["type"] == "extra_forbidden" else ""))
+        lines.append(
+            f"{path}: {msg}" + (" (unknown key)" if e["type"] == "extra_forbidden" else "")
+        )
     return "; ".join(lines)
 
 

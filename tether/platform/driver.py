@@ -101,10 +101,16 @@ class Timers(dict):
 
 
 class Trainer:
-    def __init__(self, cfg: TetherConfig, on_event: Callable[[str, dict], None] | None = None,
-                 parent_run_id: str | None = None, run_tags: dict[str, str] | None = None,
-                 resume_from: Path | None = None, resume_run_id: str | None = None,
-                 actor_pool: ActorPool | None = None):
+    def __init__(
+        self,
+        cfg: TetherConfig,
+        on_event: Callable[[str, dict], None] | None = None,
+        parent_run_id: str | None = None,
+        run_tags: dict[str, str] | None = None,
+        resume_from: Path | None = None,
+        resume_run_id: str | None = None,
+        actor_pool: ActorPool | None = None,
+    ):
         """``on_event(kind, data)`` receives progress ("warm_start", "started", "validation",
         "iteration" with the iteration's metrics, "alarm", "worker_failed"); a sweep
         passes ``parent_run_id`` (the MLflow run is nested under it), ``run_tags`` and a
@@ -121,8 +127,11 @@ class Trainer:
         self.settings = UpdateSettings.from_config(cfg.algo, cfg.rollout.temperature)
         #: the filter in force: the config's, tightened by act-mode responses
         self.filter_cfg: FilterConfig = cfg.filter
-        self.sampling = SamplingParams(max_new_tokens=cfg.rollout.max_reply_tokens,
-                                       temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p)
+        self.sampling = SamplingParams(
+            max_new_tokens=cfg.rollout.max_reply_tokens,
+            temperature=cfg.rollout.temperature,
+            top_p=cfg.rollout.top_p,
+        )
         self.started_ray = False
         self.tracker: Tracker | None = None
         self.iteration_done = 0
@@ -133,8 +142,13 @@ class Trainer:
         #: act-mode alarms' responses (None when no alarm acts), the settings they may
         #: change, and the checkpoints saved while MI was significantly above its null
         self.controller = cfg.alarms.controller()
-        self.knobs = Knobs(cfg.filter.strategy, cfg.filter.value, cfg.algo.kl_coef,
-                           cfg.algo.entropy_coef, cfg.algo.lr)
+        self.knobs = Knobs(
+            cfg.filter.strategy,
+            cfg.filter.value,
+            cfg.algo.kl_coef,
+            cfg.algo.entropy_coef,
+            cfg.algo.lr,
+        )
         self.grounded_checkpoints: list[GroundedCheckpoint] = []
         self.stop_reason: str | None = None
         self.val_history: dict[int, float] = {}
@@ -151,38 +165,61 @@ class Trainer:
             resolve_isolation(cfg.sandbox.isolation)
         self.output_dir.mkdir(parents=True, exist_ok=True)
         demands = cfg.resource_demands()  # before the warm start: a run that can't fit fails now
-        self.started_ray = start_ray(cfg.ray.address, cfg.ray.num_cpus,
-                                     sum(d.count * d.cpus for d in demands))
+        self.started_ray = start_ray(
+            cfg.ray.address, cfg.ray.num_cpus, sum(d.count * d.cpus for d in demands)
+        )
         # Joining an autoscaling cluster: its node types may not be published yet.
-        wait_for_autoscaler(lambda: check_resources(demands),
-                            cfg.ray.autoscaler_wait_s if cfg.ray.address else 0.0)
-        self.model_path = str(resolve_policy(
-            cfg.model, cfg.env, cfg.experiment.seed, cfg.rollout.max_reply_tokens,
-            isolation=cfg.sandbox.isolation,
-            progress=lambda step, total, loss: self.emit("warm_start", {
-                "step": step, "total": total, "loss": loss})))
+        wait_for_autoscaler(
+            lambda: check_resources(demands), cfg.ray.autoscaler_wait_s if cfg.ray.address else 0.0
+        )
+        self.model_path = str(
+            resolve_policy(
+                cfg.model,
+                cfg.env,
+                cfg.experiment.seed,
+                cfg.rollout.max_reply_tokens,
+                isolation=cfg.sandbox.isolation,
+                progress=lambda step, total, loss: self.emit(
+                    "warm_start", {"step": step, "total": total, "loss": loss}
+                ),
+            )
+        )
         self.tokenizer = load_tokenizer(self.model_path)
         self.spans = SpanExtractor(ChatFormatter(self.tokenizer))
         uri = cfg.tracking.uri or default_tracking_uri(self.output_dir)
-        self.tracker = Tracker(uri, cfg.experiment.name, self.output_dir / "artifacts",
-                               run_name=cfg.experiment.run_name or
-                               f"{cfg.env.id.split('/')[-1]}-{cfg.algo.preset}-s{cfg.experiment.seed}",
-                               parent_run_id=self.parent_run_id, tags=self.run_tags,
-                               run_id=self.resume_run_id)
+        self.tracker = Tracker(
+            uri,
+            cfg.experiment.name,
+            self.output_dir / "artifacts",
+            run_name=cfg.experiment.run_name
+            or f"{cfg.env.id.split('/')[-1]}-{cfg.algo.preset}-s{cfg.experiment.seed}",
+            parent_run_id=self.parent_run_id,
+            tags=self.run_tags,
+            run_id=self.resume_run_id,
+        )
         if self.resume_run_id is None:
             # The run name is the run's name (and a tag), not a parameter: every sweep trial
             # has its own, which the UI's comparison views would offer as a varied param.
-            self.tracker.log_params({k: v for k, v in cfg.flat().items()
-                                     if k != "experiment.run_name"})
-        self.tracker.set_tags({"tether.model_path": self.model_path, "tether.env": cfg.env.id,
-                               **environment_tags()})
+            self.tracker.log_params(
+                {k: v for k, v in cfg.flat().items() if k != "experiment.run_name"}
+            )
+        self.tracker.set_tags(
+            {"tether.model_path": self.model_path, "tether.env": cfg.env.id, **environment_tags()}
+        )
         self.workers, self.learner = self.actor_pool.checkout(*self.actor_requests())
-        self.tracker.set_tags({"tether.actors_reused": ",".join(
-            kind for kind, reused in self.actor_pool.reused.items() if reused) or "none"})
+        self.tracker.set_tags(
+            {
+                "tether.actors_reused": ",".join(
+                    kind for kind, reused in self.actor_pool.reused.items() if reused
+                )
+                or "none"
+            }
+        )
         # This run's own state, on new and reused actors alike: nothing of an earlier run
         # (weights, optimiser, settings, seed, counters) carries over.
-        self.learner.start_run(self.settings, lr=cfg.algo.lr, critic_lr=cfg.algo.critic_lr,
-                               seed=cfg.experiment.seed)
+        self.learner.start_run(
+            self.settings, lr=cfg.algo.lr, critic_lr=cfg.algo.critic_lr, seed=cfg.experiment.seed
+        )
         for k, worker in enumerate(self.workers):
             self.call_when_up(k, worker.start_run)
         stops = ray.get(self.workers[0].stop_token_ids.remote())
@@ -194,27 +231,51 @@ class Trainer:
         cfg, r, a = self.cfg, self.cfg.rollout, self.cfg.algo
         env_kwargs = cfg.env_kwargs()
         worker_options = {"num_cpus": r.num_cpus_per_worker, "num_gpus": r.num_gpus_per_worker}
-        worker_args = (self.model_path, cfg.env.id, env_kwargs, r.engine, r.num_cpus_per_worker,
-                       cfg.model.dtype, r.engine_kwargs, cfg.experiment.seed)
-        learner_args = {"use_critic": a.use_critic, "use_reference": a.kl_coef > 0,
-                        "threads": a.threads, "dtype": cfg.model.dtype,
-                        "world_size": a.learner_world_size, "num_cpus": a.num_cpus,
-                        "num_gpus": a.num_gpus}
+        worker_args = (
+            self.model_path,
+            cfg.env.id,
+            env_kwargs,
+            r.engine,
+            r.num_cpus_per_worker,
+            cfg.model.dtype,
+            r.engine_kwargs,
+            cfg.experiment.seed,
+        )
+        learner_args = {
+            "use_critic": a.use_critic,
+            "use_reference": a.kl_coef > 0,
+            "threads": a.threads,
+            "dtype": cfg.model.dtype,
+            "world_size": a.learner_world_size,
+            "num_cpus": a.num_cpus,
+            "num_gpus": a.num_gpus,
+        }
 
         def end_workers(workers) -> None:  # a worker's environment pool goes with it
             for worker in workers:
                 ray.kill(worker, no_restart=True)
 
         return [
-            ActorRequest("rollout_workers", (r.num_workers, worker_options, worker_args),
-                         create=lambda: [RolloutWorker.options(**worker_options).remote(*worker_args)
-                                         for _ in range(r.num_workers)], end=end_workers),
+            ActorRequest(
+                "rollout_workers",
+                (r.num_workers, worker_options, worker_args),
+                create=lambda: [
+                    RolloutWorker.options(**worker_options).remote(*worker_args)
+                    for _ in range(r.num_workers)
+                ],
+                end=end_workers,
+            ),
             # A multi-rank FSDP group is not kept: its ranks' sharded modules and process
             # group would have to be re-initialised collectively, and a rank lost between
             # runs would hang the next run's first collective.
-            ActorRequest("learner", (self.model_path, learner_args),
-                         create=lambda: LearnerGroup.launch(self.model_path, **learner_args),
-                         end=LearnerGroup.shutdown, reusable=a.learner_world_size == 1)]
+            ActorRequest(
+                "learner",
+                (self.model_path, learner_args),
+                create=lambda: LearnerGroup.launch(self.model_path, **learner_args),
+                end=LearnerGroup.shutdown,
+                reusable=a.learner_world_size == 1,
+            ),
+        ]
 
     # -- stages -----------------------------------------------------------------------
     def collect(self, specs: list[EpisodeSpec], sampling: SamplingParams, seed: int):
@@ -228,26 +289,41 @@ class Trainer:
         results: dict[int, list] = {}
         last_error = ""
         for attempt in range(self.cfg.rollout.max_collect_attempts):
-            refs = {k: self.workers[k].collect.remote([specs[i] for i in share], sampling,
-                                                      seeds.worker_share(seed, k),
-                                                      self.cfg.rollout.max_turns)
-                    for k, share in enumerate(shares) if k not in results}
-            self.emit("collecting", {"attempt": attempt, "workers": sorted(refs),
-                                     "episodes": sum(len(shares[k]) for k in refs)})
+            refs = {
+                k: self.workers[k].collect.remote(
+                    [specs[i] for i in share],
+                    sampling,
+                    seeds.worker_share(seed, k),
+                    self.cfg.rollout.max_turns,
+                )
+                for k, share in enumerate(shares)
+                if k not in results
+            }
+            self.emit(
+                "collecting",
+                {
+                    "attempt": attempt,
+                    "workers": sorted(refs),
+                    "episodes": sum(len(shares[k]) for k in refs),
+                },
+            )
             for k, ref in refs.items():
                 try:
                     results[k] = ray.get(ref)
                 except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as exc:
                     self.worker_failures += 1
                     last_error = _first_line(exc)
-                    self.emit("worker_failed", {"worker": k, "attempt": attempt,
-                                                "error": last_error})
+                    self.emit(
+                        "worker_failed", {"worker": k, "attempt": attempt, "error": last_error}
+                    )
                     self.restore_worker(k)
             if len(results) == len(shares):
                 return [t for k in range(len(shares)) for t in results[k]]
-        raise RuntimeError(f"rollout workers failed {self.cfg.rollout.max_collect_attempts} "
-                           f"times in a row; giving up on this iteration (last error: "
-                           f"{last_error})")
+        raise RuntimeError(
+            f"rollout workers failed {self.cfg.rollout.max_collect_attempts} "
+            f"times in a row; giving up on this iteration (last error: "
+            f"{last_error})"
+        )
 
     def restore_worker(self, k: int) -> None:
         """Wait until a (restarting) worker answers, and give it the current weights."""
@@ -269,23 +345,30 @@ class Trainer:
                 return ray.get(method.remote(*args))
             except ray.exceptions.ActorUnavailableError:
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"rollout worker {k} did not come back within "
-                                       f"rollout.restart_timeout_s = "
-                                       f"{self.cfg.rollout.restart_timeout_s} s") from None
+                    raise RuntimeError(
+                        f"rollout worker {k} did not come back within "
+                        f"rollout.restart_timeout_s = "
+                        f"{self.cfg.rollout.restart_timeout_s} s"
+                    ) from None
                 time.sleep(0.25)
 
     def training_specs(self, n_groups: int, first_group_id: int) -> list[EpisodeSpec]:
         levels = self.sampler.take(n_groups)
-        return [EpisodeSpec(first_group_id + g, seed, k) for g, seed in enumerate(levels)
-                for k in range(self.cfg.rollout.group_size)]
+        return [
+            EpisodeSpec(first_group_id + g, seed, k)
+            for g, seed in enumerate(levels)
+            for k in range(self.cfg.rollout.group_size)
+        ]
 
     def filter_groups(self, trajectories):
         """SNR-aware filter over whole groups (docs/methods.md, section 5): the filter's
         result and the ids of the groups it keeps."""
         groups = group_trajectories(trajectories)
-        result = snr_filter([np.array([t.reward for t in ts]) for ts in groups.values()],
-                            self.filter_cfg,
-                            success=[np.array([t.success for t in ts]) for ts in groups.values()])
+        result = snr_filter(
+            [np.array([t.reward for t in ts]) for ts in groups.values()],
+            self.filter_cfg,
+            success=[np.array([t.success for t in ts]) for ts in groups.values()],
+        )
         ids = list(groups)
         return result, {ids[g] for g in result.kept_groups}
 
@@ -302,18 +385,24 @@ class Trainer:
         rounds = 0
         while len(kept) < self.cfg.rollout.groups and rounds < self.cfg.algo.max_resample_rounds:
             rounds += 1
-            more = self.collect(self.training_specs(self.cfg.rollout.groups,
-                                                    RESAMPLE_GROUP_IDS * rounds),
-                                self.sampling, seeds.collection(self.cfg.experiment.seed,
-                                                                iteration, rounds))
+            more = self.collect(
+                self.training_specs(self.cfg.rollout.groups, RESAMPLE_GROUP_IDS * rounds),
+                self.sampling,
+                seeds.collection(self.cfg.experiment.seed, iteration, rounds),
+            )
             pool += more
             _, extra = self.filter_groups(more)
             kept |= {g for g in extra if self.group_spread(more, g) > 0}
-        kept = set(sorted(kept)[:self.cfg.rollout.groups])
-        return pool, kept, {"filter/resample_rounds": float(rounds),
-                            "dynamic_sampling/collected_trajectories":
-                                float(len(pool) - len(collected)),
-                            "dynamic_sampling/kept_groups": float(len(kept))}
+        kept = set(sorted(kept)[: self.cfg.rollout.groups])
+        return (
+            pool,
+            kept,
+            {
+                "filter/resample_rounds": float(rounds),
+                "dynamic_sampling/collected_trajectories": float(len(pool) - len(collected)),
+                "dynamic_sampling/kept_groups": float(len(kept)),
+            },
+        )
 
     @staticmethod
     def group_spread(trajectories, group_id: int) -> float:
@@ -327,9 +416,14 @@ class Trainer:
             return {}
         heatmap = it % d.heatmap_every == 0 or it == 1
         chain = d.information_chain and (it % d.chain_every == 0 or it == 1)
-        result = self.learner.diagnose(collected, d, self.mi_ema_state,
-                                       seeds.diagnostics(self.cfg.experiment.seed, it), heatmap,
-                                       chain)
+        result = self.learner.diagnose(
+            collected,
+            d,
+            self.mi_ema_state,
+            seeds.diagnostics(self.cfg.experiment.seed, it),
+            heatmap,
+            chain,
+        )
         self.mi_ema_state = result.ema_state
         started = time.perf_counter()
         for sampling, (scores, column) in result.matrices.items():
@@ -346,17 +440,25 @@ class Trainer:
 
     def prepare(self, trajectories):
         """Padded batch with old-policy (and reference) log-probs and critic values."""
-        batch = collate(trajectories, self.tokenizer.pad_token_id,
-                        reasoning_masks=[self.spans.reasoning_mask(t) for t in trajectories])
+        batch = collate(
+            trajectories,
+            self.tokenizer.pad_token_id,
+            reasoning_masks=[self.spans.reasoning_mask(t) for t in trajectories],
+        )
         return self.learner.prepare(batch, self.cfg.algo.recompute_old_logprobs)
 
     def advantages(self, batch):
         a = self.cfg.algo
-        params = {"gae": {"gamma": a.gamma, "lam": a.lam},
-                  "reinforce_pp": {"gamma": a.gamma}}.get(a.advantage, {})
-        inputs = AdvantageInputs(scores=batch.scores, group_index=batch.group_index,
-                                 response_mask=batch.response_mask,
-                                 token_rewards=batch.token_rewards, values=batch.values)
+        params = {"gae": {"gamma": a.gamma, "lam": a.lam}, "reinforce_pp": {"gamma": a.gamma}}.get(
+            a.advantage, {}
+        )
+        inputs = AdvantageInputs(
+            scores=batch.scores,
+            group_index=batch.group_index,
+            response_mask=batch.response_mask,
+            token_rewards=batch.token_rewards,
+            values=batch.values,
+        )
         batch.advantages, batch.returns = compute_advantages(a.advantage, inputs, **params)
         return batch
 
@@ -378,10 +480,15 @@ class Trainer:
     def iteration(self, it: int) -> dict[str, float]:
         timers, d = Timers(), self.cfg.diagnostics
         with timers("collect"):
-            collected = self.collect(self.training_specs(self.cfg.rollout.groups, 0),
-                                     self.sampling, seeds.collection(self.cfg.experiment.seed, it))
+            collected = self.collect(
+                self.training_specs(self.cfg.rollout.groups, 0),
+                self.sampling,
+                seeds.collection(self.cfg.experiment.seed, it),
+            )
         metrics = rollout_metrics(collected, reasoning_tokens=self.count_tokens)
-        metrics["rollout/tokens_per_s"] = metrics["rollout/generated_tokens"] / timers["timing/collect"]
+        metrics["rollout/tokens_per_s"] = (
+            metrics["rollout/generated_tokens"] / timers["timing/collect"]
+        )
         with timers("filter"):
             filtered, kept = self.filter_groups(collected)
         metrics.update(filtered.metrics)
@@ -408,7 +515,9 @@ class Trainer:
                 self.sync_weights(it)
         metrics["filter/update_skipped"] = float(not kept)
         if self.controller is not None:
-            metrics.update(self.knobs.metrics(), **{"control/actions": float(len(self.controller.actions))})
+            metrics.update(
+                self.knobs.metrics(), **{"control/actions": float(len(self.controller.actions))}
+            )
         metrics["rollout/worker_failures"] = float(self.worker_failures)
         metrics.update(timers)
         metrics["timing/iteration"] = sum(timers.values())
@@ -421,14 +530,30 @@ class Trainer:
     def validate(self) -> dict[str, float]:
         cfg = self.cfg
         temperature = cfg.trainer.val_temperature
-        sampling = SamplingParams(**{**self.sampling.__dict__, "temperature":
-                                     cfg.rollout.temperature if temperature is None else temperature})
-        specs = [EpisodeSpec(k, cfg.env.val_seed_offset + k, 0) for k in range(cfg.trainer.val_episodes)]
+        sampling = SamplingParams(
+            **{
+                **self.sampling.__dict__,
+                "temperature": cfg.rollout.temperature if temperature is None else temperature,
+            }
+        )
+        specs = [
+            EpisodeSpec(k, cfg.env.val_seed_offset + k, 0) for k in range(cfg.trainer.val_episodes)
+        ]
         trajectories = self.collect(specs, sampling, seed=seeds.validation(cfg.experiment.seed))
         m = rollout_metrics(trajectories, prefix="val", reasoning_tokens=self.count_tokens)
-        return {k: v for k, v in m.items() if k in ("val/success", "val/success_ci_low",
-                                                     "val/success_ci_high", "val/reward_mean",
-                                                     "val/format_ok_rate", "val/turns")}
+        return {
+            k: v
+            for k, v in m.items()
+            if k
+            in (
+                "val/success",
+                "val/success_ci_low",
+                "val/success_ci_high",
+                "val/reward_mean",
+                "val/format_ok_rate",
+                "val/turns",
+            )
+        }
 
     # -- the loop ---------------------------------------------------------------------
     def run(self) -> RunSummary:
@@ -437,8 +562,14 @@ class Trainer:
         try:
             self.setup()
             first = self.restore(self.resume_from) + 1 if self.resume_from else 1
-            self.emit("started", {"run_id": self.tracker.run_id, "model_path": self.model_path,
-                                  "first_iteration": first})
+            self.emit(
+                "started",
+                {
+                    "run_id": self.tracker.run_id,
+                    "model_path": self.model_path,
+                    "first_iteration": first,
+                },
+            )
             if first == 1:
                 self.log_validation(0, {})
                 self.emit("validation", {"iteration": 0, "val/success": self.val_history[0]})
@@ -452,24 +583,37 @@ class Trainer:
                 self.tracker.log_artifacts(final_dir, "model")
             status = "FINISHED"
         except (KeyboardInterrupt, SystemExit):  # Ctrl-C or SIGTERM, or Tune ending a trial
-            status = "KILLED"                      # (its report() calls sys.exit(0))
+            status = "KILLED"  # (its report() calls sys.exit(0))
             raise
         finally:
             if self.tracker is not None:
-                self.tracker.set_tags({"tether.status": status,
-                                       "tether.iterations_done": self.iteration_done,
-                                       "tether.stop_reason": self.stop_reason or "completed"
-                                       if status == "FINISHED" else status.lower()})
+                self.tracker.set_tags(
+                    {
+                        "tether.status": status,
+                        "tether.iterations_done": self.iteration_done,
+                        "tether.stop_reason": self.stop_reason or "completed"
+                        if status == "FINISHED"
+                        else status.lower(),
+                    }
+                )
                 self.tracker.finish(status)
             self.release_actors(keep=status == "FINISHED")
             stop_ray(self.started_ray)
         return RunSummary(
-            run_id=self.tracker.run_id, tracking_uri=self.tracker.uri,
-            ui_command=self.tracker.ui_command(), iterations=self.iteration_done, status=status,
-            seconds=time.perf_counter() - started, model_path=self.model_path,
-            val_history=self.val_history, last_metrics=self.last_metrics,
-            val_intervals=self.val_intervals, last_diagnostics=self.last_diagnostics,
-            stop_reason=self.stop_reason, alarms=[e.to_dict() for e in self.alarms.events])
+            run_id=self.tracker.run_id,
+            tracking_uri=self.tracker.uri,
+            ui_command=self.tracker.ui_command(),
+            iterations=self.iteration_done,
+            status=status,
+            seconds=time.perf_counter() - started,
+            model_path=self.model_path,
+            val_history=self.val_history,
+            last_metrics=self.last_metrics,
+            val_intervals=self.val_intervals,
+            last_diagnostics=self.last_diagnostics,
+            stop_reason=self.stop_reason,
+            alarms=[e.to_dict() for e in self.alarms.events],
+        )
 
     def release_actors(self, keep: bool) -> None:
         """Hand this run's actors back to the pool: a keeping pool holds them for the next
@@ -494,19 +638,25 @@ class Trainer:
         logging_started = time.perf_counter()
         self.tracker.log_metrics(metrics, step=it)
         if t.samples_per_log and (it % t.samples_every == 0 or it == 1):
-            text = "\n\n".join(transcript(tr, self.tokenizer.decode)
-                                for tr in self.last_collected[:t.samples_per_log])
+            text = "\n\n".join(
+                transcript(tr, self.tokenizer.decode)
+                for tr in self.last_collected[: t.samples_per_log]
+            )
             self.tracker.log_text(text, f"samples/iter_{it:04d}.txt")
         if it % t.samples_every == 0 or it == 1 or it == t.iterations:
-            self.tracker.log_json({"iteration": it, "groups": group_rewards(self.last_collected)},
-                                  f"prompts/iter_{it:04d}.json")
+            self.tracker.log_json(
+                {"iteration": it, "groups": group_rewards(self.last_collected)},
+                f"prompts/iter_{it:04d}.json",
+            )
         # The logging's own time cannot be in the dict it logs: it follows on its own.
         metrics["timing/log"] = time.perf_counter() - logging_started
         self.tracker.log_metrics({"timing/log": metrics["timing/log"]}, step=it)
         self.iteration_done, self.last_metrics = it, metrics
         if any(key.startswith("collapse/") for key in metrics):
-            self.last_diagnostics = {"iteration": float(it), **{
-                k: v for k, v in metrics.items() if k.startswith("collapse/")}}
+            self.last_diagnostics = {
+                "iteration": float(it),
+                **{k: v for k, v in metrics.items() if k.startswith("collapse/")},
+            }
         self.emit("iteration", {"iteration": it, "total": t.iterations, **metrics})
         for event in self.alarms.update(it, metrics):
             self.record_alarm(event)
@@ -539,74 +689,125 @@ class Trainer:
         np.random.set_state(driver["numpy_rng"])
         torch.set_rng_state(driver["torch_rng"])
         self.sync_weights(driver["iteration"])
-        resumes = int(self.tracker.client.get_run(self.tracker.run_id).data.tags.get(
-            "tether.resume_count", "0")) + 1
-        self.tracker.set_tags({"tether.resumed_from": driver["iteration"],
-                               "tether.resume_count": resumes,
-                               f"tether.resume_{resumes}": f"iteration {driver['iteration']} "
-                                                           f"from {path}"})
+        resumes = (
+            int(
+                self.tracker.client.get_run(self.tracker.run_id).data.tags.get(
+                    "tether.resume_count", "0"
+                )
+            )
+            + 1
+        )
+        self.tracker.set_tags(
+            {
+                "tether.resumed_from": driver["iteration"],
+                "tether.resume_count": resumes,
+                f"tether.resume_{resumes}": f"iteration {driver['iteration']} from {path}",
+            }
+        )
         self.iteration_done = driver["iteration"]
         return driver["iteration"]
 
     def record_alarm(self, event) -> None:
         """Console line, MLflow tag ``alarm.<name>`` = iteration, and the alarms.json artifact."""
-        self.emit("alarm", {"name": event.name, "iteration": event.iteration, "mode": event.mode,
-                            "message": event.message})
+        self.emit(
+            "alarm",
+            {
+                "name": event.name,
+                "iteration": event.iteration,
+                "mode": event.mode,
+                "message": event.message,
+            },
+        )
         self.tracker.set_tags({f"alarm.{event.name}": event.iteration})
         self.log_alarms()
 
     def log_alarms(self) -> None:
         """alarms.json: the alarms' events and the responses taken, in order."""
         actions = [a.to_dict() for a in self.controller.actions] if self.controller else []
-        entries = sorted([e.to_dict() for e in self.alarms.events] + actions,
-                         key=lambda e: (e["iteration"], e["mode"] == "act"))
+        entries = sorted(
+            [e.to_dict() for e in self.alarms.events] + actions,
+            key=lambda e: (e["iteration"], e["mode"] == "act"),
+        )
         self.tracker.log_json(entries, "alarms.json")
 
     def act(self, it: int) -> None:
         """While an act-mode alarm is in breach, take its next response (the controller
         decides, ``tether/diagnostics/control.py``), apply it and record it."""
-        taken = self.controller.step(it, self.alarms.in_breach("act"), self.knobs,
-                                     self.grounded_checkpoints)
+        taken = self.controller.step(
+            it, self.alarms.in_breach("act"), self.knobs, self.grounded_checkpoints
+        )
         if taken is None:
             return
         action, knobs = taken
         if action.rollback_to is not None:
-            self.learner.load_full_state(load_checkpoint(Path(action.rollback_to["path"]))["learner"])
+            self.learner.load_full_state(
+                load_checkpoint(Path(action.rollback_to["path"]))["learner"]
+            )
         self.apply_knobs(knobs)
         if action.rollback_to is not None:
             self.sync_weights(it)
-        self.emit("action", {"iteration": it, "alarm": action.alarm, "kind": action.kind,
-                             "message": action.message, "rollback_to": action.rollback_to})
-        self.tracker.set_tags({f"control.{len(self.controller.actions)}": f"iteration {it}: {action.message}"})
+        self.emit(
+            "action",
+            {
+                "iteration": it,
+                "alarm": action.alarm,
+                "kind": action.kind,
+                "message": action.message,
+                "rollback_to": action.rollback_to,
+            },
+        )
+        self.tracker.set_tags(
+            {f"control.{len(self.controller.actions)}": f"iteration {it}: {action.message}"}
+        )
         self.log_alarms()
 
     def apply_knobs(self, knobs: Knobs) -> None:
         """The controller's settings into the filter, the update settings and the learner."""
         self.knobs = knobs
-        self.filter_cfg = FilterConfig.model_validate({
-            **self.filter_cfg.model_dump(), "strategy": knobs.filter_strategy,
-            "value": knobs.filter_value})
-        self.settings = dataclasses.replace(self.settings, kl_coef=knobs.kl_coef,
-                                            entropy_coef=knobs.entropy_coef)
+        self.filter_cfg = FilterConfig.model_validate(
+            {
+                **self.filter_cfg.model_dump(),
+                "strategy": knobs.filter_strategy,
+                "value": knobs.filter_value,
+            }
+        )
+        self.settings = dataclasses.replace(
+            self.settings, kl_coef=knobs.kl_coef, entropy_coef=knobs.entropy_coef
+        )
         self.learner.adjust(self.settings, knobs.lr)
 
     def checkpoint(self, it: int) -> Path:
         learner_state = self.learner.full_state()
-        driver_state = {"iteration": it, "sampler_position": self.sampler.position,
-                        "run_id": self.tracker.run_id, "numpy_rng": np.random.get_state(),
-                        "torch_rng": torch.get_rng_state(), "config": self.cfg.model_dump(mode="json"),
-                        "mi_ema_state": self.mi_ema_state, "alarms": self.alarms.state_dict(),
-                        "worker_failures": self.worker_failures, "val_history": self.val_history}
+        driver_state = {
+            "iteration": it,
+            "sampler_position": self.sampler.position,
+            "run_id": self.tracker.run_id,
+            "numpy_rng": np.random.get_state(),
+            "torch_rng": torch.get_rng_state(),
+            "config": self.cfg.model_dump(mode="json"),
+            "mi_ema_state": self.mi_ema_state,
+            "alarms": self.alarms.state_dict(),
+            "worker_failures": self.worker_failures,
+            "val_history": self.val_history,
+        }
         directory = self.output_dir / "checkpoints" / self.tracker.run_id
         if self.controller is not None:
             if self.grounded_now():
-                self.grounded_checkpoints = [*self.grounded_checkpoints, GroundedCheckpoint(
-                    it, str(checkpoint_path(directory, it)))][-3:]
+                self.grounded_checkpoints = [
+                    *self.grounded_checkpoints,
+                    GroundedCheckpoint(it, str(checkpoint_path(directory, it))),
+                ][-3:]
             driver_state["control"] = {
-                "controller": self.controller.state_dict(), "knobs": dataclasses.asdict(self.knobs),
-                "grounded": [dataclasses.asdict(c) for c in self.grounded_checkpoints]}
-        path = save_checkpoint(directory, it, {"learner": learner_state, "driver": driver_state},
-                               protect=tuple(Path(c.path) for c in self.grounded_checkpoints))
+                "controller": self.controller.state_dict(),
+                "knobs": dataclasses.asdict(self.knobs),
+                "grounded": [dataclasses.asdict(c) for c in self.grounded_checkpoints],
+            }
+        path = save_checkpoint(
+            directory,
+            it,
+            {"learner": learner_state, "driver": driver_state},
+            protect=tuple(Path(c.path) for c in self.grounded_checkpoints),
+        )
         self.tracker.set_tags({"tether.last_checkpoint": str(path)})
         return path
 

@@ -30,13 +30,17 @@ def environment_tags() -> dict[str, str]:
     threads and determinism flags, and the GPU when there is one."""
     import torch
 
-    tags = {"env.python": platform.python_version(), "env.platform": platform.platform(),
-            "env.cpu": _cpu_model(), "env.cpu_count": str(os.cpu_count()),
-            "env.torch_threads": str(torch.get_num_threads()),
-            "env.omp_num_threads": os.environ.get("OMP_NUM_THREADS", "unset"),
-            "env.torch_deterministic_algorithms": str(torch.are_deterministic_algorithms_enabled()),
-            "env.cudnn_deterministic": str(torch.backends.cudnn.deterministic),
-            "env.gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"}
+    tags = {
+        "env.python": platform.python_version(),
+        "env.platform": platform.platform(),
+        "env.cpu": _cpu_model(),
+        "env.cpu_count": str(os.cpu_count()),
+        "env.torch_threads": str(torch.get_num_threads()),
+        "env.omp_num_threads": os.environ.get("OMP_NUM_THREADS", "unset"),
+        "env.torch_deterministic_algorithms": str(torch.are_deterministic_algorithms_enabled()),
+        "env.cudnn_deterministic": str(torch.backends.cudnn.deterministic),
+        "env.gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none",
+    }
     for package in PACKAGES:
         try:
             tags[f"env.{package}"] = metadata.version(package)
@@ -56,10 +60,19 @@ def _git_commit() -> str:
 
     root = Path(__file__).resolve().parents[2]
     try:
-        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
-                                text=True, timeout=5, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=5).stdout.strip()
+        commit = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return commit + ("+dirty" if dirty else "")

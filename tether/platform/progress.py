@@ -23,10 +23,17 @@ DONE = ("TERMINATED", "ERROR")
 def bars(console: Console, speed_estimate_period: float = 30.0) -> Progress:
     """The progress bars of ``tether run`` and ``tether sweep``: what, bar, count, time
     spent, time left (ETA), and a free-text ``info`` field."""
-    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn(
-        "{task.completed}/{task.total}"), TimeElapsedColumn(), TimeRemainingColumn(),
-        TextColumn("{task.fields[info]}"), console=console, transient=False,
-        speed_estimate_period=speed_estimate_period)
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        TextColumn("{task.fields[info]}"),
+        console=console,
+        transient=False,
+        speed_estimate_period=speed_estimate_period,
+    )
 
 
 class SweepDisplay:
@@ -75,9 +82,16 @@ class SweepDisplay:
             self._warm = self.progress.add_task("warm start", total=total, info="")
         self.progress.update(self._warm, completed=step, total=total, info=f"loss {loss:.3f}")
 
-    def trials(self, trials: list, expected: int, iterations_of: Callable[[Any], int],
-               default_iterations: int, metric: str | None = None,
-               latest: dict[str, dict] | None = None, ended: str | None = None) -> None:
+    def trials(
+        self,
+        trials: list,
+        expected: int,
+        iterations_of: Callable[[Any], int],
+        default_iterations: int,
+        metric: str | None = None,
+        latest: dict[str, dict] | None = None,
+        ended: str | None = None,
+    ) -> None:
         """Redraw the sweep's bars from Tune's trial list: the overall bar counts iterations
         over all trials (a finished or stopped trial counts in full; trials not created
         yet count ``default_iterations``), so its ETA covers the whole sweep.  ``latest``:
@@ -90,8 +104,7 @@ class SweepDisplay:
         seen = self._results
         seen.update(latest or {})
         iterations = self._iterations
-        status = {t.trial_id: "TERMINATED" if t.trial_id == ended else t.status
-                  for t in trials}
+        status = {t.trial_id: "TERMINATED" if t.trial_id == ended else t.status for t in trials}
         for t in trials:  # each trial's own trainer.iterations (a swept field, maybe)
             if t.trial_id not in iterations:
                 iterations[t.trial_id] = iterations_of(t)
@@ -104,19 +117,26 @@ class SweepDisplay:
 
         def progress(t) -> int:
             n = iterations[t.trial_id]
-            return n if status[t.trial_id] in DONE else \
-                min(n, int(seen.get(t.trial_id, {}).get("training_iteration", 0) or 0))
+            return (
+                n
+                if status[t.trial_id] in DONE
+                else min(n, int(seen.get(t.trial_id, {}).get("training_iteration", 0) or 0))
+            )
 
-        work_total = sum(iterations[t.trial_id] for t in trials) + \
-            (total_trials - len(trials)) * default_iterations
+        work_total = (
+            sum(iterations[t.trial_id] for t in trials)
+            + (total_trials - len(trials)) * default_iterations
+        )
         work_done = sum(progress(t) for t in trials)
         description = f"trials {done}/{total_trials} done, {running} running, {left} left"
         info = "(iterations of all trials)"
         if self._overall is None:  # from what is done already (a resumed sweep): the
             self._overall = self.progress.add_task(  # ETA counts this run's pace only
-                description, total=work_total, completed=work_done, info=info)
-        self.progress.update(self._overall, description=description, total=work_total,
-                             completed=work_done, info=info)
+                description, total=work_total, completed=work_done, info=info
+            )
+        self.progress.update(
+            self._overall, description=description, total=work_total, completed=work_done, info=info
+        )
         for t in trials:
             task = self._trial_tasks.get(t.trial_id)
             if status[t.trial_id] == "RUNNING":
@@ -124,7 +144,8 @@ class SweepDisplay:
                 info = "" if metric not in result else f"{metric} {result[metric]:.3f}"
                 if task is None:
                     task = self._trial_tasks[t.trial_id] = self.progress.add_task(
-                        f"  trial {t.trial_id}", total=iterations[t.trial_id], info="")
+                        f"  trial {t.trial_id}", total=iterations[t.trial_id], info=""
+                    )
                 self.progress.update(task, completed=progress(t), info=info)
             elif task is not None:
                 self.progress.remove_task(self._trial_tasks.pop(t.trial_id))

@@ -15,8 +15,11 @@ from typing import Any
 #: Keeps library progress bars and chatter out of the console and the job logs.
 log = logging.getLogger(__name__)
 
-QUIET_ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error",
-             "PYTHONWARNINGS": "ignore::UserWarning"}
+QUIET_ENV = {
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    "TRANSFORMERS_VERBOSITY": "error",
+    "PYTHONWARNINGS": "ignore::UserWarning",
+}
 
 
 def prepare_process(address: str | None) -> None:
@@ -71,9 +74,11 @@ def check_ray_reachable(address: str, timeout: float = 10.0) -> None:
             pass
     except OSError as exc:
         reason = exc.strerror or type(exc).__name__
-        raise ClusterError(f"the Ray cluster at {address} is unreachable ({reason}); start it "
-                           f"with `ray start --head`, check ray.address / --address, or drop "
-                           f"it to start a local Ray") from None
+        raise ClusterError(
+            f"the Ray cluster at {address} is unreachable ({reason}); start it "
+            f"with `ray start --head`, check ray.address / --address, or drop "
+            f"it to start a local Ray"
+        ) from None
 
 
 def start_ray(address: str | None, num_cpus: int | None, required_cpus: float) -> bool:
@@ -86,8 +91,13 @@ def start_ray(address: str | None, num_cpus: int | None, required_cpus: float) -
 
     if ray.is_initialized():
         return False
-    runtime_env = {"env_vars": {"TOKENIZERS_PARALLELISM": "false", **QUIET_ENV,
-                                "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}}
+    runtime_env = {
+        "env_vars": {
+            "TOKENIZERS_PARALLELISM": "false",
+            **QUIET_ENV,
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+        }
+    }
     if address:
         check_ray_reachable(address)
     try:
@@ -96,9 +106,14 @@ def start_ray(address: str | None, num_cpus: int | None, required_cpus: float) -
         else:
             explicit_local_auth_mode()
             cpus = num_cpus or max(os.cpu_count() or 1, int(-(-required_cpus // 1)))
-            ray.init(address="local", num_cpus=cpus, include_dashboard=False,
-                     _node_ip_address="127.0.0.1", runtime_env=runtime_env,
-                     log_to_driver=bool(os.environ.get("TETHER_RAY_LOGS")))
+            ray.init(
+                address="local",
+                num_cpus=cpus,
+                include_dashboard=False,
+                _node_ip_address="127.0.0.1",
+                runtime_env=runtime_env,
+                log_to_driver=bool(os.environ.get("TETHER_RAY_LOGS")),
+            )
     except Exception as exc:  # Ray raises several types (ConnectionError, RuntimeError, ...)
         where = f"the Ray cluster at {address}" if address else "a local Ray instance"
         raise ClusterError(f"could not start or join {where}: {exc}".splitlines()[0]) from None
@@ -186,7 +201,9 @@ def autoscaling_cluster() -> bool:
     except Exception:
         return False
     report = status.get("autoscaler_report") or {}
-    types = set(report.get("active_nodes") or {}) | set((report.get("node_type_mapping") or {}).values())
+    types = set(report.get("active_nodes") or {}) | set(
+        (report.get("node_type_mapping") or {}).values()
+    )
     return any(not str(t).startswith("node_") for t in types)
 
 
@@ -205,9 +222,12 @@ def wait_for_autoscaler(check: Callable[[], Any], wait_s: float, refusals: tuple
         deadline = time.monotonic() + wait_s
         while not autoscaler_published():
             if autoscaling_cluster():
-                log.warning("%s; but the cluster autoscales and its autoscaler does not say how "
-                            "far: going ahead, Ray will add nodes for the run (or leave its "
-                            "actors pending if none of its node types fits)", refusal)
+                log.warning(
+                    "%s; but the cluster autoscales and its autoscaler does not say how "
+                    "far: going ahead, Ray will add nodes for the run (or leave its "
+                    "actors pending if none of its node types fits)",
+                    refusal,
+                )
                 return None
             if time.monotonic() >= deadline:
                 raise
@@ -249,11 +269,18 @@ def check_resources(demands: list[ResourceDemand]) -> None:
             if each > largest[key]:
                 raise ClusterError(
                     f"{field} = {each:g}: each {d.name} asks for {each:g} {key} but no node of "
-                    f"the cluster has more than {largest[key]:g}; lower it or add bigger nodes")
+                    f"the cluster has more than {largest[key]:g}; lower it or add bigger nodes"
+                )
         asked = sum(d.count * getattr(d, resource) for d in demands)
         if asked > total[key]:
-            parts = " + ".join(f"{d.count_field} {d.count} x {getattr(d, f'{resource}_field')} "
-                               f"{getattr(d, resource):g}" for d in demands if getattr(d, resource))
-            raise ClusterError(f"the config asks for {asked:g} {key} ({parts}) but the cluster "
-                               f"can provide at most {total[key]:g}; lower them or use a bigger "
-                               f"cluster (ray.address)")
+            parts = " + ".join(
+                f"{d.count_field} {d.count} x {getattr(d, f'{resource}_field')} "
+                f"{getattr(d, resource):g}"
+                for d in demands
+                if getattr(d, resource)
+            )
+            raise ClusterError(
+                f"the config asks for {asked:g} {key} ({parts}) but the cluster "
+                f"can provide at most {total[key]:g}; lower them or use a bigger "
+                f"cluster (ray.address)"
+            )

@@ -39,9 +39,19 @@ from .sweep_results import (
 )
 from .sweep_spec import SweepSpec, flat_values, swept_fields
 
-__all__ = ["SweepError", "SweepOutcome", "check_trials_fit", "decode", "param_space",
-           "results_rows", "results_table", "run_sweep", "swept_fields", "trial_bundles",
-           "write_results_csv"]
+__all__ = [
+    "SweepError",
+    "SweepOutcome",
+    "check_trials_fit",
+    "decode",
+    "param_space",
+    "results_rows",
+    "results_table",
+    "run_sweep",
+    "swept_fields",
+    "trial_bundles",
+    "write_results_csv",
+]
 
 STATE_FILE = "tether_sweep.json"
 RESULTS_FILE = "sweep_results.csv"
@@ -80,8 +90,11 @@ def label(value: Any) -> Any:
 
 
 def _case_label(path: str, value: Any) -> str:
-    return f"{path}={label(value)}" if not isinstance(value, dict) else \
-        ", ".join(f"{path}.{k}={label(v)}" for k, v in value.items())
+    return (
+        f"{path}={label(value)}"
+        if not isinstance(value, dict)
+        else ", ".join(f"{path}.{k}={label(v)}" for k, v in value.items())
+    )
 
 
 def param_space(spec: SweepSpec) -> dict[str, Any]:
@@ -89,8 +102,11 @@ def param_space(spec: SweepSpec) -> dict[str, Any]:
 
     sweep = spec.sweep
     if sweep.design == "one_at_a_time":
-        return {"case": tune.grid_search([_case_label(path, v) for path, d in sweep.space.items()
-                                          for v in d.grid])}
+        return {
+            "case": tune.grid_search(
+                [_case_label(path, v) for path, d in sweep.space.items() for v in d.grid]
+            )
+        }
     space = {}
     for path, d in sweep.space.items():
         if d.kind == "grid":
@@ -110,8 +126,7 @@ def decode(spec: SweepSpec, config: dict[str, Any]) -> dict[str, Any]:
     """A trial's Tune config back to ``{dotted path: value}``."""
     sweep = spec.sweep
     if "case" in config:
-        cases = {_case_label(path, v): {path: v} for path, d in sweep.space.items()
-                 for v in d.grid}
+        cases = {_case_label(path, v): {path: v} for path, d in sweep.space.items() for v in d.grid}
         return dict(cases[config["case"]])
     out = {}
     for path, value in config.items():
@@ -125,21 +140,26 @@ def decode(spec: SweepSpec, config: dict[str, Any]) -> dict[str, Any]:
 def trial_bundles(cfg, head) -> list[dict[str, float]]:
     """Placement-group bundles of one trial: its own loop, then all its actors together
     (one bundle, so Ray never puts a worker where the learner should go)."""
+
     def bundle(cpu: float, gpu: float) -> dict[str, float]:
         return {k: v for k, v in (("CPU", cpu), ("GPU", gpu)) if v > 0}
 
     r, a = cfg.rollout, cfg.algo
-    actors = bundle(r.num_workers * r.num_cpus_per_worker + a.learner_world_size * a.num_cpus,
-                    r.num_workers * r.num_gpus_per_worker + a.learner_world_size * a.num_gpus)
+    actors = bundle(
+        r.num_workers * r.num_cpus_per_worker + a.learner_world_size * a.num_cpus,
+        r.num_workers * r.num_gpus_per_worker + a.learner_world_size * a.num_gpus,
+    )
     return [bundle(head.cpu, head.gpu)] + ([actors] if actors else [])
 
 
 def check_trials_fit(spec: SweepSpec, totals: dict[str, float], largest_node: dict[str, float]):
     """Fail with one line if a trial can never be placed on this cluster."""
-    fields = {"CPU": "rollout.num_workers x rollout.num_cpus_per_worker + "
-                     "algo.learner_world_size x algo.num_cpus + sweep.resources.cpu",
-              "GPU": "rollout.num_workers x rollout.num_gpus_per_worker + "
-                     "algo.learner_world_size x algo.num_gpus + sweep.resources.gpu"}
+    fields = {
+        "CPU": "rollout.num_workers x rollout.num_cpus_per_worker + "
+        "algo.learner_world_size x algo.num_cpus + sweep.resources.cpu",
+        "GPU": "rollout.num_workers x rollout.num_gpus_per_worker + "
+        "algo.learner_world_size x algo.num_gpus + sweep.resources.gpu",
+    }
     for values, cfg in spec.resource_cases():
         bundles = trial_bundles(cfg, spec.sweep.resources)
         for kind in ("CPU", "GPU"):
@@ -148,14 +168,19 @@ def check_trials_fit(spec: SweepSpec, totals: dict[str, float], largest_node: di
             have, node = totals.get(kind, 0.0), largest_node.get(kind, 0.0)
             if need <= have + 1e-9 and biggest <= node + 1e-9:
                 continue
-            where = (f"the cluster has {have:g} {kind}" if need > have + 1e-9 else
-                     f"its actors need {biggest:g} {kind} on one node and the largest node "
-                     f"has {node:g}")
+            where = (
+                f"the cluster has {have:g} {kind}"
+                if need > have + 1e-9
+                else f"its actors need {biggest:g} {kind} on one node and the largest node "
+                f"has {node:g}"
+            )
             case = "".join(f" with sweep.space.{k}={v}" for k, v in values.items())
             parts = " + ".join(f"{b.get(kind, 0.0):g}" for b in bundles)
-            raise SweepError(f"sweep.resources: a trial{case} needs {need:g} {kind} "
-                             f"({fields[kind]} = {parts}) but {where}; lower those fields "
-                             f"or use a bigger cluster")
+            raise SweepError(
+                f"sweep.resources: a trial{case} needs {need:g} {kind} "
+                f"({fields[kind]} = {parts}) but {where}; lower those fields "
+                f"or use a bigger cluster"
+            )
 
 
 # -- the trial ----------------------------------------------------------------------------
@@ -172,20 +197,29 @@ def run_trial(config: dict[str, Any], spec_json: str, parent_run_id: str) -> Non
     cfg = stop_when_collapsed(spec.build(values), spec.sweep.stop_collapsed)
     cfg.experiment.run_name = f"{spec.name}-{trial_id}"
     resolved = cfg.flat()
-    tags = {"sweep.name": spec.name, "sweep.trial_id": trial_id,
-            **{f"sweep.param.{k}": resolved.get(k, v) for k, v in swept_fields(spec).items()},
-            **{f"sweep.param.{k}": v for k, v in flat_values(values).items()}}
+    tags = {
+        "sweep.name": spec.name,
+        "sweep.trial_id": trial_id,
+        **{f"sweep.param.{k}": resolved.get(k, v) for k, v in swept_fields(spec).items()},
+        **{f"sweep.param.{k}": v for k, v in flat_values(values).items()},
+    }
 
     def on_event(kind: str, data: dict) -> None:
         if kind == "iteration":
-            tune.report({k: float(v) for k, v in data.items() if k != "total" and
-                         isinstance(v, (int, float)) and math.isfinite(float(v))})
+            tune.report(
+                {
+                    k: float(v)
+                    for k, v in data.items()
+                    if k != "total" and isinstance(v, (int, float)) and math.isfinite(float(v))
+                }
+            )
 
     # Tune reuses this process (and its placement group) for the next trial with the same
     # resources; the process's pool keeps a finished trial's rollout workers and learner
     # for it, and ends them if that trial's constructor arguments differ (actor_pool.py).
-    summary = Trainer(cfg, on_event, parent_run_id=parent_run_id, run_tags=tags,
-                      actor_pool=process_pool()).run()
+    summary = Trainer(
+        cfg, on_event, parent_run_id=parent_run_id, run_tags=tags, actor_pool=process_pool()
+    ).run()
     if summary.status != "FINISHED":
         raise RuntimeError(f"trial {trial_id} ended {summary.status}")
 
@@ -212,14 +246,17 @@ class SweepProgress(Callback):
     Tune pickles its callbacks with the experiment for ``--resume``, so this holds plain
     data only: the bars belong to the driver process (``showing``)."""
 
-    def __init__(self, tracking_uri: str, experiment_id: str, parent_run_id: str,
-                 spec_json: str) -> None:
+    def __init__(
+        self, tracking_uri: str, experiment_id: str, parent_run_id: str, spec_json: str
+    ) -> None:
         self.tracking_uri, self.experiment_id = tracking_uri, experiment_id
         self.parent_run_id, self.spec_json = parent_run_id, spec_json
 
     def __getstate__(self):  # plain data only, whatever a later version caches here
-        return {k: self.__dict__[k] for k in ("tracking_uri", "experiment_id",
-                                                "parent_run_id", "spec_json")}
+        return {
+            k: self.__dict__[k]
+            for k in ("tracking_uri", "experiment_id", "parent_run_id", "spec_json")
+        }
 
     def _spec(self) -> SweepSpec:
         spec = self.__dict__.get("_spec_cache")
@@ -230,17 +267,24 @@ class SweepProgress(Callback):
     def _draw(self, trials, latest: dict | None = None, ended: str | None = None) -> None:
         if _display is not None and not _display.plain:
             spec = self._spec()
-            _display.trials(trials, _expected_trials(spec),
-                            lambda t: spec.build(decode(spec, t.config)).trainer.iterations,
-                            spec.base.trainer.iterations, spec.sweep.metric, latest, ended)
+            _display.trials(
+                trials,
+                _expected_trials(spec),
+                lambda t: spec.build(decode(spec, t.config)).trainer.iterations,
+                spec.base.trainer.iterations,
+                spec.sweep.metric,
+                latest,
+                ended,
+            )
 
     def on_step_end(self, iteration, trials, **info):
         if _display is not None and not _display.plain and _display.throttled():
             self._draw(trials)
 
     def on_trial_start(self, iteration, trials, trial, **info):
-        values = ", ".join(f"{k}={v}" for k, v in
-                           flat_values(decode(self._spec(), trial.config)).items())
+        values = ", ".join(
+            f"{k}={v}" for k, v in flat_values(decode(self._spec(), trial.config)).items()
+        )
         _say(f"trial {trial.trial_id} started: {values}")
         self._draw(trials)
 
@@ -249,19 +293,23 @@ class SweepProgress(Callback):
             self._draw(trials, {trial.trial_id: result})
             return
         done = sum(t.status in ("TERMINATED", "ERROR") for t in trials)
-        _say(f"trial {trial.trial_id} iteration {int(result.get('iteration', 0))}  "
-             f"success {result.get(SUCCESS, float('nan')):.3f}  "
-             f"[{done}/{max(len(trials), _expected_trials(self._spec()))} trials done]")
+        _say(
+            f"trial {trial.trial_id} iteration {int(result.get('iteration', 0))}  "
+            f"success {result.get(SUCCESS, float('nan')):.3f}  "
+            f"[{done}/{max(len(trials), _expected_trials(self._spec()))} trials done]"
+        )
 
     def on_trial_complete(self, iteration, trials, trial, **info):
-        finalize_child(self.tracking_uri, self.experiment_id, self.parent_run_id,
-                        trial.trial_id, "FINISHED")
+        finalize_child(
+            self.tracking_uri, self.experiment_id, self.parent_run_id, trial.trial_id, "FINISHED"
+        )
         _say(f"trial {trial.trial_id} finished")
         self._draw(trials, ended=trial.trial_id)
 
     def on_trial_error(self, iteration, trials, trial, **info):
-        finalize_child(self.tracking_uri, self.experiment_id, self.parent_run_id,
-                        trial.trial_id, "FAILED")
+        finalize_child(
+            self.tracking_uri, self.experiment_id, self.parent_run_id, trial.trial_id, "FAILED"
+        )
         _say(f"trial {trial.trial_id} FAILED (error log: {trial.local_path})")
         self._draw(trials, ended=trial.trial_id)
 
@@ -324,8 +372,13 @@ def _connect(spec: SweepSpec, address: str | None) -> bool:
     return start_ray(address, spec.base.ray.num_cpus, 0) and not address
 
 
-def run_sweep(spec: SweepSpec, resume: bool = False, address: str | None = None,
-              echo: Callable[[str], None] = print, display=None) -> SweepOutcome:
+def run_sweep(
+    spec: SweepSpec,
+    resume: bool = False,
+    address: str | None = None,
+    echo: Callable[[str], None] = print,
+    display=None,
+) -> SweepOutcome:
     """Run (or resume) a sweep.  ``display`` (a ``progress.SweepDisplay``, started by the
     caller) shows the warm start and the trials as bars in a terminal or as lines."""
     import ray
@@ -344,24 +397,35 @@ def run_sweep(spec: SweepSpec, resume: bool = False, address: str | None = None,
     state_file = exp_path / STATE_FILE
     if resume:
         if not state_file.is_file() or not tune.Tuner.can_restore(str(exp_path)):
-            raise SweepError(f"nothing to resume at {exp_path} (no saved sweep state); run "
-                             f"without --resume to start it")
+            raise SweepError(
+                f"nothing to resume at {exp_path} (no saved sweep state); run "
+                f"without --resume to start it"
+            )
         state = json.loads(state_file.read_text())
         if json.loads(state["spec"]) != json.loads(spec.to_json()):
-            echo("note: the spec differs from the one the sweep started with; resuming with "
-                 "the original")
+            echo(
+                "note: the spec differs from the one the sweep started with; resuming with "
+                "the original"
+            )
         spec = SweepSpec.from_json(state["spec"])
         sweep, base = spec.sweep, spec.base
     elif state_file.exists() or tune.Tuner.can_restore(str(exp_path)):
-        raise SweepError(f"sweep {spec.name!r} already has state at {exp_path}; continue it "
-                         f"with --resume, or start a new one with sweep.name=<another name>")
+        raise SweepError(
+            f"sweep {spec.name!r} already has state at {exp_path}; continue it "
+            f"with --resume, or start a new one with sweep.name=<another name>"
+        )
 
     started_local = _connect(spec, address)
-    wait_for_autoscaler(lambda: check_trials_fit(spec, *cluster_capacity()),
-                        0.0 if started_local else base.ray.autoscaler_wait_s, (SweepError,))
-    echo(f"Ray cluster: {ray.cluster_resources().get('CPU', 0):g} CPUs, "
-         f"{ray.cluster_resources().get('GPU', 0):g} GPUs; one trial: "
-         f"{trial_bundles(base, sweep.resources)}")
+    wait_for_autoscaler(
+        lambda: check_trials_fit(spec, *cluster_capacity()),
+        0.0 if started_local else base.ray.autoscaler_wait_s,
+        (SweepError,),
+    )
+    echo(
+        f"Ray cluster: {ray.cluster_resources().get('CPU', 0):g} CPUs, "
+        f"{ray.cluster_resources().get('GPU', 0):g} GPUs; one trial: "
+        f"{trial_bundles(base, sweep.resources)}"
+    )
     from ..envs import runs_untrusted_code
     from ..envs.sandbox import resolve_isolation
 
@@ -369,29 +433,54 @@ def run_sweep(spec: SweepSpec, resume: bool = False, address: str | None = None,
         resolve_isolation(base.sandbox.isolation)
     if base.model.path is None:  # warm-start once here, not in every trial at once
         echo("warm start (cached after the first time) ...")
-        resolve_policy(base.model, base.env, base.experiment.seed, base.rollout.max_reply_tokens,
-                       progress=display.warm_start if display is not None else None,
-                       isolation=base.sandbox.isolation)
+        resolve_policy(
+            base.model,
+            base.env,
+            base.experiment.seed,
+            base.rollout.max_reply_tokens,
+            progress=display.warm_start if display is not None else None,
+            isolation=base.sandbox.isolation,
+        )
 
     uri = base.tracking.uri or default_tracking_uri(base.experiment.output_dir)
     artifacts = Path(base.experiment.output_dir) / "artifacts"
     if resume:
-        parent = Tracker(state["tracking_uri"], base.experiment.name, artifacts,
-                         run_id=state["parent_run_id"])
+        parent = Tracker(
+            state["tracking_uri"], base.experiment.name, artifacts, run_id=state["parent_run_id"]
+        )
     else:
-        parent = Tracker(uri, base.experiment.name, artifacts, run_name=spec.name, tags={
-            "sweep.name": spec.name, "sweep.search": sweep.search, "sweep.metric": sweep.metric,
-            "sweep.fields": ",".join(sweep.space), "tether.kind": "sweep", **environment_tags()})
-        parent.log_params({f"sweep.{k}": v for k, v in sweep.model_dump(mode="json").items()
-                           if k != "space"} |
-                          {f"sweep.space.{p}": json.dumps(d.model_dump(exclude_none=True))
-                           for p, d in sweep.space.items()})
-        parent.log_text(Path(spec.source).read_text() if Path(spec.source).is_file() else "",
-                        "sweep_spec.yaml")
+        parent = Tracker(
+            uri,
+            base.experiment.name,
+            artifacts,
+            run_name=spec.name,
+            tags={
+                "sweep.name": spec.name,
+                "sweep.search": sweep.search,
+                "sweep.metric": sweep.metric,
+                "sweep.fields": ",".join(sweep.space),
+                "tether.kind": "sweep",
+                **environment_tags(),
+            },
+        )
+        parent.log_params(
+            {f"sweep.{k}": v for k, v in sweep.model_dump(mode="json").items() if k != "space"}
+            | {
+                f"sweep.space.{p}": json.dumps(d.model_dump(exclude_none=True))
+                for p, d in sweep.space.items()
+            }
+        )
+        parent.log_text(
+            Path(spec.source).read_text() if Path(spec.source).is_file() else "", "sweep_spec.yaml"
+        )
         parent.log_text(spec.to_json(), "sweep_spec_resolved.json")
         exp_path.mkdir(parents=True, exist_ok=True)
-        state_file.write_text(json.dumps({"parent_run_id": parent.run_id, "tracking_uri": uri,
-                                          "spec": spec.to_json()}, indent=1))
+        state_file.write_text(
+            json.dumps(
+                {"parent_run_id": parent.run_id, "tracking_uri": uri, "spec": spec.to_json()},
+                indent=1,
+            )
+        )
     parent.set_tags({"sweep.experiment_path": str(exp_path)})
     echo(f"MLflow parent run {parent.run_id}  (Tune state: {exp_path})")
     ids = (parent.uri, parent.experiment_id, parent.run_id)
@@ -400,20 +489,31 @@ def run_sweep(spec: SweepSpec, resume: bool = False, address: str | None = None,
     spec_json = spec.to_json()
     trainable = tune.with_resources(
         tune.with_parameters(run_trial, spec_json=spec_json, parent_run_id=parent.run_id),
-        lambda config: PlacementGroupFactory(trial_bundles(
-            spec.build(decode(spec, config)), sweep.resources)))
+        lambda config: PlacementGroupFactory(
+            trial_bundles(spec.build(decode(spec, config)), sweep.resources)
+        ),
+    )
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "5")  # state saved often: resumable
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # the compact table of _reporter()
     if resume:
-        tuner = tune.Tuner.restore(str(exp_path), trainable, resume_unfinished=True,
-                                   restart_errored=True)
+        tuner = tune.Tuner.restore(
+            str(exp_path), trainable, resume_unfinished=True, restart_errored=True
+        )
     else:
-        run_config = tune.RunConfig(name=spec.name, storage_path=str(storage), verbose=1,
-                                    callbacks=[SweepProgress(*ids, spec_json)],
-                                    progress_reporter=_reporter(spec),
-                                    failure_config=tune.FailureConfig(max_failures=0))
-        tuner = tune.Tuner(trainable, param_space=param_space(spec),
-                           tune_config=_tune_config(spec), run_config=run_config)
+        run_config = tune.RunConfig(
+            name=spec.name,
+            storage_path=str(storage),
+            verbose=1,
+            callbacks=[SweepProgress(*ids, spec_json)],
+            progress_reporter=_reporter(spec),
+            failure_config=tune.FailureConfig(max_failures=0),
+        )
+        tuner = tune.Tuner(
+            trainable,
+            param_space=param_space(spec),
+            tune_config=_tune_config(spec),
+            run_config=run_config,
+        )
     with _graceful_sigterm(), showing(display):
         tuner.fit()
 
@@ -422,18 +522,34 @@ def run_sweep(spec: SweepSpec, resume: bool = False, address: str | None = None,
     trials = tune.ExperimentAnalysis(str(exp_path)).trials
     errored = sum(t.status == "ERROR" for t in trials)
     interrupted = len(trials) < _expected_trials(spec) or any(
-        t.status not in ("TERMINATED", "ERROR") for t in trials)
+        t.status not in ("TERMINATED", "ERROR") for t in trials
+    )
     close_stale_children(*ids)
-    rows = results_rows(*ids, sweep.metric, sweep.mode, sweep.collapse_penalty,
-                        sweep.collapse_alarms())
+    rows = results_rows(
+        *ids, sweep.metric, sweep.mode, sweep.collapse_penalty, sweep.collapse_alarms()
+    )
     write_results_csv(rows, sweep.metric, exp_path / RESULTS_FILE)
     parent.client.log_artifact(parent.run_id, str(exp_path / RESULTS_FILE))
     status = "KILLED" if interrupted else ("FAILED" if errored == len(trials) else "FINISHED")
-    parent.set_tags({"sweep.status": "interrupted" if interrupted else "completed",
-                     "sweep.trials": len(trials), "sweep.trials_errored": errored})
+    parent.set_tags(
+        {
+            "sweep.status": "interrupted" if interrupted else "completed",
+            "sweep.trials": len(trials),
+            "sweep.trials_errored": errored,
+        }
+    )
     parent.finish(status)
-    return SweepOutcome(spec.name, status, parent.run_id, parent.uri, exp_path, rows,
-                        len(trials), time.perf_counter() - started, parent.experiment_id)
+    return SweepOutcome(
+        spec.name,
+        status,
+        parent.run_id,
+        parent.uri,
+        exp_path,
+        rows,
+        len(trials),
+        time.perf_counter() - started,
+        parent.experiment_id,
+    )
 
 
 def _expected_trials(spec: SweepSpec) -> int:
@@ -456,30 +572,47 @@ def _tune_config(spec: SweepSpec):
     else:
         from ray.tune.search.basic_variant import BasicVariantGenerator
 
-        search_alg = BasicVariantGenerator(random_state=seed,
-                                           max_concurrent=sweep.max_concurrent or 0)
+        search_alg = BasicVariantGenerator(
+            random_state=seed, max_concurrent=sweep.max_concurrent or 0
+        )
     scheduler = None
     if sweep.scheduler.asha is not None:
         from ray.tune.schedulers import ASHAScheduler
 
         a = sweep.scheduler.asha
-        scheduler = ASHAScheduler(time_attr="training_iteration",
-                                  max_t=a.max_t or spec.base.trainer.iterations,
-                                  grace_period=a.grace_period, reduction_factor=a.reduction_factor)
+        scheduler = ASHAScheduler(
+            time_attr="training_iteration",
+            max_t=a.max_t or spec.base.trainer.iterations,
+            grace_period=a.grace_period,
+            reduction_factor=a.reduction_factor,
+        )
     # reuse_actors: a trial's process is kept for the next trial, which skips importing
     # torch and tether again (seconds of CPU per trial on a small machine), and so are its
     # rollout workers and learner when the next trial's are the same (run_trial).
-    return tune.TuneConfig(metric=sweep.metric, mode=sweep.mode, search_alg=search_alg,
-                           scheduler=scheduler, num_samples=sweep.num_samples, reuse_actors=True,
-                           max_concurrent_trials=sweep.max_concurrent
-                           if sweep.search == "optuna" else None)
+    return tune.TuneConfig(
+        metric=sweep.metric,
+        mode=sweep.mode,
+        search_alg=search_alg,
+        scheduler=scheduler,
+        num_samples=sweep.num_samples,
+        reuse_actors=True,
+        max_concurrent_trials=sweep.max_concurrent if sweep.search == "optuna" else None,
+    )
 
 
 def _reporter(spec: SweepSpec):
     """The progress table (every 30 s and at the end): trials, swept values, metric."""
     from ray.tune import CLIReporter
 
-    metrics = {"iteration": "iter", spec.sweep.metric: spec.sweep.metric.split("/")[-1],
-               SUCCESS: "success"}
-    return CLIReporter(parameter_columns=list(param_space(spec)), metric_columns=metrics,
-                       max_report_frequency=30, sort_by_metric=True, max_column_length=48)
+    metrics = {
+        "iteration": "iter",
+        spec.sweep.metric: spec.sweep.metric.split("/")[-1],
+        SUCCESS: "success",
+    }
+    return CLIReporter(
+        parameter_columns=list(param_space(spec)),
+        metric_columns=metrics,
+        max_report_frequency=30,
+        sort_by_metric=True,
+        max_column_length=48,
+    )

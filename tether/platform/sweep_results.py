@@ -12,7 +12,7 @@ from mlflow.tracking import MlflowClient
 
 SUCCESS = "rollout/success"
 MI_ZSCORE = "collapse/first_turn/mi_zscore_ema"
-P_GROUNDED = "collapse/first_turn/p_grounded"   # the input-dependence test at the last diagnosis
+P_GROUNDED = "collapse/first_turn/p_grounded"  # the input-dependence test at the last diagnosis
 
 
 def _children(uri: str, experiment_id: str, parent_run_id: str, extra: str = "") -> list:
@@ -20,12 +20,14 @@ def _children(uri: str, experiment_id: str, parent_run_id: str, extra: str = "")
     return MlflowClient(uri).search_runs([experiment_id], filter_string=query, max_results=5000)
 
 
-def finalize_child(uri: str, experiment_id: str, parent_run_id: str, trial_id: str,
-                    status: str) -> None:
+def finalize_child(
+    uri: str, experiment_id: str, parent_run_id: str, trial_id: str, status: str
+) -> None:
     """Tune ended a trial (early stop, error) that could not close its own MLflow run."""
     client = MlflowClient(uri)
-    for run in _children(uri, experiment_id, parent_run_id,
-                         f"tags.`sweep.trial_id` = '{trial_id}'"):
+    for run in _children(
+        uri, experiment_id, parent_run_id, f"tags.`sweep.trial_id` = '{trial_id}'"
+    ):
         if run.info.status == "RUNNING":
             client.set_tag(run.info.run_id, "sweep.ended_by", "tune")
             client.set_terminated(run.info.run_id, status)
@@ -44,9 +46,15 @@ def close_stale_children(uri: str, experiment_id: str, parent_run_id: str) -> in
 MI_ALARMS = ("template_collapse", "low_entropy_collapse")
 
 
-def results_rows(uri: str, experiment_id: str, parent_run_id: str, metric: str,
-                 mode: str, collapse_penalty: float | None = None,
-                 collapse_alarms: tuple[str, ...] = MI_ALARMS) -> list[dict]:
+def results_rows(
+    uri: str,
+    experiment_id: str,
+    parent_run_id: str,
+    metric: str,
+    mode: str,
+    collapse_penalty: float | None = None,
+    collapse_alarms: tuple[str, ...] = MI_ALARMS,
+) -> list[dict]:
     """One row per trial (its FINISHED child run if any, else its latest), ranked by the
     metric, or with ``collapse_penalty`` by the metric penalised when an MI alarm fired.
     ``collapsed`` flags those trials; ``stop_reason`` says why a trial ended early."""
@@ -54,8 +62,9 @@ def results_rows(uri: str, experiment_id: str, parent_run_id: str, metric: str,
 
     client = MlflowClient(uri)
     by_trial: dict[str, Any] = {}
-    for run in sorted(_children(uri, experiment_id, parent_run_id),
-                      key=lambda r: r.info.start_time):
+    for run in sorted(
+        _children(uri, experiment_id, parent_run_id), key=lambda r: r.info.start_time
+    ):
         trial = run.data.tags.get("sweep.trial_id", run.info.run_id)
         if trial not in by_trial or by_trial[trial].info.status != "FINISHED":
             by_trial[trial] = run
@@ -65,32 +74,50 @@ def results_rows(uri: str, experiment_id: str, parent_run_id: str, metric: str,
 
     rows = []
     for trial, run in by_trial.items():
-        success, target, tags = history(run.info.run_id, SUCCESS), \
-            history(run.info.run_id, metric), run.data.tags
-        rows.append({
-            "trial": trial, "run_id": run.info.run_id, "status": run.info.status,
-            **{k.removeprefix("sweep.param."): v for k, v in sorted(tags.items())
-               if k.startswith("sweep.param.")},
-            "iterations": len(success), metric: target[-1] if target else float("nan"),
-            "success_peak": max(success) if success else float("nan"),
-            "success_final": success[-1] if success else float("nan"),
-            "mi_zscore_ema_final": run.data.metrics.get(MI_ZSCORE, float("nan")),
-            "p_grounded_final": run.data.metrics.get(P_GROUNDED, float("nan")),
-            "alarms": " ".join(sorted(k.removeprefix("alarm.") for k in tags
-                                      if k.startswith("alarm."))),
-            "collapsed": any(f"alarm.{name}" in tags for name in collapse_alarms),
-            "stop_reason": tags.get("tether.stop_reason", ""),
-        })
+        success, target, tags = (
+            history(run.info.run_id, SUCCESS),
+            history(run.info.run_id, metric),
+            run.data.tags,
+        )
+        rows.append(
+            {
+                "trial": trial,
+                "run_id": run.info.run_id,
+                "status": run.info.status,
+                **{
+                    k.removeprefix("sweep.param."): v
+                    for k, v in sorted(tags.items())
+                    if k.startswith("sweep.param.")
+                },
+                "iterations": len(success),
+                metric: target[-1] if target else float("nan"),
+                "success_peak": max(success) if success else float("nan"),
+                "success_final": success[-1] if success else float("nan"),
+                "mi_zscore_ema_final": run.data.metrics.get(MI_ZSCORE, float("nan")),
+                "p_grounded_final": run.data.metrics.get(P_GROUNDED, float("nan")),
+                "alarms": " ".join(
+                    sorted(k.removeprefix("alarm.") for k in tags if k.startswith("alarm."))
+                ),
+                "collapsed": any(f"alarm.{name}" in tags for name in collapse_alarms),
+                "stop_reason": tags.get("tether.stop_reason", ""),
+            }
+        )
     sign = -1.0 if mode == "max" else 1.0
     for row in rows:
-        row["objective"] = row[metric] + (sign * collapse_penalty if collapse_penalty
-                                          and row["collapsed"] else 0.0)
+        row["objective"] = row[metric] + (
+            sign * collapse_penalty if collapse_penalty and row["collapsed"] else 0.0
+        )
     ranked_by = "objective" if collapse_penalty is not None else metric
 
     def order(row: dict) -> tuple:  # by the metric, then peak success; missing values last
         value, peak = row[ranked_by], row["success_peak"]
-        return (math.isnan(value), 0.0 if math.isnan(value) else sign * value,
-                math.isnan(peak), 0.0 if math.isnan(peak) else -peak, row["trial"])
+        return (
+            math.isnan(value),
+            0.0 if math.isnan(value) else sign * value,
+            math.isnan(peak),
+            0.0 if math.isnan(peak) else -peak,
+            row["trial"],
+        )
 
     rows.sort(key=order)
     for rank, row in enumerate(rows, 1):
@@ -98,8 +125,19 @@ def results_rows(uri: str, experiment_id: str, parent_run_id: str, metric: str,
     return rows
 
 
-_TAIL = ["objective", "success_peak", "success_final", "mi_zscore_ema_final", "p_grounded_final",
-         "alarms", "collapsed", "iterations", "status", "stop_reason", "run_id"]
+_TAIL = [
+    "objective",
+    "success_peak",
+    "success_final",
+    "mi_zscore_ema_final",
+    "p_grounded_final",
+    "alarms",
+    "collapsed",
+    "iterations",
+    "status",
+    "stop_reason",
+    "run_id",
+]
 
 
 def _swept_columns(rows: list[dict], metric: str) -> list[str]:
@@ -122,24 +160,53 @@ def results_table(rows: list[dict], metric: str, title: str):
 
     swept = _swept_columns(rows, metric)
     table = Table(title=title)
-    penalised = any(r["objective"] != r[metric] for r in rows
-                    if not (math.isnan(r[metric]) and math.isnan(r["objective"])))
-    for column in ["#", "trial", *swept, metric, *(["objective"] if penalised else []),
-                   "peak success", "final success", "MI z-score (EMA)", "input-dependence p",
-                   "alarms", "status"]:
+    penalised = any(
+        r["objective"] != r[metric]
+        for r in rows
+        if not (math.isnan(r[metric]) and math.isnan(r["objective"]))
+    )
+    for column in [
+        "#",
+        "trial",
+        *swept,
+        metric,
+        *(["objective"] if penalised else []),
+        "peak success",
+        "final success",
+        "MI z-score (EMA)",
+        "input-dependence p",
+        "alarms",
+        "status",
+    ]:
         table.add_column(column, justify="right" if column not in ("trial", "alarms") else "left")
 
     def num(value) -> str:
-        return "-" if value is None or (isinstance(value, float) and math.isnan(value)) \
+        return (
+            "-"
+            if value is None or (isinstance(value, float) and math.isnan(value))
             else f"{value:.3f}"
+        )
 
     for r in rows:
         status = r["status"]
         if r["collapsed"]:
-            status = "COLLAPSED, stopped" if r["stop_reason"].startswith("alarm") else f"{status}, collapsed"
-        table.add_row(str(r["rank"]), r["trial"], *(str(r.get(c, "")) for c in swept),
-                      num(r[metric]), *([num(r["objective"])] if penalised else []),
-                      num(r["success_peak"]), num(r["success_final"]),
-                      num(r["mi_zscore_ema_final"]), num(r["p_grounded_final"]), r["alarms"] or "-",
-                      status, style="dim" if r["collapsed"] else None)
+            status = (
+                "COLLAPSED, stopped"
+                if r["stop_reason"].startswith("alarm")
+                else f"{status}, collapsed"
+            )
+        table.add_row(
+            str(r["rank"]),
+            r["trial"],
+            *(str(r.get(c, "")) for c in swept),
+            num(r[metric]),
+            *([num(r["objective"])] if penalised else []),
+            num(r["success_peak"]),
+            num(r["success_final"]),
+            num(r["mi_zscore_ema_final"]),
+            num(r["p_grounded_final"]),
+            r["alarms"] or "-",
+            status,
+            style="dim" if r["collapsed"] else None,
+        )
     return table

@@ -38,22 +38,32 @@ class _Strict(BaseModel):
 class Distribution(_Strict):
     """Exactly one of the keys: how one config field is varied."""
 
-    grid: list[Any] | None = Field(None, description="Every value, each in its own trial "
-                                   "(times num_samples); search grid or random.")
+    grid: list[Any] | None = Field(
+        None,
+        description="Every value, each in its own trial "
+        "(times num_samples); search grid or random.",
+    )
     choice: list[Any] | None = Field(None, description="One value drawn per trial.")
     uniform: tuple[float, float] | None = Field(None, description="[lo, hi] drawn uniformly.")
-    loguniform: tuple[float, float] | None = Field(None, description="[lo, hi] drawn "
-                                                   "log-uniformly (lo > 0).")
-    randint: tuple[int, int] | None = Field(None, description="[lo, hi] integers, both ends "
-                                            "included.")
+    loguniform: tuple[float, float] | None = Field(
+        None, description="[lo, hi] drawn log-uniformly (lo > 0)."
+    )
+    randint: tuple[int, int] | None = Field(
+        None, description="[lo, hi] integers, both ends included."
+    )
 
     @model_validator(mode="after")
     def _exactly_one(self):
-        given = [k for k in ("grid", "choice", "uniform", "loguniform", "randint")
-                 if getattr(self, k) is not None]
+        given = [
+            k
+            for k in ("grid", "choice", "uniform", "loguniform", "randint")
+            if getattr(self, k) is not None
+        ]
         if len(given) != 1:
-            raise ValueError("give exactly one of grid, choice, uniform, loguniform, randint"
-                             f" (got {', '.join(given) or 'none'})")
+            raise ValueError(
+                "give exactly one of grid, choice, uniform, loguniform, randint"
+                f" (got {', '.join(given) or 'none'})"
+            )
         if self.values is not None and not self.values:
             raise ValueError(f"{self.kind} needs at least one value")
         if self.bounds is not None:
@@ -66,8 +76,11 @@ class Distribution(_Strict):
 
     @property
     def kind(self) -> str:
-        return next(k for k in ("grid", "choice", "uniform", "loguniform", "randint")
-                    if getattr(self, k) is not None)
+        return next(
+            k
+            for k in ("grid", "choice", "uniform", "loguniform", "randint")
+            if getattr(self, k) is not None
+        )
 
     @property
     def values(self) -> list[Any] | None:
@@ -83,70 +96,117 @@ class Distribution(_Strict):
 
 
 class AshaSpec(_Strict):
-    max_t: int | None = Field(None, ge=1, description="Iterations a trial may run (default: "
-                              "trainer.iterations).")
+    max_t: int | None = Field(
+        None, ge=1, description="Iterations a trial may run (default: trainer.iterations)."
+    )
     grace_period: int = Field(1, ge=1, description="Iterations before a trial can be stopped.")
-    reduction_factor: float = Field(2.0, gt=1.0, description="Keep 1/reduction_factor of "
-                                    "trials at each rung.")
+    reduction_factor: float = Field(
+        2.0, gt=1.0, description="Keep 1/reduction_factor of trials at each rung."
+    )
 
 
 class SchedulerSpec(_Strict):
-    asha: AshaSpec | None = Field(None, description="Async successive halving: stop weak "
-                                  "trials early on the sweep metric.")
+    asha: AshaSpec | None = Field(
+        None, description="Async successive halving: stop weak trials early on the sweep metric."
+    )
 
 
 class CollapseStop(_Strict):
-    alarms: list[Literal["template_collapse", "low_entropy_collapse", "reward_variance_collapse",
-                         "output_length_collapse", "format_collapse", "empty_after_filter"]] = Field(
+    alarms: list[
+        Literal[
+            "template_collapse",
+            "low_entropy_collapse",
+            "reward_variance_collapse",
+            "output_length_collapse",
+            "format_collapse",
+            "empty_after_filter",
+        ]
+    ] = Field(
         default_factory=lambda: ["template_collapse", "low_entropy_collapse"],
-        description="alarms that end a trial, by their own rules (alarms.*); default the MI "
-                    "alarms")
-    points: int = Field(3, ge=1, description=(
-        "breaching observations before the trial ends: each listed alarm runs in stop mode "
-        "with patience = points (MI alarms: diagnostic points at which MI lies significantly "
-        "below its grounded reference, among the last max(points, within))"))
+        description="alarms that end a trial, by their own rules (alarms.*); default the MI alarms",
+    )
+    points: int = Field(
+        3,
+        ge=1,
+        description=(
+            "breaching observations before the trial ends: each listed alarm runs in stop mode "
+            "with patience = points (MI alarms: diagnostic points at which MI lies significantly "
+            "below its grounded reference, among the last max(points, within))"
+        ),
+    )
 
 
 class TrialResources(_Strict):
-    cpu: float = Field(0.25, ge=0.0, description="CPUs of the trial's own process (the "
-                       "driver loop); its actors' CPUs come from rollout.* and algo.*.")
+    cpu: float = Field(
+        0.25,
+        ge=0.0,
+        description="CPUs of the trial's own process (the "
+        "driver loop); its actors' CPUs come from rollout.* and algo.*.",
+    )
     gpu: float = Field(0.0, ge=0.0, description="GPUs of the trial's own process.")
 
 
 class SweepConfig(_Strict):
-    name: str | None = Field(None, description="Sweep name: the MLflow parent run and the "
-                             "Tune experiment directory (default: the spec file's stem).")
+    name: str | None = Field(
+        None,
+        description="Sweep name: the MLflow parent run and the "
+        "Tune experiment directory (default: the spec file's stem).",
+    )
     space: dict[str, Distribution] = Field(description="Dotted config path -> distribution.")
     design: Literal["product", "one_at_a_time"] = Field(
-        "product", description="product: every combination; one_at_a_time: each grid "
-        "varied alone, the other fields at their base values (sensitivity studies).")
-    search: Literal["grid", "random", "optuna"] = Field("grid", description="grid/random: "
-                                                        "Tune's variant generator; optuna: TPE.")
-    metric: str = Field("rollout/success", description="Metric ranked and optimised; it must "
-                        "be reported by every iteration (val/* is only reported every "
-                        "trainer.val_every iterations).")
+        "product",
+        description="product: every combination; one_at_a_time: each grid "
+        "varied alone, the other fields at their base values (sensitivity studies).",
+    )
+    search: Literal["grid", "random", "optuna"] = Field(
+        "grid", description="grid/random: Tune's variant generator; optuna: TPE."
+    )
+    metric: str = Field(
+        "rollout/success",
+        description="Metric ranked and optimised; it must "
+        "be reported by every iteration (val/* is only reported every "
+        "trainer.val_every iterations).",
+    )
     mode: Literal["max", "min"] = Field("max", description="Maximise or minimise the metric.")
     num_samples: int = Field(1, ge=1, description="Trials drawn (grid: repeats of the grid).")
-    max_concurrent: int | None = Field(None, ge=1, description="Trials at once (default: as "
-                                       "many as the cluster's resources allow).")
+    max_concurrent: int | None = Field(
+        None,
+        ge=1,
+        description="Trials at once (default: as many as the cluster's resources allow).",
+    )
     resources: TrialResources = Field(default_factory=TrialResources)
     scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec)
     seed: int | None = Field(None, description="Search seed (default: experiment.seed).")
-    stop_collapsed: CollapseStop | None = Field(None, description=(
-        "End a trial once its MI has collapsed significantly (it finishes cleanly with a "
-        "checkpoint; tether.stop_reason names the alarm); the results table flags collapsed "
-        "trials."))
-    collapse_penalty: float | None = Field(None, ge=0, description=(
-        "Rank trials by the metric minus this (mode min: plus) when the trial collapsed (an "
-        "alarm of stop_collapsed, default the MI alarms, fired); the table shows this "
-        "objective beside the metric."))
+    stop_collapsed: CollapseStop | None = Field(
+        None,
+        description=(
+            "End a trial once its MI has collapsed significantly (it finishes cleanly with a "
+            "checkpoint; tether.stop_reason names the alarm); the results table flags collapsed "
+            "trials."
+        ),
+    )
+    collapse_penalty: float | None = Field(
+        None,
+        ge=0,
+        description=(
+            "Rank trials by the metric minus this (mode min: plus) when the trial collapsed (an "
+            "alarm of stop_collapsed, default the MI alarms, fired); the table shows this "
+            "objective beside the metric."
+        ),
+    )
 
     def collapse_alarms(self) -> tuple[str, ...]:
         """The alarms whose firing marks a trial collapsed."""
-        return tuple(self.stop_collapsed.alarms) if self.stop_collapsed else (
-            "template_collapse", "low_entropy_collapse")
-    storage_path: Path | None = Field(None, description="Where Tune keeps the sweep's state "
-                                      "(default: <experiment.output_dir>/sweeps).")
+        return (
+            tuple(self.stop_collapsed.alarms)
+            if self.stop_collapsed
+            else ("template_collapse", "low_entropy_collapse")
+        )
+
+    storage_path: Path | None = Field(
+        None,
+        description="Where Tune keeps the sweep's state (default: <experiment.output_dir>/sweeps).",
+    )
 
     @model_validator(mode="after")
     def _consistent(self):
@@ -156,15 +216,18 @@ class SweepConfig(_Strict):
         if self.search == "optuna":
             grids = [p for p, k in kinds.items() if k == "grid"]
             if grids:
-                raise ValueError(f"search optuna cannot enumerate grid ({', '.join(grids)}); "
-                                 "use choice, or search grid")
+                raise ValueError(
+                    f"search optuna cannot enumerate grid ({', '.join(grids)}); "
+                    "use choice, or search grid"
+                )
         if self.design == "one_at_a_time":
             if self.search == "optuna":
                 raise ValueError("design one_at_a_time needs search grid or random")
             ranges = [p for p, k in kinds.items() if k != "grid"]
             if ranges:
-                raise ValueError(f"design one_at_a_time varies grids only ({', '.join(ranges)} "
-                                 "is not a grid)")
+                raise ValueError(
+                    f"design one_at_a_time varies grids only ({', '.join(ranges)} is not a grid)"
+                )
         return self
 
 
@@ -176,13 +239,14 @@ def _field_kind(path: str) -> str:
     for i, part in enumerate(parts):
         fields = getattr(model, "model_fields", None)
         if fields is None:
-            raise ConfigError(f"sweep.space.{path}: {'.'.join(parts[:i])} is not a section "
-                              "(it has no fields below it)")
+            raise ConfigError(
+                f"sweep.space.{path}: {'.'.join(parts[:i])} is not a section "
+                "(it has no fields below it)"
+            )
         if part not in fields:
             where = ".".join(parts[:i]) or "the config"
             valid = ", ".join(sorted(fields))
-            raise ConfigError(f"sweep.space.{path}: no field {part!r} in {where} "
-                              f"(valid: {valid})")
+            raise ConfigError(f"sweep.space.{path}: no field {part!r} in {where} (valid: {valid})")
         annotation = fields[part].annotation
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
             model = annotation
@@ -190,8 +254,9 @@ def _field_kind(path: str) -> str:
         if getattr(annotation, "__origin__", None) is dict or annotation is dict:
             return "dict"  # env.kwargs.size: any key below a free-form mapping
         if i != len(parts) - 1:
-            raise ConfigError(f"sweep.space.{path}: {'.'.join(parts[:i + 1])} is a value, "
-                              "not a section")
+            raise ConfigError(
+                f"sweep.space.{path}: {'.'.join(parts[: i + 1])} is a value, not a section"
+            )
         return "leaf"
     return "section"
 
@@ -223,9 +288,11 @@ class SweepSpec:
         self._check_space()
         asha = sweep.scheduler.asha
         if asha is not None and asha.grace_period > (asha.max_t or self.base.trainer.iterations):
-            raise ConfigError(f"sweep.scheduler.asha.grace_period: {asha.grace_period} is more "
-                              f"than max_t ({asha.max_t or self.base.trainer.iterations}, "
-                              "default trainer.iterations)")
+            raise ConfigError(
+                f"sweep.scheduler.asha.grace_period: {asha.grace_period} is more "
+                f"than max_t ({asha.max_t or self.base.trainer.iterations}, "
+                "default trainer.iterations)"
+            )
 
     @property
     def name(self) -> str:
@@ -236,8 +303,10 @@ class SweepSpec:
             kind = _field_kind(path)
             values = dist.candidates()
             if kind == "section" and not all(isinstance(v, dict) for v in values):
-                raise ConfigError(f"sweep.space.{path}: {path} is a section; its values must "
-                                  "be mappings of its fields")
+                raise ConfigError(
+                    f"sweep.space.{path}: {path} is a section; its values must "
+                    "be mappings of its fields"
+                )
             if kind == "section" and dist.bounds is not None:
                 raise ConfigError(f"sweep.space.{path}: a section takes grid or choice")
             for value in values:
@@ -254,15 +323,29 @@ class SweepSpec:
     def resource_cases(self) -> list[tuple[dict[str, Any], TetherConfig]]:
         """(values, config) for every combination of candidate values of the fields that
         decide a trial's resources (so the largest trial is checked against the cluster)."""
-        prefixes = ("rollout", "rollout.num_workers", "rollout.num_cpus_per_worker",
-                    "rollout.num_gpus_per_worker", "algo", "algo.num_cpus", "algo.num_gpus")
+        prefixes = (
+            "rollout",
+            "rollout.num_workers",
+            "rollout.num_cpus_per_worker",
+            "rollout.num_gpus_per_worker",
+            "algo",
+            "algo.num_cpus",
+            "algo.num_gpus",
+        )
         paths = [p for p in self.sweep.space if p in prefixes]
         combos = itertools.product(*(self.sweep.space[p].candidates() for p in paths))
         return [(values, self.build(values)) for values in (dict(zip(paths, c)) for c in combos)]
 
     def to_json(self) -> str:
-        return json.dumps({"source": self.source, "base_tree": self.base_tree,
-                           "sweep": self.sweep.model_dump(mode="json")}, indent=1, default=str)
+        return json.dumps(
+            {
+                "source": self.source,
+                "base_tree": self.base_tree,
+                "sweep": self.sweep.model_dump(mode="json"),
+            },
+            indent=1,
+            default=str,
+        )
 
     @classmethod
     def from_json(cls, text: str) -> SweepSpec:
@@ -273,8 +356,10 @@ class SweepSpec:
 def _absolute_paths(tree: dict) -> None:
     """Make output and cache directories absolute: trials run in other processes (and,
     under ``ray job submit``, in another working directory), and must share them."""
-    for section, key, default in (("experiment", "output_dir", "tether_runs"),
-                                  ("model", "cache_dir", None)):
+    for section, key, default in (
+        ("experiment", "output_dir", "tether_runs"),
+        ("model", "cache_dir", None),
+    ):
         node = tree.setdefault(section, {})
         value = node.get(key, default)
         if value is not None:
@@ -303,8 +388,9 @@ def load_sweep_spec(path: str | Path, overrides: list[str] | None = None) -> Swe
         set_dotted(data, keys, value)
     raw_sweep = data.pop("sweep", None)
     if not isinstance(raw_sweep, dict):
-        raise ConfigError(f"{p}: a sweep spec needs a 'sweep:' section (see "
-                          "experiments/sensitivity.yaml)")
+        raise ConfigError(
+            f"{p}: a sweep spec needs a 'sweep:' section (see experiments/sensitivity.yaml)"
+        )
     try:
         sweep = SweepConfig.model_validate(raw_sweep)
     except ValidationError as err:
@@ -317,8 +403,12 @@ def swept_fields(spec: SweepSpec) -> dict[str, Any]:
     """Every dotted leaf any trial varies (a section's mappings may name different fields),
     mapped to its base value; each child run is tagged with its own value of each."""
     base = spec.base.flat()
-    paths = dict.fromkeys(k for path, d in spec.sweep.space.items() for v in d.candidates()
-                          for k in flat_values({path: v}))
+    paths = dict.fromkeys(
+        k
+        for path, d in spec.sweep.space.items()
+        for v in d.candidates()
+        for k in flat_values({path: v})
+    )
     return {k: base.get(k) for k in paths}
 
 

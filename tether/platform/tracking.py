@@ -51,8 +51,10 @@ def check_tracking_reachable(uri: str, timeout: float = 5.0) -> None:
     try:
         urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout)
     except (urllib.error.URLError, OSError, ValueError) as exc:
-        raise TrackingError(f"MLflow tracking server {uri} is unreachable ({exc}); start it "
-                            f"with `mlflow server` or drop tracking.uri to use local SQLite") from None
+        raise TrackingError(
+            f"MLflow tracking server {uri} is unreachable ({exc}); start it "
+            f"with `mlflow server` or drop tracking.uri to use local SQLite"
+        ) from None
 
 
 #: MLflow 3's UI opens an experiment by its kind; untagged ones may open on the GenAI
@@ -65,14 +67,15 @@ def ensure_experiment(client: MlflowClient, name: str, artifact_root: Path | Non
     if experiment is None:
         location = artifact_root.resolve().as_uri() if artifact_root is not None else None
         try:
-            experiment_id = client.create_experiment(name, artifact_location=location,
-                                                     tags=EXPERIMENT_KIND)
+            experiment_id = client.create_experiment(
+                name, artifact_location=location, tags=EXPERIMENT_KIND
+            )
         except mlflow.exceptions.MlflowException:
             # Created concurrently by another process (sweep trials).
             experiment_id = client.get_experiment_by_name(name).experiment_id
     else:
         experiment_id = experiment.experiment_id
-        if not any(experiment.tags.get(k) for k in EXPERIMENT_KIND):   # an older Tether's
+        if not any(experiment.tags.get(k) for k in EXPERIMENT_KIND):  # an older Tether's
             for key, value in EXPERIMENT_KIND.items():
                 client.set_experiment_tag(experiment_id, key, value)
     return experiment_id
@@ -81,9 +84,16 @@ def ensure_experiment(client: MlflowClient, name: str, artifact_root: Path | Non
 class Tracker:
     """Writes one run: params, per-iteration metrics, tags, text and file artifacts."""
 
-    def __init__(self, uri: str, experiment: str, artifact_root: Path | None = None,
-                 run_name: str | None = None, run_id: str | None = None,
-                 parent_run_id: str | None = None, tags: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        uri: str,
+        experiment: str,
+        artifact_root: Path | None = None,
+        run_name: str | None = None,
+        run_id: str | None = None,
+        parent_run_id: str | None = None,
+        tags: dict[str, str] | None = None,
+    ) -> None:
         check_tracking_reachable(uri)
         self.uri = uri
         self.client = MlflowClient(tracking_uri=uri)
@@ -103,14 +113,17 @@ class Tracker:
     def log_params(self, params: dict[str, Any]) -> None:
         items = [Param(k, str(v)[:_MAX_PARAM_VALUE]) for k, v in params.items()]
         for start in range(0, len(items), 100):
-            self.client.log_batch(self.run_id, params=items[start:start + 100])
+            self.client.log_batch(self.run_id, params=items[start : start + 100])
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         now = int(time.time() * 1000)
-        items = [Metric(metric_key(k), float(v), now, int(step)) for k, v in metrics.items()
-                 if v is not None and isinstance(v, (int, float)) and math.isfinite(float(v))]
+        items = [
+            Metric(metric_key(k), float(v), now, int(step))
+            for k, v in metrics.items()
+            if v is not None and isinstance(v, (int, float)) and math.isfinite(float(v))
+        ]
         for start in range(0, len(items), 1000):
-            self.client.log_batch(self.run_id, metrics=items[start:start + 1000])
+            self.client.log_batch(self.run_id, metrics=items[start : start + 1000])
 
     def set_tags(self, tags: dict[str, Any]) -> None:
         items = [RunTag(k, str(v)) for k, v in tags.items()]
@@ -130,8 +143,13 @@ class Tracker:
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / Path(artifact_file).name
             figure.savefig(path, dpi=110, bbox_inches="tight")
-            self.client.log_artifact(self.run_id, str(path), str(Path(artifact_file).parent)
-                                     if Path(artifact_file).parent != Path(".") else None)
+            self.client.log_artifact(
+                self.run_id,
+                str(path),
+                str(Path(artifact_file).parent)
+                if Path(artifact_file).parent != Path(".")
+                else None,
+            )
 
     def finish(self, status: str = "FINISHED") -> None:
         self.client.set_terminated(self.run_id, status=status)
@@ -146,6 +164,8 @@ def ui_command(uri: str, experiment_id: str, run_id: str | None = None) -> str:
     page = f"#/experiments/{experiment_id}" + (f"/runs/{run_id}" if run_id else "")
     page += "?workflowType=machine_learning"
     if uri.startswith("sqlite:"):
-        return (f"mlflow ui --backend-store-uri {uri} --host 127.0.0.1, then open "
-                f"http://127.0.0.1:5000/{page}")
+        return (
+            f"mlflow ui --backend-store-uri {uri} --host 127.0.0.1, then open "
+            f"http://127.0.0.1:5000/{page}"
+        )
     return f"open {uri.rstrip('/')}/{page}"

@@ -17,9 +17,12 @@ def supports_custom_attention(model) -> bool:
     if hasattr(config, "get_text_config"):
         config = config.get_text_config(decoder=True)
     layer_types = getattr(config, "layer_types", None) or ["full_attention"]
-    return (hasattr(model, "set_attn_implementation") and type(model)._can_set_attn_implementation()
-            and all(kind == "full_attention" for kind in layer_types)
-            and not getattr(config, "use_sliding_window", False))
+    return (
+        hasattr(model, "set_attn_implementation")
+        and type(model)._can_set_attn_implementation()
+        and all(kind == "full_attention" for kind in layer_types)
+        and not getattr(config, "use_sliding_window", False)
+    )
 
 
 @contextmanager

@@ -17,4 +17,4 @@ class ValueModel(torch.nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        return self.head(hidden).squeeze(-1)                                 # [B, T]
+        return self.head(hidden).squeeze(-1)  # [B, T]

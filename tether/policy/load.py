@@ -34,24 +34,34 @@ RECIPE_VERSION = 1
 
 def recipe(model_cfg, env_cfg, seed: int, max_reply_tokens: int) -> dict:
     ws = model_cfg.warm_start
-    return {"version": RECIPE_VERSION, "env": env_cfg.id, "env_kwargs": env_cfg.kwargs,
-            "size": model_cfg.size, "max_context": model_cfg.max_context,
-            "max_reply_tokens": max_reply_tokens, "seed": seed,
-            "warm_start": ws.model_dump(mode="json")}
+    return {
+        "version": RECIPE_VERSION,
+        "env": env_cfg.id,
+        "env_kwargs": env_cfg.kwargs,
+        "size": model_cfg.size,
+        "max_context": model_cfg.max_context,
+        "max_reply_tokens": max_reply_tokens,
+        "seed": seed,
+        "warm_start": ws.model_dump(mode="json"),
+    }
 
 
 def recipe_key(spec: dict) -> str:
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def resolve_policy(model_cfg, env_cfg, seed: int, max_reply_tokens: int, progress=None,
-                   isolation: str = "auto") -> Path:
+def resolve_policy(
+    model_cfg, env_cfg, seed: int, max_reply_tokens: int, progress=None, isolation: str = "auto"
+) -> Path:
     """A directory holding a HF model + tokenizer: ``model.path`` or the cached tiny model.
     ``isolation`` (``sandbox.isolation``) is how a code env's demonstrations are run; it
     does not change the model, so it is not part of the cache key."""
     if model_cfg.path is not None:
-        return Path(model_cfg.path).expanduser() if Path(model_cfg.path).expanduser().exists() \
-            else model_cfg.path  # a hub id, resolved by transformers
+        return (
+            Path(model_cfg.path).expanduser()
+            if Path(model_cfg.path).expanduser().exists()
+            else model_cfg.path
+        )  # a hub id, resolved by transformers
     spec = recipe(model_cfg, env_cfg, seed, max_reply_tokens)
     target = Path(model_cfg.cache_dir).expanduser() / f"{spec['size']}-{recipe_key(spec)}"
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -77,10 +87,15 @@ def build_warm_model(spec: dict, out_dir: Path, progress=None, isolation: str = 
     env_kwargs = dict(spec["env_kwargs"])
     if runs_untrusted_code(spec["env"]):
         env_kwargs["isolation"] = isolation
-    episodes = demonstration_episodes(spec["env"], env_kwargs, n_demo, ws["noise"],
-                                      seed=seeds.demonstrations(spec["seed"]),
-                                      max_reply_tokens=spec["max_reply_tokens"],
-                                      restate=ws.get("restate", False))
+    episodes = demonstration_episodes(
+        spec["env"],
+        env_kwargs,
+        n_demo,
+        ws["noise"],
+        seed=seeds.demonstrations(spec["seed"]),
+        max_reply_tokens=spec["max_reply_tokens"],
+        restate=ws.get("restate", False),
+    )
     tokenizer = build_tokenizer(episodes, ws["vocab_size"], ws.get("numerals", "digits"))
     from ..agent.chat import ChatFormatter
     from .tiny import build_tiny_model, tiny_config
@@ -89,14 +104,22 @@ def build_warm_model(spec: dict, out_dir: Path, progress=None, isolation: str = 
     sequences = [encode_episode(formatter, e) for e in episodes]
     sequences = [s for s in sequences if len(s[0]) <= spec["max_context"]]
     vocab = max(ws["vocab_size"], len(tokenizer))
-    config = tiny_config(spec["size"], vocab_size=vocab, max_context=spec["max_context"],
-                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    config = tiny_config(
+        spec["size"],
+        vocab_size=vocab,
+        max_context=spec["max_context"],
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     model = build_tiny_model(config, seed=spec["seed"])
-    stats = {"demo_success": float(sum(e.success for e in episodes) / len(episodes)),
-             "demo_episodes": len(sequences)}
+    stats = {
+        "demo_success": float(sum(e.success for e in episodes) / len(episodes)),
+        "demo_episodes": len(sequences),
+    }
     if ws["episodes"] > 0:
-        stats.update(warm_start_stages(model, formatter, episodes, sequences, ws, spec["seed"],
-                                       progress))
+        stats.update(
+            warm_start_stages(model, formatter, episodes, sequences, ws, spec["seed"], progress)
+        )
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(out_dir)
@@ -104,13 +127,16 @@ def build_warm_model(spec: dict, out_dir: Path, progress=None, isolation: str = 
     return stats
 
 
-def warm_start_stages(model, formatter, episodes, sequences, ws: dict, seed: int,
-                      progress=None) -> dict:
+def warm_start_stages(
+    model, formatter, episodes, sequences, ws: dict, seed: int, progress=None
+) -> dict:
     """SFT on the full episodes, after (``state_turn_epochs`` > 0) a first stage on every
     turn alone as a short sequence (`state_turn_sequences`); one progress count over both."""
     pad = formatter.tokenizer.pad_token_id
     turns = state_turn_sequences(formatter, episodes) if ws.get("state_turn_epochs", 0) else []
-    first_steps = ws.get("state_turn_epochs", 0) * math.ceil(len(turns) / ws["state_turn_batch_size"])
+    first_steps = ws.get("state_turn_epochs", 0) * math.ceil(
+        len(turns) / ws["state_turn_batch_size"]
+    )
     total = first_steps + ws["epochs"] * math.ceil(len(sequences) / ws["batch_size"])
 
     def counted(offset):
@@ -118,11 +144,29 @@ def warm_start_stages(model, formatter, episodes, sequences, ws: dict, seed: int
 
     stats = {}
     if turns:
-        first = supervised_finetune(model, turns, pad, ws["state_turn_epochs"],
-                                    ws["state_turn_batch_size"], ws["lr"], seed, counted(0))
+        first = supervised_finetune(
+            model,
+            turns,
+            pad,
+            ws["state_turn_epochs"],
+            ws["state_turn_batch_size"],
+            ws["lr"],
+            seed,
+            counted(0),
+        )
         stats.update({f"state_turn_{k}": v for k, v in first.items()})
-    stats.update(supervised_finetune(model, sequences, pad, ws["epochs"], ws["batch_size"],
-                                     ws["lr"], seed, counted(first_steps)))
+    stats.update(
+        supervised_finetune(
+            model,
+            sequences,
+            pad,
+            ws["epochs"],
+            ws["batch_size"],
+            ws["lr"],
+            seed,
+            counted(first_steps),
+        )
+    )
     return stats
 
 

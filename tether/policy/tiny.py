@@ -29,9 +29,14 @@ TINY_SIZES: dict[str, TinySize] = {
 }
 
 
-def tiny_config(size: str = "tiny", vocab_size: int = 512, max_context: int = 1024,
-                bos_token_id: int | None = None, eos_token_id: int | None = None,
-                pad_token_id: int | None = None) -> Qwen2Config:
+def tiny_config(
+    size: str = "tiny",
+    vocab_size: int = 512,
+    max_context: int = 1024,
+    bos_token_id: int | None = None,
+    eos_token_id: int | None = None,
+    pad_token_id: int | None = None,
+) -> Qwen2Config:
     """A Qwen2 config for one of the named tiny sizes."""
     if size not in TINY_SIZES:
         raise ValueError(f"unknown tiny model size {size!r}; choose one of {sorted(TINY_SIZES)}")

@@ -39,26 +39,31 @@ Numerals = Literal["digits", "coordinates", "numbers"]
 NUMERALS: tuple[str, ...] = ("digits", "coordinates", "numbers")
 # GPT-2's split, with a coordinate (and optionally a digit run) kept whole; an opening
 # parenthesis never glues onto the punctuation before it, so "),(1,2)" keeps "(1,2)".
-_SPLIT = (r" ?\(\d+,\d+\)| ?\p{{L}}+| ?\p{{N}}{digits}| ?[^\s\p{{L}}\p{{N}}(]+| ?\(|\s+(?!\S)|\s+")
+_SPLIT = r" ?\(\d+,\d+\)| ?\p{{L}}+| ?\p{{N}}{digits}| ?[^\s\p{{L}}\p{{N}}(]+| ?\(|\s+(?!\S)|\s+"
 
 
 def pre_tokenizer(numerals: Numerals = "digits"):
     if numerals == "digits":
-        return pre_tokenizers.Sequence([
-            pre_tokenizers.Digits(individual_digits=True),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-        ])
+        return pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Digits(individual_digits=True),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+            ]
+        )
     if numerals not in NUMERALS:
         raise ValueError(f"unknown numerals {numerals!r}; choose one of {list(NUMERALS)}")
     pattern = _SPLIT.format(digits="+" if numerals == "numbers" else "")
-    return pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    return pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int = 512,
-                    numerals: Numerals = "digits") -> PreTrainedTokenizerFast:
+def train_tokenizer(
+    texts: Iterable[str], vocab_size: int = 512, numerals: Numerals = "digits"
+) -> PreTrainedTokenizerFast:
     """Train a byte-level BPE on ``texts`` and wrap it as a HF fast tokenizer."""
     bpe = Tokenizer(models.BPE(unk_token=None, byte_fallback=False))
     bpe.pre_tokenizer = pre_tokenizer(numerals)

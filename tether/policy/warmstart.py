@@ -37,20 +37,31 @@ class DemoEpisode:
         """ChatML text of the episode (the tokenizer's training corpus)."""
         parts = [f"<|im_start|>system\n{self.system}<|im_end|>\n"]
         for user, reply in zip(self.users, self.replies):
-            parts.append(f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n<think>"
-                         f"{reply}<|im_end|>\n")
+            parts.append(
+                f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n<think>"
+                f"{reply}<|im_end|>\n"
+            )
         return "".join(parts)
 
 
-def demonstration_episodes(env_id: str, env_kwargs: dict, n: int, noise: float, seed: int,
-                           max_reply_tokens: int, restate: bool = False) -> list[DemoEpisode]:
+def demonstration_episodes(
+    env_id: str,
+    env_kwargs: dict,
+    n: int,
+    noise: float,
+    seed: int,
+    max_reply_tokens: int,
+    restate: bool = False,
+) -> list[DemoEpisode]:
     """Play ``n`` episodes with the env's demonstrator (seeds ``seed .. seed+n-1``);
     ``restate`` asks it to open each reasoning with the observed state."""
     env = make_env(env_id, **env_kwargs)
     options = {"restate": True} if restate else {}
     if restate and "restate" not in inspect.signature(env.demonstration).parameters:
-        raise ValueError(f"model.warm_start.restate: {env_id}'s demonstrations cannot restate "
-                         "the state; leave it false for this env")
+        raise ValueError(
+            f"model.warm_start.restate: {env_id}'s demonstrations cannot restate "
+            "the state; leave it false for this env"
+        )
     rng = np.random.default_rng([seed, 0xDE70])
     episodes = []
     for k in range(n):
@@ -87,8 +98,9 @@ def encode_episode(formatter: ChatFormatter, episode: DemoEpisode) -> tuple[list
     return ids, mask
 
 
-def state_turn_sequences(formatter: ChatFormatter,
-                         episodes: list[DemoEpisode]) -> list[tuple[list[int], list[int]]]:
+def state_turn_sequences(
+    formatter: ChatFormatter, episodes: list[DemoEpisode]
+) -> list[tuple[list[int], list[int]]]:
     """Every demonstration turn as a short sequence: the state as observed, the opening
     ``<think>``, then the reply (the loss covers the reply).  With a few dozen tokens
     instead of a few hundred between them, the attention that copies the state into
@@ -109,9 +121,16 @@ def build_tokenizer(episodes: list[DemoEpisode], vocab_size: int, numerals: str 
     return train_tokenizer((e.text() for e in episodes), vocab_size=vocab_size, numerals=numerals)
 
 
-def supervised_finetune(model, sequences: list[tuple[list[int], list[int]]], pad_id: int,
-                        epochs: int, batch_size: int, lr: float, seed: int,
-                        progress=None) -> dict:
+def supervised_finetune(
+    model,
+    sequences: list[tuple[list[int], list[int]]],
+    pad_id: int,
+    epochs: int,
+    batch_size: int,
+    lr: float,
+    seed: int,
+    progress=None,
+) -> dict:
     """Next-token cross-entropy on the masked (assistant) tokens; returns final stats."""
     model.train()
     generator = np.random.default_rng(seed)
@@ -120,27 +139,30 @@ def supervised_finetune(model, sequences: list[tuple[list[int], list[int]]], pad
     total_steps = max(1, epochs * steps_per_epoch)
     warmup = max(1, total_steps // 20)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * s / total_steps)))
+        optimizer,
+        lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * s / total_steps)),
+    )
     losses, tokens, started = [], 0, time.perf_counter()
     for _ in range(epochs):
         # Batches of similar length waste little on padding; their order is shuffled.
         order = np.argsort([len(s[0]) for s in sequences], kind="stable")
-        batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+        batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
         for b in generator.permutation(len(batches)):
             batch = [sequences[i] for i in batches[b]]
             width = max(len(ids) for ids, _ in batch)
-            input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)      # [B, T]
-            labels = torch.full((len(batch), width), -100, dtype=torch.long)           # [B, T]
-            attention = torch.zeros((len(batch), width), dtype=torch.long)             # [B, T]
+            input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)  # [B, T]
+            labels = torch.full((len(batch), width), -100, dtype=torch.long)  # [B, T]
+            attention = torch.zeros((len(batch), width), dtype=torch.long)  # [B, T]
             for row, (ids, mask) in enumerate(batch):
-                input_ids[row, :len(ids)] = torch.tensor(ids)
-                attention[row, :len(ids)] = 1
+                input_ids[row, : len(ids)] = torch.tensor(ids)
+                attention[row, : len(ids)] = 1
                 target = torch.tensor(ids)
                 target[torch.tensor(mask) == 0] = -100
-                labels[row, :len(ids)] = target
-            logits = model(input_ids=input_ids, attention_mask=attention).logits      # [B, T, V]
+                labels[row, : len(ids)] = target
+            logits = model(input_ids=input_ids, attention_mask=attention).logits  # [B, T, V]
             loss = torch.nn.functional.cross_entropy(
-                logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1))
+                logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1)
+            )
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -152,6 +174,9 @@ def supervised_finetune(model, sequences: list[tuple[list[int], list[int]]], pad
                 progress(len(losses), total_steps, losses[-1])
     model.eval()
     elapsed = time.perf_counter() - started
-    return {"sft_loss": float(np.mean(losses[-20:])) if losses else float("nan"),
-            "sft_steps": len(losses), "sft_tokens_per_s": tokens / max(elapsed, 1e-9),
-            "sft_seconds": elapsed}
+    return {
+        "sft_loss": float(np.mean(losses[-20:])) if losses else float("nan"),
+        "sft_steps": len(losses),
+        "sft_tokens_per_s": tokens / max(elapsed, 1e-9),
+        "sft_seconds": elapsed,
+    }

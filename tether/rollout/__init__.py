@@ -13,8 +13,10 @@ import importlib.util
 from tether.rollout.base import Generation, RolloutEngine, SamplingParams
 
 #: Engine kinds by name: the module and class that implement each.
-ENGINES: dict[str, tuple[str, str]] = {"hf": ("tether.rollout.hf", "HFRolloutEngine"),
-                                       "vllm": ("tether.rollout.vllm", "VLLMRolloutEngine")}
+ENGINES: dict[str, tuple[str, str]] = {
+    "hf": ("tether.rollout.hf", "HFRolloutEngine"),
+    "vllm": ("tether.rollout.vllm", "VLLMRolloutEngine"),
+}
 
 
 def vllm_available() -> bool:
@@ -25,8 +27,10 @@ def engine_class(kind: str) -> type[RolloutEngine]:
     if kind not in ENGINES:
         raise ValueError(f"unknown rollout engine {kind!r}; choose one of {sorted(ENGINES)}")
     if kind == "vllm" and not vllm_available():
-        raise ValueError("rollout engine 'vllm' needs the vllm package (pip install "
-                         "'tether[vllm]' on a CUDA machine); use 'hf' on CPU")
+        raise ValueError(
+            "rollout engine 'vllm' needs the vllm package (pip install "
+            "'tether[vllm]' on a CUDA machine); use 'hf' on CPU"
+        )
     module, name = ENGINES[kind]
     return getattr(importlib.import_module(module), name)
 
@@ -43,5 +47,13 @@ def __getattr__(name: str):  # ``from tether.rollout import HFRolloutEngine``, i
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["ENGINES", "Generation", "HFRolloutEngine", "RolloutEngine", "SamplingParams",
-           "engine_class", "make_engine", "vllm_available"]
+__all__ = [
+    "ENGINES",
+    "Generation",
+    "HFRolloutEngine",
+    "RolloutEngine",
+    "SamplingParams",
+    "engine_class",
+    "make_engine",
+    "vllm_available",
+]

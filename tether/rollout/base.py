@@ -43,8 +43,9 @@ class RolloutEngine(abc.ABC):
     """Batched sampler over token ids."""
 
     @abc.abstractmethod
-    def generate(self, prompts: list[list[int]], params: SamplingParams,
-                 seed: int | None = None) -> list[Generation]:
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams, seed: int | None = None
+    ) -> list[Generation]:
         """Sample one continuation per prompt, all prompts in one batch."""
 
     @abc.abstractmethod

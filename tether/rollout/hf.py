@@ -54,8 +54,15 @@ class _PreallocatedLayer(DynamicLayer):
     them sees an ordinary cache; ``update`` writes new columns in place.
     """
 
-    def __init__(self, batch: int, heads: int, capacity: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device):
+    def __init__(
+        self,
+        batch: int,
+        heads: int,
+        capacity: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ):
         super().__init__()
         # Columns are written before they are read; the left padding is zeroed in write_prefill.
         self._k = torch.empty(batch, heads, capacity, head_dim, dtype=dtype, device=device)
@@ -74,8 +81,8 @@ class _PreallocatedLayer(DynamicLayer):
         end = self.length + q_len
         if end > self._k.shape[2]:
             raise RuntimeError(f"KV cache overflow: {end} columns > capacity {self._k.shape[2]}")
-        self._k[:, :, self.length:end].copy_(key_states)
-        self._v[:, :, self.length:end].copy_(value_states)
+        self._k[:, :, self.length : end].copy_(key_states)
+        self._v[:, :, self.length : end].copy_(value_states)
         self.length = end
         self._sync_views()
         return self.keys, self.values
@@ -83,7 +90,9 @@ class _PreallocatedLayer(DynamicLayer):
     def get_seq_length(self) -> int:
         return self.length
 
-    def write_prefill(self, rows: slice, cols: slice, keys: torch.Tensor, values: torch.Tensor) -> None:
+    def write_prefill(
+        self, rows: slice, cols: slice, keys: torch.Tensor, values: torch.Tensor
+    ) -> None:
         """Copy a prefilled bucket's keys/values into rows x cols of the buffer; zero the columns left of it.
 
         Those columns are masked out, but uninitialised memory could hold NaN, and 0 * NaN poisons p @ V.
@@ -130,22 +139,32 @@ class _GroupedPrompts:
         self.values = [layer.values for layer in cache.layers]
         width = self.keys[0].shape[2]
         cols = torch.arange(width, device=lengths.device)
-        pad = cols[None, :] < (width - lengths)[:, None]                       # [U, P]
+        pad = cols[None, :] < (width - lengths)[:, None]  # [U, P]
         dtype = self.keys[0].dtype
         self.bias = torch.zeros(pad.shape, dtype=dtype, device=lengths.device).masked_fill(
-            pad, torch.finfo(dtype).min)[:, None, None, :]                     # [U, 1, 1, P]
+            pad, torch.finfo(dtype).min
+        )[:, None, None, :]  # [U, 1, 1, P]
         self.select(row_prompt)
 
     def select(self, row_prompt: torch.Tensor) -> None:
         """Live rows changed (compaction): recompute each row's slot."""
         self.row_prompt = row_prompt
-        first = torch.searchsorted(row_prompt, row_prompt)                     # first row of its prompt
+        first = torch.searchsorted(row_prompt, row_prompt)  # first row of its prompt
         self.rank = torch.arange(len(row_prompt), device=row_prompt.device) - first
         self.rows_per_prompt = int(self.rank.max()) + 1
 
 
-def _grouped_prompt_attention(module, query, key, value, attention_mask, dropout: float = 0.0,
-                              scaling: float | None = None, grouped_prompts=None, **kwargs):
+def _grouped_prompt_attention(
+    module,
+    query,
+    key,
+    value,
+    attention_mask,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    grouped_prompts=None,
+    **kwargs,
+):
     """Decode attention of b rows over their shared prompt (stored once per distinct
     prompt) plus their own decoded tokens, softmax merged exactly across the two parts.
 
@@ -155,44 +174,48 @@ def _grouped_prompt_attention(module, query, key, value, attention_mask, dropout
     instead of once per row.  Returns ([b, 1, Hq, D], None) like HF attention functions.
     """
     gp: _GroupedPrompts = grouped_prompts
-    pk, pv = gp.keys[module.layer_idx], gp.values[module.layer_idx]           # [U, Hkv, P, D]
+    pk, pv = gp.keys[module.layer_idx], gp.values[module.layer_idx]  # [U, Hkv, P, D]
     b, hq, t, d = query.shape
     if t != 1:
         raise ValueError("grouped-prompt attention is for one-token decode steps")
     hkv, n_prompts, r = key.shape[1], pk.shape[0], gp.rows_per_prompt
     g = hq // hkv
-    scale = d ** -0.5 if scaling is None else scaling
-    q = query[:, :, 0] * scale                                                 # [b, Hq, D]
+    scale = d**-0.5 if scaling is None else scaling
+    q = query[:, :, 0] * scale  # [b, Hq, D]
     # Prompt part, in a padded [U, Hkv, r*g, .] layout: one matmul per distinct prompt.
     q_pad = q.new_zeros(n_prompts, r, hq, d)
     q_pad[gp.row_prompt, gp.rank] = q
-    q_pad = q_pad.view(n_prompts, r, hkv, g, d).permute(0, 2, 1, 3, 4).reshape(n_prompts, hkv, r * g, d)
-    s_pre = torch.matmul(q_pad, pk.transpose(-1, -2)) + gp.bias             # [U, Hkv, r*g, P]
+    q_pad = (
+        q_pad.view(n_prompts, r, hkv, g, d).permute(0, 2, 1, 3, 4).reshape(n_prompts, hkv, r * g, d)
+    )
+    s_pre = torch.matmul(q_pad, pk.transpose(-1, -2)) + gp.bias  # [U, Hkv, r*g, P]
     m_pre = s_pre.amax(-1, keepdim=True)
     e_pre = torch.exp(s_pre - m_pre)
-    o_pre = torch.matmul(e_pre, pv)                                            # [U, Hkv, r*g, D]
+    o_pre = torch.matmul(e_pre, pv)  # [U, Hkv, r*g, D]
     l_pre = e_pre.sum(-1, keepdim=True)
 
     def to_rows(x):  # [U, Hkv, r*g, k] -> [b, Hkv, g, k]
         return x.view(n_prompts, hkv, r, g, -1)[gp.row_prompt, :, gp.rank]
+
     o_pre, l_pre, m_pre = to_rows(o_pre), to_rows(l_pre), to_rows(m_pre)
     # Own part: each row's decoded tokens.
     q_own = q.view(b, hkv, g, d)
-    s_own = torch.matmul(q_own, key.transpose(-1, -2))                        # [b, Hkv, g, s]
+    s_own = torch.matmul(q_own, key.transpose(-1, -2))  # [b, Hkv, g, s]
     m_own = s_own.amax(-1, keepdim=True)
     e_own = torch.exp(s_own - m_own)
-    o_own, l_own = torch.matmul(e_own, value), e_own.sum(-1, keepdim=True)   # [b, Hkv, g, D]
+    o_own, l_own = torch.matmul(e_own, value), e_own.sum(-1, keepdim=True)  # [b, Hkv, g, D]
     m = torch.maximum(m_pre, m_own)
     a, c = torch.exp(m_pre - m), torch.exp(m_own - m)
-    out = (o_pre * a + o_own * c) / (l_pre * a + l_own * c)                   # [b, Hkv, g, D]
+    out = (o_pre * a + o_own * c) / (l_pre * a + l_own * c)  # [b, Hkv, g, D]
     return out.reshape(b, 1, hq, d).to(query.dtype), None
 
 
 AttentionInterface.register(GROUPED_PROMPT_ATTENTION, _grouped_prompt_attention)
 
 
-def _sample(logits: torch.Tensor, params: SamplingParams,
-            generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def _sample(
+    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick one token per row of logits [b, V]; return (tokens [b], logprobs [b]).
 
     The log-prob is under log_softmax(logits / T) of the unfiltered distribution
@@ -257,13 +280,24 @@ class HFRolloutEngine(RolloutEngine):
             dispatches full attention through HF's ``AttentionInterface``.
     """
 
-    def __init__(self, model, pad_token_id: int, eos_token_ids: Sequence[int] = (),
-                 device: str | torch.device = "cpu", prefill_chunk: int | None = None,
-                 tokenizer=None, max_context: int | None = None, pad_tolerance: float = 0.1,
-                 compact_fraction: float = 0.1, grouped_prompts: bool | None = None,
-                 grouped_max_distinct: float = 0.5):
+    def __init__(
+        self,
+        model,
+        pad_token_id: int,
+        eos_token_ids: Sequence[int] = (),
+        device: str | torch.device = "cpu",
+        prefill_chunk: int | None = None,
+        tokenizer=None,
+        max_context: int | None = None,
+        pad_tolerance: float = 0.1,
+        compact_fraction: float = 0.1,
+        grouped_prompts: bool | None = None,
+        grouped_max_distinct: float = 0.5,
+    ):
         if prefill_chunk is not None and prefill_chunk < 1:
-            raise ValueError(f"prefill_chunk must be a positive token count or None, got {prefill_chunk}")
+            raise ValueError(
+                f"prefill_chunk must be a positive token count or None, got {prefill_chunk}"
+            )
         if not 0.0 <= pad_tolerance < 1.0:
             raise ValueError(f"pad_tolerance must be in [0, 1), got {pad_tolerance}")
         if not 0.0 <= compact_fraction <= 1.0:
@@ -276,16 +310,22 @@ class HFRolloutEngine(RolloutEngine):
         self.tokenizer = tokenizer
         self.pad_tolerance = pad_tolerance
         self.compact_fraction = compact_fraction
-        window = max_context or getattr(model.config.get_text_config(), "max_position_embeddings", None)
+        window = max_context or getattr(
+            model.config.get_text_config(), "max_position_embeddings", None
+        )
         if not window or window < 2:
-            raise ValueError(f"need a model window of at least 2 tokens, got {window}: check the config's "
-                             "max_position_embeddings or pass max_context=")
+            raise ValueError(
+                f"need a model window of at least 2 tokens, got {window}: check the config's "
+                "max_position_embeddings or pass max_context="
+            )
         self._max_context = int(window)
         self._preallocate = _full_attention_only(model)
         supported = self._preallocate and supports_custom_attention(model)
         if grouped_prompts and not supported:
-            raise ValueError("grouped_prompts needs a full-attention model that dispatches attention "
-                             "through transformers' AttentionInterface")
+            raise ValueError(
+                "grouped_prompts needs a full-attention model that dispatches attention "
+                "through transformers' AttentionInterface"
+            )
         self.grouped_prompts = supported if grouped_prompts is None else bool(grouped_prompts)
         self.grouped_max_distinct = grouped_max_distinct
         self._force_grouped = bool(grouped_prompts)
@@ -299,10 +339,14 @@ class HFRolloutEngine(RolloutEngine):
         own = self.model.state_dict()
         unknown = sorted(set(state_dict) - set(own))
         missing = sorted(set(own) - set(state_dict) - self._tied_names())
-        reshaped = sorted(k for k in set(state_dict) & set(own) if state_dict[k].shape != own[k].shape)
+        reshaped = sorted(
+            k for k in set(state_dict) & set(own) if state_dict[k].shape != own[k].shape
+        )
         if unknown or missing or reshaped:
-            raise KeyError(f"state_dict does not match the rollout model: unknown keys {unknown[:5]}, "
-                           f"missing keys {missing[:5]}, wrong shapes {reshaped[:5]}")
+            raise KeyError(
+                f"state_dict does not match the rollout model: unknown keys {unknown[:5]}, "
+                f"missing keys {missing[:5]}, wrong shapes {reshaped[:5]}"
+            )
         with torch.no_grad():
             for name, tensor in state_dict.items():
                 own[name].copy_(tensor)
@@ -313,19 +357,25 @@ class HFRolloutEngine(RolloutEngine):
 
     # ---------------------------------------------------------------- generate
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams,
-                 seed: int | None = None) -> list[Generation]:
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams, seed: int | None = None
+    ) -> list[Generation]:
         """Sample one reply per prompt (order kept).  The same seed, prompts and engine
         settings give the same replies; a row's sample also depends on the rest of the batch."""
         self._check(prompts, params)
         if not prompts:
             return []
         window = self._max_context
-        kept = [list(p[-(window - 1):]) if len(p) > window - 1 else list(p) for p in prompts]
+        kept = [list(p[-(window - 1) :]) if len(p) > window - 1 else list(p) for p in prompts]
         truncated = [len(p) - len(k) for p, k in zip(prompts, kept)]
         if any(truncated):
-            logger.warning("%d of %d prompts were longer than the model window (%d) minus one and were "
-                           "truncated from the left", sum(t > 0 for t in truncated), len(prompts), window)
+            logger.warning(
+                "%d of %d prompts were longer than the model window (%d) minus one and were "
+                "truncated from the left",
+                sum(t > 0 for t in truncated),
+                len(prompts),
+                window,
+            )
         if params.max_new_tokens == 0:
             return [self._wrap([], [], "length", len(k), t) for k, t in zip(kept, truncated)]
 
@@ -346,9 +396,12 @@ class HFRolloutEngine(RolloutEngine):
         tok_rows, lp_rows = tokens.tolist(), logprobs.tolist()
         for i, src in enumerate(order):
             n = n_out[i]
-            reason = "stop" if stopped[i] else (
-                "length" if n == params.max_new_tokens else "context")
-            out[src] = self._wrap(tok_rows[i][:n], lp_rows[i][:n], reason, len(kept[src]), truncated[src])
+            reason = (
+                "stop" if stopped[i] else ("length" if n == params.max_new_tokens else "context")
+            )
+            out[src] = self._wrap(
+                tok_rows[i][:n], lp_rows[i][:n], reason, len(kept[src]), truncated[src]
+            )
         return out
 
     def _check(self, prompts, params: SamplingParams) -> None:
@@ -361,16 +414,22 @@ class HFRolloutEngine(RolloutEngine):
         if params.top_k < 0:
             raise ValueError(f"top_k must be >= 0 (0 = off), got {params.top_k}")
         if params.stop_strings and self.tokenizer is None:
-            raise ValueError("SamplingParams.stop_strings needs a tokenizer: pass tokenizer= to HFRolloutEngine")
+            raise ValueError(
+                "SamplingParams.stop_strings needs a tokenizer: pass tokenizer= to HFRolloutEngine"
+            )
         for i, p in enumerate(prompts):
             if len(p) == 0:
-                raise ValueError(f"prompt {i} is empty; every prompt needs at least one token (e.g. BOS)")
+                raise ValueError(
+                    f"prompt {i} is empty; every prompt needs at least one token (e.g. BOS)"
+                )
 
     @staticmethod
     def _wrap(token_ids, logprobs, reason, prompt_len, n_truncated) -> Generation:
         meta = {"prompt_tokens": prompt_len, "truncated_prompt_tokens": n_truncated}
         if n_truncated:
-            meta["warning"] = f"prompt truncated from the left by {n_truncated} tokens to fit the model window"
+            meta["warning"] = (
+                f"prompt truncated from the left by {n_truncated} tokens to fit the model window"
+            )
         return Generation(token_ids=token_ids, logprobs=logprobs, finish_reason=reason, meta=meta)
 
     def _run(self, prompts: list[list[int]], params: SamplingParams, generator: torch.Generator):
@@ -387,21 +446,32 @@ class HFRolloutEngine(RolloutEngine):
 
         distinct = sum(1 for i, p in enumerate(prompts) if i == 0 or p != prompts[i - 1])
         grouped = self.grouped_prompts and (
-            self._force_grouped or distinct <= self.grouped_max_distinct * batch)
+            self._force_grouped or distinct <= self.grouped_max_distinct * batch
+        )
         if grouped:
             # Distinct prompts once; rows keep only their decoded tokens' keys/values.
             unique = [p for i, p in enumerate(prompts) if i == 0 or p != prompts[i - 1]]
-            row_prompt = torch.tensor([0] + [int(prompts[i] != prompts[i - 1]) for i in range(1, batch)],
-                                      device=dev).cumsum(0)                                 # [B]
+            row_prompt = torch.tensor(
+                [0] + [int(prompts[i] != prompts[i - 1]) for i in range(1, batch)], device=dev
+            ).cumsum(0)  # [B]
             prompt_cache, prompt_logits = self._prefill(unique, longest)
-            shared = _GroupedPrompts(prompt_cache, torch.tensor([len(p) for p in unique], device=dev),
-                                     row_prompt)
+            shared = _GroupedPrompts(
+                prompt_cache, torch.tensor([len(p) for p in unique], device=dev), row_prompt
+            )
             logits = prompt_logits.index_select(0, row_prompt)
             first = prompt_cache.layers[0]
             cache = DynamicCache(config=self.model.config)
-            cache.layers = [_PreallocatedLayer(batch, first.keys.shape[1], steps, first.keys.shape[3],
-                                               first.keys.dtype, first.keys.device)
-                            for _ in prompt_cache.layers]  # every column is written before it is read
+            cache.layers = [
+                _PreallocatedLayer(
+                    batch,
+                    first.keys.shape[1],
+                    steps,
+                    first.keys.shape[3],
+                    first.keys.dtype,
+                    first.keys.device,
+                )
+                for _ in prompt_cache.layers
+            ]  # every column is written before it is read
             attention = attention_implementation(self.model, GROUPED_PROMPT_ATTENTION)
         else:
             cache, logits = self._prefill(prompts, longest + steps)  # logits [B, V]
@@ -410,8 +480,11 @@ class HFRolloutEngine(RolloutEngine):
         attn = torch.ones(batch, longest + steps, dtype=torch.long, device=dev)
         attn[:, :longest] = torch.arange(longest, device=dev) >= (longest - lengths)[:, None]
 
-        stop_ids = torch.tensor(sorted(set(params.stop_token_ids) | set(self.eos_token_ids)),
-                                dtype=torch.long, device=dev)
+        stop_ids = torch.tensor(
+            sorted(set(params.stop_token_ids) | set(self.eos_token_ids)),
+            dtype=torch.long,
+            device=dev,
+        )
         tokens = torch.full((batch, steps), self.pad_token_id, dtype=torch.long, device=dev)
         logprobs = torch.zeros(batch, steps, device=dev)
         n_out = torch.zeros(batch, dtype=torch.long, device=dev)
@@ -421,13 +494,49 @@ class HFRolloutEngine(RolloutEngine):
         first_col = 0  # columns already cut off the left of the cache / mask
 
         with attention:
-            self._decode(params, generator, steps, longest, lengths, budget, cache, logits, attn,
-                         stop_ids, tokens, logprobs, n_out, stopped, live, active, first_col,
-                         shared if grouped else None)
+            self._decode(
+                params,
+                generator,
+                steps,
+                longest,
+                lengths,
+                budget,
+                cache,
+                logits,
+                attn,
+                stop_ids,
+                tokens,
+                logprobs,
+                n_out,
+                stopped,
+                live,
+                active,
+                first_col,
+                shared if grouped else None,
+            )
         return tokens, logprobs, n_out.tolist(), stopped.tolist(), order
 
-    def _decode(self, params, generator, steps, longest, lengths, budget, cache, logits, attn,
-                stop_ids, tokens, logprobs, n_out, stopped, live, active, first_col, shared):
+    def _decode(
+        self,
+        params,
+        generator,
+        steps,
+        longest,
+        lengths,
+        budget,
+        cache,
+        logits,
+        attn,
+        stop_ids,
+        tokens,
+        logprobs,
+        n_out,
+        stopped,
+        live,
+        active,
+        first_col,
+        shared,
+    ):
         """The decode loop: sample, record, drop finished rows, one forward per step.
         ``shared`` (grouped prompts): the cache holds decoded tokens only, no mask is built."""
         for step in range(steps):
@@ -437,7 +546,9 @@ class HFRolloutEngine(RolloutEngine):
             hit_stop = torch.isin(tok, stop_ids) if len(stop_ids) else torch.zeros_like(active)
             if params.stop_strings:
                 rows = active.nonzero().squeeze(-1)
-                hit_stop[rows] |= self._stop_string_hits(tokens[live[rows], : step + 1], params.stop_strings)
+                hit_stop[rows] |= self._stop_string_hits(
+                    tokens[live[rows], : step + 1], params.stop_strings
+                )
             done = active & (hit_stop | (budget[live] <= step + 1))
             if bool(done.any()):
                 n_out[live[done]], stopped[live[done]] = step + 1, hit_stop[done]
@@ -461,24 +572,42 @@ class HFRolloutEngine(RolloutEngine):
             # Clamped so finished rows still in the batch never index past the window.
             positions = (lengths[live] + step).clamp(max=self._max_context - 1)[:, None]
             if shared is None:
-                out = self.model(input_ids=tok[:, None], attention_mask=attn[:, :kv_len],
-                                 position_ids=positions, past_key_values=cache, use_cache=True,
-                                 logits_to_keep=1)
+                out = self.model(
+                    input_ids=tok[:, None],
+                    attention_mask=attn[:, :kv_len],
+                    position_ids=positions,
+                    past_key_values=cache,
+                    use_cache=True,
+                    logits_to_keep=1,
+                )
             else:
-                out = self.model(input_ids=tok[:, None], position_ids=positions, past_key_values=cache,
-                                 use_cache=True, logits_to_keep=1, grouped_prompts=shared)
+                out = self.model(
+                    input_ids=tok[:, None],
+                    position_ids=positions,
+                    past_key_values=cache,
+                    use_cache=True,
+                    logits_to_keep=1,
+                    grouped_prompts=shared,
+                )
             logits = out.logits[:, -1].float()
 
-    def _stop_string_hits(self, generated: torch.Tensor, stop_strings: Sequence[str]) -> torch.Tensor:
+    def _stop_string_hits(
+        self, generated: torch.Tensor, stop_strings: Sequence[str]
+    ) -> torch.Tensor:
         """[b] bool: does the decoded tail of each live row contain a stop string?
 
         A stop string of c characters spans at most c tokens when every token decodes
         to at least one character, so the last (longest + 1) tokens are decoded.
         """
         tail = max(len(s) for s in stop_strings) + 1
-        texts = self.tokenizer.batch_decode(generated[:, -tail:].tolist(), skip_special_tokens=False)
-        return torch.tensor([any(s in t for s in stop_strings) for t in texts],
-                            dtype=torch.bool, device=generated.device)
+        texts = self.tokenizer.batch_decode(
+            generated[:, -tail:].tolist(), skip_special_tokens=False
+        )
+        return torch.tensor(
+            [any(s in t for s in stop_strings) for t in texts],
+            dtype=torch.bool,
+            device=generated.device,
+        )
 
     # ----------------------------------------------------------------- prefill
 
@@ -518,8 +647,12 @@ class HFRolloutEngine(RolloutEngine):
                     cache = self._allocate(part, len(prompts), capacity)
                     logits = part_logits.new_empty(len(prompts), part_logits.shape[-1])
                 for layer, filled in zip(cache.layers, part.layers):
-                    layer.write_prefill(rows, slice(longest - width, longest),
-                                        filled.keys.index_select(0, src), filled.values.index_select(0, src))
+                    layer.write_prefill(
+                        rows,
+                        slice(longest - width, longest),
+                        filled.keys.index_select(0, src),
+                        filled.values.index_select(0, src),
+                    )
                 logits[rows] = part_logits.index_select(0, src)
         for layer in cache.layers:
             layer.length = longest
@@ -529,8 +662,14 @@ class HFRolloutEngine(RolloutEngine):
     def _allocate(self, like: DynamicCache, batch: int, capacity: int) -> DynamicCache:
         cache = DynamicCache(config=self.model.config)
         cache.layers = [
-            _PreallocatedLayer(batch, layer.keys.shape[1], capacity, layer.keys.shape[3],
-                               layer.keys.dtype, layer.keys.device)
+            _PreallocatedLayer(
+                batch,
+                layer.keys.shape[1],
+                capacity,
+                layer.keys.shape[3],
+                layer.keys.dtype,
+                layer.keys.device,
+            )
             for layer in like.layers
         ]
         return cache
@@ -539,18 +678,25 @@ class HFRolloutEngine(RolloutEngine):
         ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
         mask = torch.zeros((len(prompts), width), dtype=torch.long)
         for i, p in enumerate(prompts):
-            ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
-            mask[i, width - len(p):] = 1
+            ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+            mask[i, width - len(p) :] = 1
         return ids.to(self.device), mask.to(self.device)
 
-    def _forward_chunked(self, ids: torch.Tensor, mask: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
+    def _forward_chunked(
+        self, ids: torch.Tensor, mask: torch.Tensor, cache: DynamicCache
+    ) -> torch.Tensor:
         """Prefill [b, L] into ``cache``, at most ``prefill_chunk`` tokens per forward; last logits [b, V]."""
         width = ids.shape[1]
         cols = width if self.prefill_chunk is None else max(1, self.prefill_chunk // ids.shape[0])
         positions = (mask.cumsum(-1) - 1).clamp(min=0)  # [b, L]
         for c0 in range(0, width, cols):
             c1 = min(c0 + cols, width)
-            out = self.model(input_ids=ids[:, c0:c1], attention_mask=mask[:, :c1],
-                             position_ids=positions[:, c0:c1], past_key_values=cache,
-                             use_cache=True, logits_to_keep=1)
+            out = self.model(
+                input_ids=ids[:, c0:c1],
+                attention_mask=mask[:, :c1],
+                position_ids=positions[:, c0:c1],
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
         return out.logits[:, -1].float()

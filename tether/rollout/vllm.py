@@ -61,18 +61,35 @@ class VLLMRolloutEngine(RolloutEngine):
             ``enforce_eager``, ``tensor_parallel_size``).
     """
 
-    def __init__(self, model: str, pad_token_id: int | None = None,
-                 eos_token_ids: Sequence[int] = (), tokenizer=None, dtype: str = "auto",
-                 max_context: int | None = None, seed: int = 0, **engine_kwargs) -> None:
+    def __init__(
+        self,
+        model: str,
+        pad_token_id: int | None = None,
+        eos_token_ids: Sequence[int] = (),
+        tokenizer=None,
+        dtype: str = "auto",
+        max_context: int | None = None,
+        seed: int = 0,
+        **engine_kwargs,
+    ) -> None:
         if not isinstance(model, str):
-            raise TypeError("the vllm engine loads the model itself: pass its path, not a model "
-                            f"object ({type(model).__name__})")
+            raise TypeError(
+                "the vllm engine loads the model itself: pass its path, not a model "
+                f"object ({type(model).__name__})"
+            )
         from vllm import LLM  # optional dependency (CUDA): imported only when used
 
         self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
-        self.llm = LLM(model=model, tokenizer=model, dtype=dtype, seed=seed,
-                       max_model_len=max_context, logprobs_mode="processed_logprobs",
-                       worker_extension_cls=EXTENSION, **engine_kwargs)
+        self.llm = LLM(
+            model=model,
+            tokenizer=model,
+            dtype=dtype,
+            seed=seed,
+            max_model_len=max_context,
+            logprobs_mode="processed_logprobs",
+            worker_extension_cls=EXTENSION,
+            **engine_kwargs,
+        )
         self._max_context = int(self.llm.llm_engine.model_config.max_model_len)
 
     @property
@@ -89,30 +106,44 @@ class VLLMRolloutEngine(RolloutEngine):
         from vllm import SamplingParams as VLLMSamplingParams
 
         return VLLMSamplingParams(
-            n=1, max_tokens=params.max_new_tokens, temperature=params.temperature,
-            top_p=params.top_p, top_k=params.top_k, seed=request_seed, logprobs=0,
-            stop_token_ids=list(params.stop_token_ids), stop=list(params.stop_strings),
-            include_stop_str_in_output=True, ignore_eos=False)
+            n=1,
+            max_tokens=params.max_new_tokens,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k,
+            seed=request_seed,
+            logprobs=0,
+            stop_token_ids=list(params.stop_token_ids),
+            stop=list(params.stop_strings),
+            include_stop_str_in_output=True,
+            ignore_eos=False,
+        )
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams,
-                 seed: int | None = None) -> list[Generation]:
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams, seed: int | None = None
+    ) -> list[Generation]:
         if not prompts:
             return []
         for i, p in enumerate(prompts):
             if len(p) == 0:
                 raise ValueError(f"prompt {i} is empty; every prompt needs at least one token")
         window = self._max_context
-        kept = [list(p[-(window - 1):]) for p in prompts]
+        kept = [list(p[-(window - 1) :]) for p in prompts]
         requests = [{"prompt_token_ids": ids} for ids in kept]
-        sampling = [self.sampling_params(params, None if seed is None else seeds.engine_request(seed, i))
-                    for i in range(len(kept))]
+        sampling = [
+            self.sampling_params(params, None if seed is None else seeds.engine_request(seed, i))
+            for i in range(len(kept))
+        ]
         outputs = self.llm.generate(requests, sampling, use_tqdm=False)
-        return [self.to_generation(out, params, len(ids), len(p) - len(ids))
-                for out, ids, p in zip(outputs, kept, prompts)]
+        return [
+            self.to_generation(out, params, len(ids), len(p) - len(ids))
+            for out, ids, p in zip(outputs, kept, prompts)
+        ]
 
     @staticmethod
-    def to_generation(request_output, params: SamplingParams, prompt_len: int,
-                      n_truncated: int) -> Generation:
+    def to_generation(
+        request_output, params: SamplingParams, prompt_len: int, n_truncated: int
+    ) -> Generation:
         """vLLM's ``RequestOutput`` -> ``Generation`` (tokens, sampled-token log-probs, reason)."""
         completion = request_output.outputs[0]
         tokens = list(completion.token_ids)
@@ -122,7 +153,8 @@ class VLLMRolloutEngine(RolloutEngine):
         elif completion.finish_reason == "length":
             reason = "length" if len(tokens) == params.max_new_tokens else "context"
         else:
-            raise RuntimeError(f"vLLM request ended with finish_reason "
-                               f"{completion.finish_reason!r}")
+            raise RuntimeError(
+                f"vLLM request ended with finish_reason {completion.finish_reason!r}"
+            )
         meta = {"prompt_tokens": prompt_len, "truncated_prompt_tokens": n_truncated}
         return Generation(token_ids=tokens, logprobs=logprobs, finish_reason=reason, meta=meta)

@@ -46,8 +46,9 @@ def main() -> None:
     args = parser.parse_args()
 
     def git(*cmd: str) -> str:
-        return subprocess.run(["git", "-C", str(args.kuberay), *cmd], check=True,
-                              capture_output=True, text=True).stdout
+        return subprocess.run(
+            ["git", "-C", str(args.kuberay), *cmd], check=True, capture_output=True, text=True
+        ).stdout
 
     commit = git("rev-parse", f"{args.ref}^{{commit}}").strip()
     for name, filename in CRDS.items():
@@ -55,8 +56,10 @@ def main() -> None:
         out = args.out / f"{name}.v1.json.gz"
         out.write_bytes(encode(v1_schema(crd)))
         print(f"{out}: {crd['metadata']['name']} v1 from {CRD_DIR}/{filename} at {commit}")
-    print(f"KubeRay {git('describe', '--tags', commit).strip()} ({commit}); licence: "
-          f"copy {args.kuberay}/LICENSE to {args.out / 'LICENSE'} if it changed")
+    print(
+        f"KubeRay {git('describe', '--tags', commit).strip()} ({commit}); licence: "
+        f"copy {args.kuberay}/LICENSE to {args.out / 'LICENSE'} if it changed"
+    )
 
 
 if __name__ == "__main__":

@@ -41,21 +41,37 @@ interpreter, act as root.  Use a VM for hostile code at scale.
 from .isolation import SandboxConfig, SandboxUnavailable
 from .isolation import resolve as resolve_isolation
 from .judge import (
-                    BadResult,
-                    CodeTest,
-                    Verdict,
-                    as_text,
-                    check_shape,
-                    judge_output,
-                    parse_report,
-                    run_tests,
-                    same_function_output,
-                    same_stdout,
-                    same_value,
+    BadResult,
+    CodeTest,
+    Verdict,
+    as_text,
+    check_shape,
+    judge_output,
+    parse_report,
+    run_tests,
+    same_function_output,
+    same_stdout,
+    same_value,
 )
 from .process import RunResult, SandboxLimits, _runner, run_python
 
-__all__ = ["BadResult", "CodeTest", "RunResult", "SandboxConfig", "SandboxLimits",
-           "SandboxUnavailable", "Verdict", "as_text", "check_shape", "judge_output", "parse_report",
-           "resolve_isolation", "run_python", "run_tests", "same_function_output",
-           "same_stdout", "same_value", "_runner"]
+__all__ = [
+    "BadResult",
+    "CodeTest",
+    "RunResult",
+    "SandboxConfig",
+    "SandboxLimits",
+    "SandboxUnavailable",
+    "Verdict",
+    "as_text",
+    "check_shape",
+    "judge_output",
+    "parse_report",
+    "resolve_isolation",
+    "run_python",
+    "run_tests",
+    "same_function_output",
+    "same_stdout",
+    "same_value",
+    "_runner",
+]

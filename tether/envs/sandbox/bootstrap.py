@@ -12,17 +12,17 @@ the hook refuses and why it is only the second layer.
 
 #: Root of the sandbox's user namespace (real root outside, see isolation.py) becomes
 #: uid 65534 for real before anything else runs; this also clears every capability.
-DROP_PRIVILEGES = r'''
+DROP_PRIVILEGES = r"""
 import os as _os
 if _os.getuid() == 0:
     _os.setgroups([])
     _os.setresgid(65534, 65534, 65534)
     _os.setresuid(65534, 65534, 65534)
 del _os
-'''
+"""
 
 #: Privileges, settings, the program and its input, kernel rlimits, stdout.
-PRELUDE = r'''
+PRELUDE = r"""
 import sys, os
 if sys.argv[5] == "drop":
     exec(DROP_PRIVILEGES)
@@ -50,11 +50,11 @@ if cfg["fn"]:
     devnull = os.open(os.devnull, os.O_RDWR)
     os.dup2(devnull, 0)
     os.dup2(devnull, 1)
-'''
+"""
 
 #: The in-process guard: no new builtin/extension modules, no pidfd calls, the audit
 #: hook.  Second layer only (see __init__.py).
-GUARD = r'''
+GUARD = r"""
 for name in ("math", "cmath", "_heapq", "_bisect", "_random", "_json", "_struct", "unicodedata",
              "_statistics", "_contextvars", "_md5", "_sha1", "_sha256", "_sha512", "_sha3", "_blake2",
              "_typing", "_string", "_locale", "_tokenize", "_symtable", "atexit", "errno",
@@ -143,7 +143,7 @@ def install(work=work, stdlib=stdlib_dir, realpath=os.path.realpath, join=os.pat
 
 install()
 del install
-'''
+"""
 
 #: Run the candidate and report its result.
 RUN = r'''import builtins

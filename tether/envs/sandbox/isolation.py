@@ -50,12 +50,16 @@ class SandboxConfig(BaseModel):
     """How untrusted code (DeepCoder's candidate programs) is run."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
-    isolation: Isolation = Field("auto", description=(
-        "OS isolation of untrusted code: 'bwrap' runs every program under bubblewrap "
-        "(user, PID, network, IPC, UTS and mount namespaces, read-only system, seccomp); "
-        "'auto' does so where bubblewrap works and otherwise refuses to start a run that "
-        "executes untrusted code; 'none' runs it with only the in-process audit hook and "
-        "rlimits (no OS isolation: hostile code can escape)."))
+    isolation: Isolation = Field(
+        "auto",
+        description=(
+            "OS isolation of untrusted code: 'bwrap' runs every program under bubblewrap "
+            "(user, PID, network, IPC, UTS and mount namespaces, read-only system, seccomp); "
+            "'auto' does so where bubblewrap works and otherwise refuses to start a run that "
+            "executes untrusted code; 'none' runs it with only the in-process audit hook and "
+            "rlimits (no OS isolation: hostile code can escape)."
+        ),
+    )
 
 
 class SandboxUnavailable(RuntimeError):
@@ -79,8 +83,9 @@ def _probe_once() -> str | None:
         return "the bwrap program is not installed"
     try:
         command, fds = bwrap_command(["-c", "pass"])
-        probe = subprocess.run(command, pass_fds=fds, capture_output=True, timeout=30,
-                               stdin=subprocess.DEVNULL)
+        probe = subprocess.run(
+            command, pass_fds=fds, capture_output=True, timeout=30, stdin=subprocess.DEVNULL
+        )
     except (OSError, subprocess.SubprocessError, SandboxUnavailable) as exc:
         return f"bwrap could not start ({exc})"
     if probe.returncode != 0:
@@ -99,9 +104,11 @@ def resolve(isolation: str) -> str:
     if isolation == "none":
         if not _warned_none.is_set():
             _warned_none.set()
-            log.warning("sandbox.isolation=none: untrusted code runs without OS isolation "
-                        "(no namespaces, no seccomp, host files and network reachable); only "
-                        "the in-process audit hook and rlimits stand in its way")
+            log.warning(
+                "sandbox.isolation=none: untrusted code runs without OS isolation "
+                "(no namespaces, no seccomp, host files and network reachable); only "
+                "the in-process audit hook and rlimits stand in its way"
+            )
         return "none"
     if isolation not in ("auto", "bwrap"):
         raise ValueError(f"sandbox.isolation must be auto, bwrap or none, got {isolation!r}")
@@ -110,7 +117,8 @@ def resolve(isolation: str) -> str:
         raise SandboxUnavailable(
             f"sandbox.isolation={isolation}: cannot isolate untrusted code, {reason}; install "
             "bubblewrap (apt-get install bubblewrap, or bash scripts/setup.sh) or set "
-            "sandbox.isolation=none to run it without OS isolation")
+            "sandbox.isolation=none to run it without OS isolation"
+        )
     return "bwrap"
 
 
@@ -132,9 +140,12 @@ def _new_root_userns() -> int:
     process enters a new namespace, we write its maps, keep the namespace's fd and
     end the helper."""
     own = os.readlink("/proc/self/ns/user")
-    helper = subprocess.Popen(["unshare", "--user", "--", "sleep", "30"],
-                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE)
+    helper = subprocess.Popen(
+        ["unshare", "--user", "--", "sleep", "30"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         deadline = time.monotonic() + 5
         while os.readlink(f"/proc/{helper.pid}/ns/user") == own:
@@ -171,8 +182,14 @@ def _system_binds() -> tuple[str, ...]:
             args += ["--symlink", os.readlink(top), top]
         elif os.path.isdir(top):
             args += ["--ro-bind", top, top]
-    prefixes = {os.path.realpath(p) for p in (sys.base_prefix, sys.base_exec_prefix,
-                                              os.path.dirname(os.path.dirname(interpreter())))}
+    prefixes = {
+        os.path.realpath(p)
+        for p in (
+            sys.base_prefix,
+            sys.base_exec_prefix,
+            os.path.dirname(os.path.dirname(interpreter())),
+        )
+    }
     for prefix in sorted(prefixes):
         if prefix != "/usr" and not prefix.startswith("/usr/"):
             # bwrap would copy the modes of the host's parents (/root is 0700): make
@@ -194,11 +211,12 @@ def _memfd(name: str, data: bytes) -> int:
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
-def bwrap_command(python_args: list[str], files: dict[str, bytes] | None = None,
-                  drop_to_nobody: bool = True) -> tuple[list[str], list[int]]:
+def bwrap_command(
+    python_args: list[str], files: dict[str, bytes] | None = None, drop_to_nobody: bool = True
+) -> tuple[list[str], list[int]]:
     """The bwrap command line that runs ``interpreter() -I -S *python_args`` inside the
     sandbox with ``files`` (name -> content) in its work directory, and the fds the
     caller must pass (and close after the child started).  As root, the child starts
@@ -214,11 +232,36 @@ def bwrap_command(python_args: list[str], files: dict[str, bytes] | None = None,
             user += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
     else:
         user = ["--unshare-user", "--disable-userns", "--uid", str(NOBODY), "--gid", str(NOBODY)]
-    command = ["bwrap", *user, "--unshare-pid", "--unshare-net", "--unshare-ipc",
-               "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent", "--new-session",
-               "--hostname", "sandbox", *_system_binds(), "--proc", "/proc", "--dev", "/dev",
-               "--perms", "1777", "--size", str(WORK_TMPFS_BYTES), "--tmpfs", "/tmp",
-               "--perms", "1777", "--dir", INSIDE_WORK, "--remount-ro", "/"]
+    command = [
+        "bwrap",
+        *user,
+        "--unshare-pid",
+        "--unshare-net",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--unshare-cgroup-try",
+        "--die-with-parent",
+        "--new-session",
+        "--hostname",
+        "sandbox",
+        *_system_binds(),
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--perms",
+        "1777",
+        "--size",
+        str(WORK_TMPFS_BYTES),
+        "--tmpfs",
+        "/tmp",
+        "--perms",
+        "1777",
+        "--dir",
+        INSIDE_WORK,
+        "--remount-ro",
+        "/",
+    ]
     try:
         for name, data in (files or {}).items():
             fd = _memfd(name, data)
@@ -232,8 +275,22 @@ def bwrap_command(python_args: list[str], files: dict[str, bytes] | None = None,
     except OSError:
         close_fds(fds)
         raise
-    command += ["--chdir", INSIDE_WORK, "--clearenv", "--setenv", "PATH", "/usr/bin:/bin",
-                "--setenv", "LANG", "C.UTF-8", "--", interpreter(), "-I", "-S", *python_args]
+    command += [
+        "--chdir",
+        INSIDE_WORK,
+        "--clearenv",
+        "--setenv",
+        "PATH",
+        "/usr/bin:/bin",
+        "--setenv",
+        "LANG",
+        "C.UTF-8",
+        "--",
+        interpreter(),
+        "-I",
+        "-S",
+        *python_args,
+    ]
     return command, fds
 
 

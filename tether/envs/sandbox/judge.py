@@ -86,7 +86,7 @@ def parse_report(stdout: str) -> Any:
         raise BadResult(f"unreadable result line ({type(exc).__name__})") from None
     check_shape(payload)
     if not isinstance(payload, dict) or not ({"result"} <= payload.keys() or "error" in payload):
-        raise BadResult("result line is not {\"result\": ...} or {\"error\": ...}")
+        raise BadResult('result line is not {"result": ...} or {"error": ...}')
     return payload
 
 
@@ -111,8 +111,12 @@ def _numbers_close(got: Any, expected: Any) -> bool:
 def same_value(got: Any, expected: Any) -> bool:
     """Equality with float tolerance, after JSON normalisation."""
     if isinstance(expected, float) or isinstance(got, float):
-        if isinstance(got, (int, float)) and isinstance(expected, (int, float)) \
-                and not isinstance(got, bool) and not isinstance(expected, bool):
+        if (
+            isinstance(got, (int, float))
+            and isinstance(expected, (int, float))
+            and not isinstance(got, bool)
+            and not isinstance(expected, bool)
+        ):
             return _numbers_close(got, expected)
         return False
     if isinstance(expected, list) and isinstance(got, list):
@@ -190,9 +194,13 @@ def _judge_one(code: str, test: CodeTest, fn_name: str | None, limits: SandboxLi
     return judge_output(run, test, fn_name)
 
 
-def run_tests(code: str, tests: Sequence[CodeTest], fn_name: str | None = None,
-              limits: SandboxLimits = SandboxLimits(),
-              max_workers: int | None = None) -> list[Verdict]:
+def run_tests(
+    code: str,
+    tests: Sequence[CodeTest],
+    fn_name: str | None = None,
+    limits: SandboxLimits = SandboxLimits(),
+    max_workers: int | None = None,
+) -> list[Verdict]:
     """Judge ``code`` on every test, one sandboxed process per test, in parallel
     over ``max_workers`` threads (default: the number of cores)."""
     if not tests:

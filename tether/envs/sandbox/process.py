@@ -65,14 +65,25 @@ def _runner() -> tuple[str, int | None]:
     if os.name != "posix" or os.geteuid() != 0:
         return sys.executable, None
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
-    for candidate in (sys.executable, f"/usr/bin/python{version}", f"/usr/local/bin/python{version}"):
+    for candidate in (
+        sys.executable,
+        f"/usr/bin/python{version}",
+        f"/usr/local/bin/python{version}",
+    ):
         if not os.path.exists(candidate):
             continue
         try:
             probe = subprocess.run(
                 [candidate, "-I", "-S", "-c", "import sys; print(sys.version_info[:2])"],
-                user=NOBODY, group=NOBODY, extra_groups=[], env={"PATH": "/usr/bin:/bin"},
-                cwd="/", capture_output=True, text=True, timeout=10)
+                user=NOBODY,
+                group=NOBODY,
+                extra_groups=[],
+                env={"PATH": "/usr/bin:/bin"},
+                cwd="/",
+                capture_output=True,
+                text=True,
+                timeout=10,
+            )
         except (OSError, subprocess.SubprocessError):
             continue
         if probe.returncode == 0 and probe.stdout.strip() == str(sys.version_info[:2]):
@@ -104,14 +115,24 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 
 def _bootstrap_args(fn_name: str | None, limits: SandboxLimits) -> list[str]:
-    return [fn_name or "", str(max(1, int(math.ceil(limits.cpu_seconds)))),
-            str(int(limits.memory_bytes)), str(int(limits.file_bytes)),
-            "drop" if limits.drop_privileges else "keep"]
+    return [
+        fn_name or "",
+        str(max(1, int(math.ceil(limits.cpu_seconds)))),
+        str(int(limits.memory_bytes)),
+        str(int(limits.file_bytes)),
+        "drop" if limits.drop_privileges else "keep",
+    ]
 
 
-def run_python(code: str, *, stdin: str = "", fn_name: str | None = None,
-               args: Sequence[Any] = (), limits: SandboxLimits = SandboxLimits(),
-               bootstrap: str = BOOTSTRAP) -> RunResult:
+def run_python(
+    code: str,
+    *,
+    stdin: str = "",
+    fn_name: str | None = None,
+    args: Sequence[Any] = (),
+    limits: SandboxLimits = SandboxLimits(),
+    bootstrap: str = BOOTSTRAP,
+) -> RunResult:
     """Run ``code`` in a fresh limited process.  With ``fn_name``, call
     ``fn_name(*args)`` after the code ran and report ``{"result": ...}`` or
     ``{"error": ...}`` as the last stdout line (the candidate's own prints are
@@ -144,15 +165,24 @@ def run_python(code: str, *, stdin: str = "", fn_name: str | None = None,
 def _start_bwrap(python_args: list[str], files: dict[str, bytes], stdin_file) -> subprocess.Popen:
     command, fds = bwrap_command(python_args, files)
     try:
-        return subprocess.Popen(command, stdin=stdin_file, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, cwd="/", env=CHILD_ENV,
-                                start_new_session=True, close_fds=True, pass_fds=fds)
+        return subprocess.Popen(
+            command,
+            stdin=stdin_file,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd="/",
+            env=CHILD_ENV,
+            start_new_session=True,
+            close_fds=True,
+            pass_fds=fds,
+        )
     finally:
         close_fds(fds)
 
 
-def _start_plain(python_args: list[str], files: dict[str, bytes], stdin_file, work: str,
-                 limits: SandboxLimits) -> subprocess.Popen:
+def _start_plain(
+    python_args: list[str], files: dict[str, bytes], stdin_file, work: str, limits: SandboxLimits
+) -> subprocess.Popen:
     interpreter, uid = _runner() if limits.drop_privileges else (sys.executable, None)
     for name, data in files.items():
         with open(os.path.join(work, name), "wb") as f:
@@ -160,9 +190,17 @@ def _start_plain(python_args: list[str], files: dict[str, bytes], stdin_file, wo
     if uid is not None:
         os.chown(work, uid, uid)
     user = {"user": uid, "group": uid, "extra_groups": []} if uid is not None else {}
-    return subprocess.Popen([interpreter, "-I", "-S", *python_args], stdin=stdin_file,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=work,
-                            env=CHILD_ENV, start_new_session=True, close_fds=True, **user)
+    return subprocess.Popen(
+        [interpreter, "-I", "-S", *python_args],
+        stdin=stdin_file,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=work,
+        env=CHILD_ENV,
+        start_new_session=True,
+        close_fds=True,
+        **user,
+    )
 
 
 def _finish(proc: subprocess.Popen, started: float, limits: SandboxLimits) -> RunResult:
@@ -170,8 +208,13 @@ def _finish(proc: subprocess.Popen, started: float, limits: SandboxLimits) -> Ru
     returncode = proc.returncode
     if status == "ok" and returncode != 0:
         status = "error"
-    return RunResult(status, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"),
-                     returncode, time.perf_counter() - started)
+    return RunResult(
+        status,
+        out.decode("utf-8", "replace"),
+        err.decode("utf-8", "replace"),
+        returncode,
+        time.perf_counter() - started,
+    )
 
 
 def _collect(proc: subprocess.Popen, deadline: float, cap: int) -> tuple[str, bytes, bytes]:
