@@ -203,8 +203,9 @@ def test_training_run_survives_a_server_outage(
     assert run.info.status == "FINISHED"
     assert run.data.tags["tether.status"] == "FINISHED"
     assert run.data.tags["tether.iterations_done"] == str(ITERATIONS)
-    assert run.data.params == {k: str(v)[:6000] for k, v in cfg.flat().items()
-                               if k != "experiment.run_name"}  # (a tag, not a param)
+    assert run.data.params == {
+        k: str(v)[:6000] for k, v in cfg.flat().items() if k != "experiment.run_name"
+    }  # (a tag, not a param)
     every_step = {step: 1 for step in range(1, ITERATIONS + 1)}
     for key in ("rollout/success", "timing/log", "actor/pg_loss"):
         assert _steps(client, summary.run_id, key) == every_step, key
