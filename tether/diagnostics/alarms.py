@@ -48,6 +48,7 @@ class _AlarmConfig(BaseModel):
 
 
 class _OneAlarmConfig(_AlarmConfig):
+    mode: AlarmMode = Field("warn", description=_MODE)
     actions: list[Response] = Field(
         default_factory=list,
         description=(
@@ -59,7 +60,7 @@ class _OneAlarmConfig(_AlarmConfig):
 
     @model_validator(mode="after")
     def _act_needs_actions(self):
-        if getattr(self, "mode", None) == "act" and not self.actions:
+        if self.mode == "act" and not self.actions:
             raise ValueError(
                 "mode 'act' needs at least one entry in `actions` (e.g. "
                 "[{kind: tighten_filter}, {kind: rollback}])"
@@ -152,7 +153,6 @@ class TemplateCollapseConfig(_MiEntropyConfig):
     both estimates (the intervals separate), while H(Z|X) did not fall (its interval now is
     not wholly below the reference's)."""
 
-    mode: AlarmMode = Field("warn", description=_MODE)
     actions: list[Response] = Field(
         default_factory=lambda: [TightenFilter(), RaiseKl(), Rollback()],
         description="mode act: train on higher-signal groups, hold the policy near its start, "
@@ -164,7 +164,6 @@ class LowEntropyCollapseConfig(_MiEntropyConfig):
     """As template_collapse, but H(Z|X) fell too (its interval now lies wholly below the
     reference's)."""
 
-    mode: AlarmMode = Field("warn", description=_MODE)
     actions: list[Response] = Field(
         default_factory=lambda: [RaiseEntropy(), Rollback()],
         description="mode act: a larger entropy bonus, then the last grounded checkpoint",
@@ -172,7 +171,6 @@ class LowEntropyCollapseConfig(_MiEntropyConfig):
 
 
 class RewardVarianceCollapseConfig(_OneAlarmConfig):
-    mode: AlarmMode = Field("warn", description=_MODE)
     actions: list[Response] = Field(
         default_factory=lambda: [TightenFilter(times=2)],
         description="mode act: train only on the groups whose reward spread carries signal",
@@ -200,7 +198,6 @@ class RewardVarianceCollapseConfig(_OneAlarmConfig):
 
 
 class OutputLengthCollapseConfig(_OneAlarmConfig):
-    mode: AlarmMode = Field("warn", description=_MODE)
     metric: str = Field(
         "rollout/reasoning_length",
         description=(
@@ -220,7 +217,6 @@ class OutputLengthCollapseConfig(_OneAlarmConfig):
 
 
 class FormatCollapseConfig(_OneAlarmConfig):
-    mode: AlarmMode = Field("warn", description=_MODE)
     reasoning_metric: str = Field(
         "rollout/valid_reasoning_rate",
         description=("share of turns with non-empty reasoning inside <think>...</think>"),
@@ -243,7 +239,6 @@ class FormatCollapseConfig(_OneAlarmConfig):
 
 
 class EmptyAfterFilterConfig(_OneAlarmConfig):
-    mode: AlarmMode = Field("warn", description=_MODE)
     metric: str = Field(
         "filter/empty", description="1 when the SNR filter kept no group this iteration, else 0"
     )

@@ -18,6 +18,7 @@ cursor, cooldown and count.
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -58,11 +59,11 @@ class _Response(BaseModel):
     model_config = ConfigDict(extra="forbid")
     times: int = Field(1, ge=1, description="how many times this response may be taken in a run")
 
+    @abc.abstractmethod
     def apply(
         self, knobs: Knobs, checkpoints: Sequence[GroundedCheckpoint], reference: int | None
     ) -> tuple[Knobs, GroundedCheckpoint | None] | None:
         """The new knobs (and a checkpoint to load), or None when this response has no effect."""
-        raise NotImplementedError
 
 
 class TightenFilter(_Response):
