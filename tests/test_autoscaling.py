@@ -6,6 +6,11 @@ The cluster is this test's own: ``ray start --head`` on a free port with its own
 dir and ``RAY_FAKE_CLUSTER=1``; fake nodes are raylets the autoscaler's monitor
 starts on this machine.  It is torn down by killing exactly the processes of that
 temp dir (never ``ray stop``, which would stop every Ray on the machine).
+
+The delayed variant holds the autoscaler's monitor back (a ``sitecustomize`` on the
+head's ``PYTHONPATH`` sleeps in the monitor process only) so that the run is submitted
+to a cluster whose autoscaler has not started yet: the state in which the capacity check
+used to refuse a run it should have scaled for.
 """
 
 import json
@@ -26,6 +31,16 @@ from mlflow.tracking import MlflowClient
 from tests.conftest import micro_config_dict
 
 WORKERS, MAX_GPU_NODES = 2, 3
+MONITOR_DELAY_S = 30  # the delayed variant: the autoscaler starts this long after the head
+
+DELAY_MONITOR = """
+import os, sys, time
+script = (getattr(sys, "argv", None) or [""])[0]
+if script.endswith("monitor.py") and os.sep + "autoscaler" + os.sep in script:
+    time.sleep(float(os.environ["TETHER_TEST_MONITOR_DELAY_S"]))
+    with open(os.environ["TETHER_TEST_MONITOR_STARTED"], "w") as f:
+        f.write(repr(time.time()))
+"""
 
 POLL_NODES = """
 import json, sys, time, ray
@@ -120,8 +135,10 @@ def _kill_cluster(temp_dir: str) -> None:
 
 
 @pytest.fixture
-def fake_cluster():
-    """(address, env) of a fresh fake-autoscaling Ray cluster; killed by PID afterwards."""
+def fake_cluster(request):
+    """(address, env) of a fresh fake-autoscaling Ray cluster; killed by PID afterwards.
+    Parametrised indirectly with a delay (seconds) before its autoscaler starts."""
+    delay = getattr(request, "param", 0)
     temp_dir = tempfile.mkdtemp(prefix="tfas")  # short: Ray's socket paths have a length limit
     port = _free_port()
     address = f"127.0.0.1:{port}"
@@ -134,6 +151,13 @@ def fake_cluster():
         "RAY_AUTH_MODE": "disabled",
         "RAY_USAGE_STATS_ENABLED": "0",
     }
+    if delay:
+        hooks = Path(temp_dir) / "hooks"
+        hooks.mkdir()
+        (hooks / "sitecustomize.py").write_text(DELAY_MONITOR)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(hooks), env.get("PYTHONPATH")]))
+        env["TETHER_TEST_MONITOR_DELAY_S"] = str(delay)
+        env["TETHER_TEST_MONITOR_STARTED"] = str(Path(temp_dir) / "monitor_started")
     ray_cli = str(Path(sys.executable).with_name("ray"))  # this venv's Ray
     try:
         for _ in range(2):  # a free port can be taken by another Ray in between
@@ -181,6 +205,9 @@ def fake_cluster():
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    "fake_cluster", [0, MONITOR_DELAY_S], ids=["autoscaler-up", "autoscaler-late"], indirect=True
+)
 def test_run_needing_more_workers_than_the_head_scales_out(
     fake_cluster, micro_policy, models_dir, tmp_path
 ):
@@ -204,6 +231,28 @@ def test_run_needing_more_workers_than_the_head_scales_out(
         stderr=subprocess.DEVNULL,
         text=True,
     )
+    marker = env.get("TETHER_TEST_MONITOR_STARTED")
+    if marker:  # control: without waiting for the autoscaler, the run is refused
+        refused = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "tether.platform.cli",
+                "run",
+                str(spec),
+                "--address",
+                address,
+                "ray.autoscaler_wait_s=0",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        if not Path(marker).exists():  # (only meaningful while the autoscaler is still down)
+            assert refused.returncode != 0
+            assert "can provide at most" in refused.stdout + refused.stderr
+    submitted = time.time()
     try:
         done = subprocess.run(
             [sys.executable, "-m", "tether.platform.cli", "run", str(spec), "--address", address],
@@ -220,6 +269,10 @@ def test_run_needing_more_workers_than_the_head_scales_out(
             if line.startswith("{")
         ]
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    if marker:  # the run was submitted before the autoscaler ran
+        started = float(Path(marker).read_text())
+        assert submitted < started, "the autoscaler was up before the run was submitted"
+        print(f"autoscaler started {started - submitted:.0f} s after the run was submitted")
     peak = max(s["peak"] for s in samples)
     peak_gpus = max(s["gpus"] for s in samples)
     print(
