@@ -250,3 +250,20 @@ def test_warm_start_seed_replaces_the_run_seed_in_the_cache_key():
     assert key("experiment.seed=0") == key("model.warm_start.seed=0", "experiment.seed=5")
     assert key("experiment.seed=0") != key("experiment.seed=5")
     assert key("model.warm_start.seed=3") == key("experiment.seed=3")
+
+
+def test_pooled_runs_report_settings_that_differ_beyond_the_compared_ones():
+    def run(name, **params):
+        return RunData(run_id=name, name=name, params=params)
+
+    same = [
+        run("a0", **{"filter.strategy": "none", "experiment.seed": "0", "algo.lr": "0.001"}),
+        run("d0", **{"filter.strategy": "top_k", "experiment.seed": "1", "algo.lr": "0.001"}),
+        # a setting added to Tether later is absent from older runs, not different
+        run(
+            "d1", **{"filter.strategy": "top_k", "algo.lr": "0.001", "ray.autoscaler_wait_s": "120"}
+        ),
+    ]
+    assert paper.differing_settings(same) == {}
+    other = [*same, run("x", **{"filter.strategy": "none", "algo.lr": "0.01"})]
+    assert paper.differing_settings(other) == {"algo.lr": ["0.001", "0.01"]}

@@ -220,6 +220,24 @@ def quartile_trend(
     return out
 
 
+#: Params that may differ between the runs of one finding: what a sweep varies, and names.
+COMPARED = ("filter.", "experiment.seed", "env.stochasticity", "experiment.run_name")
+
+
+def differing_settings(runs: list[RunData]) -> dict[str, list[str]]:
+    """Logged settings (params) whose values differ between runs, other than those the
+    findings compare (``COMPARED``), among the runs that logged them (a setting added to
+    Tether after a run started is absent from it, not different): empty when runs pooled
+    from several sweeps are one design."""
+    keys = sorted({k for r in runs for k in r.params if not k.startswith(COMPARED)})
+    out = {}
+    for key in keys:
+        values = sorted({r.params[key] for r in runs if key in r.params})
+        if len(values) > 1:
+            out[key] = values
+    return out
+
+
 def _finite(value):
     """NaN and infinities as null: the output is strict JSON."""
     if isinstance(value, float):
@@ -235,16 +253,28 @@ def main(argv: list[str] | None = None) -> int:
     from .source import load_target
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("target", help="a sweep parent run id, a run id or an experiment name")
+    parser.add_argument(
+        "targets",
+        nargs="+",
+        metavar="target",
+        help="sweep parent run ids, run ids or experiment names; several are pooled (e.g. "
+        "finding d's top-k arm with finding a's identical none and top-p trials)",
+    )
     parser.add_argument("--tracking-uri", required=True)
     parser.add_argument("--finding", choices=["a", "c", "d"], required=True)
     parser.add_argument("--sampling", default="first_turn")
     parser.add_argument("--mi", default="mi_estimate")
     args = parser.parse_args(argv)
-    _, loaded = load_target(args.tracking_uri, args.target, with_prompts=False)
+    loaded = [
+        run
+        for target in args.targets
+        for run in load_target(args.tracking_uri, target, with_prompts=False)[1]
+    ]
     runs = [r for r in loaded if r.status == "FINISHED"]  # a stopped trial is not a result
     out: dict = {
         "runs": len(runs),
+        # pooled runs must differ only in what the findings compare
+        "settings_that_differ": differing_settings(runs),
         "not_finished": [
             f"{r.name} ({r.status}, iteration {r.latest_iteration})"
             for r in loaded
