@@ -28,6 +28,25 @@ t with 2 degrees of freedom); it hurts if below 0; otherwise no difference shown
 same for ``val/success``.
 
     python benchmarks/act_vs_warn.py --out /tmp/act_vs_warn model.path=<cache>/tiny-<key>
+
+Protocol 2 (session 8; written after protocol 1's first run, warn seed 0, showed no fall
+of MI in 12 iterations — first-turn I(X;Z) 0.56 -> 0.50, retrieval 1.00 -> 0.93, the
+injected reward 0.46 -> 0.48 — and before any run of protocol 2).  Protocol 1's runs are
+completed and reported as they are.  Everything as in protocol 1 except a stronger push
+toward the template, so that ``warn`` actually collapses: learning rate 3e-3 (10x the
+quickstart's), the injection from iteration 3, 16 iterations.  A declared pilot decides
+the learning rate before the confirmatory runs: seed 100, ``warn`` only, lr 3e-3; if its
+template_collapse alarm fires, the confirmatory runs use 3e-3; otherwise one more pilot at
+1e-2, used if it fires there; if neither fires, protocol 2 is reported as "could not
+induce collapse" and not run.  Confirmatory: seeds 0, 1, 2 x {warn, act}, the same
+measures and verdict rule as protocol 1.  No pilot run enters a result.
+
+    # pilot
+    python benchmarks/act_vs_warn.py --out /tmp/avw2-pilot --seeds 100 --modes warn \
+        --iterations 16 --inject-from 3 model.path=<cache>/tiny-<key> algo.lr=3e-3
+    # confirmatory
+    python benchmarks/act_vs_warn.py --out /tmp/avw2 --iterations 16 --inject-from 3 \
+        model.path=<cache>/tiny-<key> algo.lr=<the pilot's>
 """
 
 from __future__ import annotations
@@ -154,6 +173,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--iterations", type=int, default=12)
     parser.add_argument("--inject-from", type=int, default=4)
+    parser.add_argument("--modes", nargs="+", choices=["warn", "act"], default=["warn", "act"])
     parser.add_argument("--out", default="/tmp/act_vs_warn")
     parser.add_argument("overrides", nargs="*", help="config overrides, e.g. model.cache_dir=...")
     args = parser.parse_args()
@@ -161,7 +181,7 @@ def main() -> None:
     Path(args.out).mkdir(parents=True, exist_ok=True)
     rows = []
     for seed in args.seeds:
-        for mode in ("warn", "act"):
+        for mode in args.modes:
             rows.append(run(args.spec, args.overrides, seed, mode, args))
             print(json.dumps(rows[-1]), flush=True)
     print()
