@@ -44,6 +44,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
+    from tether import seeds
     from tether.agent.chat import ChatFormatter
     from tether.agent.episode import EpisodeSpec, LocalEnvBatch, run_episodes
     from tether.agent.format import ANSWER_CLOSE
@@ -98,15 +99,15 @@ def main() -> None:
     )
 
     # Iteration 1's batch: the driver's level seeds and collection seed.
-    seeds = LevelSampler(cfg.experiment.seed, cfg.env.val_seed_offset).take(cfg.rollout.groups)
+    levels = LevelSampler(cfg.experiment.seed, cfg.env.val_seed_offset).take(cfg.rollout.groups)
     specs = [
         EpisodeSpec(g, seed, k)
-        for g, seed in enumerate(seeds)
+        for g, seed in enumerate(levels)
         for k in range(cfg.rollout.group_size)
     ]
     t0 = time.perf_counter()
     batch = run_episodes(
-        engine, formatter, envs, specs, sampling, seed=cfg.experiment.seed * 100_003 + 1
+        engine, formatter, envs, specs, sampling, seed=seeds.collection(cfg.experiment.seed, 1)
     )
     collect_seconds = time.perf_counter() - t0
     d = cfg.diagnostics
@@ -120,7 +121,7 @@ def main() -> None:
         d.max_pairs,
         temperature,
         None,
-        seed=cfg.experiment.seed + 1,
+        seed=seeds.diagnostics(cfg.experiment.seed, 1),
         information_chain_links=False,
         method=d.method,
         keep_matrices=True,
@@ -141,7 +142,7 @@ def main() -> None:
     )
     val_specs = [EpisodeSpec(k, cfg.env.val_seed_offset + k, 0) for k in range(n_val)]
     val = run_episodes(
-        engine, formatter, envs, val_specs, val_sampling, seed=cfg.experiment.seed + 99_991
+        engine, formatter, envs, val_specs, val_sampling, seed=seeds.validation(cfg.experiment.seed)
     )
 
     for traj in batch[:: max(1, len(batch) // args.samples)][: args.samples]:

@@ -202,8 +202,10 @@ def trl_trainer(
     path: Path, args, kl: float, out_dir: str, prompts: list[str], seeds: list[int], on_step_end
 ):
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import AutoModelForCausalLM, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
+
+    from tether.policy.load import load_tokenizer
 
     def reward_countdown(prompts, completions, env_seed, **kwargs):
         return countdown_rewards(list(completions), list(env_seed))
@@ -244,7 +246,7 @@ def trl_trainer(
     config = GRPOConfig(**{k: v for k, v in wanted.items() if k in fields})
     ignored = sorted(set(wanted) - fields)
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    tokenizer = load_tokenizer(path)  # Tether's own tokenizer as saved (not Qwen2's)
 
     class Alternate(TrainerCallback):
         def on_step_end(self, *cb_args, **cb_kwargs):
