@@ -182,12 +182,14 @@ def test_vllm_logprobs_equal_the_learners_recomputation(probed_run):
         assert sampler.numel() > 100
         assert (sampler < 0).all() and (sampler > -50).all(), "real log-probs, not padding"
         worst = (sampler - learner).abs().max().item()
+        print(f"iteration {it}: {sampler.numel()} sampled tokens, max |vLLM - learner| {worst:.2e}")
         assert worst < LOGPROB_TOL, f"iteration {it}: max |vLLM - learner| {worst:.2e}"
     # Iteration 2 sampled with the synced weights: its tokens' log-probs under the
     # initial policy (the KL reference) are far from vLLM's, the new policy's agree.
     last = trainer.batches[1]
     mask = last.response_mask.bool()
     shift = (last.ref_logprobs[mask] - last.sampling_logprobs[mask]).abs().max().item()
+    print(f"iteration 2: max |vLLM - initial policy| {shift:.2e}")
     assert shift > MIN_UPDATE_SHIFT, f"iteration 2: vLLM vs initial policy only {shift:.2e}"
 
 
@@ -207,9 +209,11 @@ def test_weight_sync_reaches_every_vllm_worker(probed_run):
         assert len(per_worker) == cfg.rollout.num_workers
         for k, scored in enumerate(per_worker):
             worst = (scored[mask] - learner_now[mask]).abs().max().item()
+            print(f"{label}, worker {k}: max |vLLM - learner| {worst:.2e}")
             assert worst < LOGPROB_TOL, f"{label}, worker {k}: max |vLLM - learner| {worst:.2e}"
         if previous is not None:  # the update moved the learner by far more than the tolerance
             moved = (learner_now[mask] - previous[mask]).abs().max().item()
+            print(f"{label}: the learner's log-probs moved by up to {moved:.2e}")
             assert moved > MIN_UPDATE_SHIFT, f"{label}: the learner moved only {moved:.2e}"
         previous = learner_now
     before, after_last = trainer.probes[0][2], trainer.probes[-1][2]
