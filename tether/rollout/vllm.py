@@ -153,10 +153,13 @@ class VLLMRolloutEngine(RolloutEngine):
             top_k=params.top_k,
             seed=request_seed,
             logprobs=0,
-            stop_token_ids=list(params.stop_token_ids),
+            # A reply ends where the hf engine ends it: on the engine's eos_token_ids and
+            # the params' stop tokens (included in the output), not on whatever EOS the
+            # model directory's tokenizer and generation config name besides.
+            stop_token_ids=sorted(set(params.stop_token_ids) | set(self.eos_token_ids)),
             stop=list(params.stop_strings),
             include_stop_str_in_output=True,
-            ignore_eos=False,
+            ignore_eos=True,
         )
 
     def generate(
