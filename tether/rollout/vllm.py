@@ -50,7 +50,15 @@ EXTENSION = "tether.rollout.vllm.WeightSyncExtension"
 #: vLLM's CPU build: environment (set only where unset) and ``LLM`` arguments (where
 #: ``engine_kwargs`` does not give them).  Why each, in the module docstring.
 CPU_ENVIRONMENT = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
-CPU_DEFAULTS = {"kv_cache_memory_bytes": 1 << 30, "enforce_eager": True}
+#: ``enable_chunked_prefill=False``: vllm-cpu 0.32 crashes ("CPU Generator does not use
+#: offset", ``gpu_model_runner._bookkeeping_sync``) when a seeded request's prompt is
+#: split over two steps: it rewinds the request's torch generator, which CPU generators
+#: cannot do.  A batch of prompts over the step budget (4096 tokens) splits one.
+CPU_DEFAULTS = {
+    "kv_cache_memory_bytes": 1 << 30,
+    "enforce_eager": True,
+    "enable_chunked_prefill": False,
+}
 
 
 def on_cpu_build() -> bool:
