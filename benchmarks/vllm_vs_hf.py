@@ -76,6 +76,7 @@ def model_config(size: str) -> Qwen2Config:
         config.hidden_size, config.num_hidden_layers = 768, 12
         config.num_attention_heads, config.num_key_value_heads = 12, 4
         config.intermediate_size = 3072
+        config.layer_types = ["full_attention"] * config.num_hidden_layers
     return config
 
 
