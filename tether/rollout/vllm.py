@@ -27,8 +27,8 @@ Two builds: the official ``vllm`` wheel (CUDA; ``pip install 'tether[vllm]'``) a
 torch and transformers).  On the CPU build the engine runs vLLM in the calling
 process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), does not pin OpenMP threads
 (``VLLM_CPU_OMP_THREADS_BIND=nobind``), gives the KV cache a fixed size, runs eagerly
-and without chunked prefill (see ``CPU_DEFAULTS``): a rollout worker is already one process with its own
-CPU budget, and vLLM's defaults (an engine-core and a worker process per engine, every
+and without chunked prefill (see ``CPU_DEFAULTS``): a rollout worker is already one
+process with its own CPU budget, and vLLM's defaults (an engine-core and a worker process per engine, every
 engine's threads bound to the same first core, 92 % of the machine's memory reserved,
 inductor compilation at start) are for a machine that serves one model.  Environment
 variables already set and ``rollout.engine_kwargs`` override these (vLLM's
