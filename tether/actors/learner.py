@@ -248,6 +248,7 @@ class Learner:
                 keep_matrices,
                 max_cells=diagnostics_cfg.max_cells,
                 uncertainty=diagnostics_cfg.uncertainty(),
+                chunk_tokens=self.settings.logprob_chunk_tokens,
             )
 
     def grad_snr(self, batch: TrajectoryBatch, n_buckets: int) -> dict[str, float] | None:
