@@ -22,6 +22,7 @@ from ..algos.batch import TrajectoryBatch
 from ..algos.update import UpdateSettings, policy_update, prepare_batch
 from ..policy.critic import ValueModel
 from ..policy.load import load_model, load_tokenizer
+from .memory import peak_rss_gb
 
 
 def shard_with_fsdp(model: torch.nn.Module, mesh) -> torch.nn.Module:
@@ -256,6 +257,15 @@ class Learner:
 
         model = self._analysis_model()
         return None if model is None else gradient_snr(model, batch, self.settings, n_buckets)
+
+    # -- what the process used --------------------------------------------------------
+    def peak_rss_gb(self) -> float:
+        """Peak resident memory (GiB) since the previous call (`memory.peak_rss_gb`)."""
+        return peak_rss_gb(reset=True)
+
+    def dtype_effective(self) -> str:
+        """The dtype the policy's parameters really have (``model.dtype`` as loaded)."""
+        return str(next(self.model.parameters()).dtype).removeprefix("torch.")
 
     # -- weights and checkpoints ------------------------------------------------------
     def state_dict(self) -> dict:
