@@ -77,7 +77,9 @@ def test_the_micro_model_splits_into_backbone_and_head(model, rows):
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 @pytest.mark.parametrize("chunk", CHUNKS)
-def test_chunked_token_logprobs_equal_unchunked_values_and_gradients(model, rows, chunk, temperature):
+def test_chunked_token_logprobs_equal_unchunked_values_and_gradients(
+    model, rows, chunk, temperature
+):
     ids, mask, _ = rows
     model = copy.deepcopy(model).train()
     ref_lp, ref_ent = reference(model, ids, mask, temperature)

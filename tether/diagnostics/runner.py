@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..algos.vocab import DEFAULT_CHUNK_TOKENS
 from ..agent.pairs import SpanExtractor
+from ..algos.vocab import DEFAULT_CHUNK_TOKENS
 from .crossscore import information_chain, sample_pairs
 from .uncertainty import Uncertainty
 

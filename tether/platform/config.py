@@ -316,7 +316,13 @@ class TrainerConfig(Section):
     val_temperature: float | None = Field(
         None, ge=0.0, description="Validation temperature (default: the rollout temperature)."
     )
-    checkpoint_every: int = Field(10, ge=1, description="Checkpoint every N iterations.")
+    checkpoint_every: int = Field(
+        10,
+        ge=0,
+        description="Checkpoint every N iterations and at the end (0 = never: no resume, "
+        "learner restart or rollback; for measurement runs, whose learner state passes "
+        "through the driver: 6 GB for a 0.5 B model with AdamW in float32).",
+    )
     checkpoint_errors: Literal["warn", "stop"] = Field(
         "warn",
         description="A checkpoint that cannot be written (disk full, any OS error): "

@@ -777,7 +777,7 @@ class Trainer:
             self.stop_reason = f"alarm {stop.name} at iteration {stop.iteration}"
             self.checkpoint(it)
             return True
-        if it % t.checkpoint_every == 0 or it == t.iterations:
+        if t.checkpoint_every and (it % t.checkpoint_every == 0 or it == t.iterations):
             self.checkpoint(it)
         return False
 
@@ -891,6 +891,8 @@ class Trainer:
         self.learner.adjust(self.settings, knobs.lr)
 
     def checkpoint(self, it: int) -> Path | None:
+        if not self.cfg.trainer.checkpoint_every:  # 0: this run keeps no checkpoints
+            return None
         learner_state = self.learner.full_state()
         driver_state = {
             "iteration": it,
