@@ -112,7 +112,7 @@ class Learner:
         torch.manual_seed(seed)
         self.settings = settings
         self.model = load_model(self.model_path, self.dtype)
-        self.critic = ValueModel(self.model_path) if self.use_critic else None
+        self.critic = ValueModel(self.model_path, self.dtype) if self.use_critic else None
         #: The frozen initial policy, for the KL regulariser.
         if self.use_reference:
             self.reference = load_model(self.model_path, self.dtype)
