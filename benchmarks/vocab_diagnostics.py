@@ -47,13 +47,14 @@ def main() -> None:
     parser.add_argument("--reasoning-tokens", type=int, default=40)
     parser.add_argument("--max-reply-tokens", type=int, default=48)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.memory_limit_gb > 0:
         limit = int(args.memory_limit_gb * (1 << 30))
         resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
 
-    model, tokenizer = load_model_and_tokenizer(args.model)
+    model, tokenizer = load_model_and_tokenizer(args.model, args.dtype)
     formatter = ChatFormatter(tokenizer)
     engine = make_engine(
         "hf",
@@ -92,8 +93,14 @@ def main() -> None:
     d = DiagnosticsConfig()
     answer_prefix = SpanExtractor(formatter).answer_prefix_ids
     rng = np.random.default_rng(seeds.diagnostics(0, 1))
+    result = {
+        "chunk_tokens": args.chunk_tokens,
+        "dtype": args.dtype,
+        "collect_s": round(collect_s, 1),
+        "peak_rss_gb_load_and_collect": round(peak_rss_gb(), 2),
+        "samplings": {},
+    }
     peak_rss_gb(reset=True)
-    result = {"chunk_tokens": args.chunk_tokens, "collect_s": collect_s, "samplings": {}}
     started = time.perf_counter()
     try:
         with torch.no_grad():
