@@ -47,6 +47,23 @@ measures and verdict rule as protocol 1.  No pilot run enters a result.
     # confirmatory
     python benchmarks/act_vs_warn.py --out /tmp/avw2 --iterations 16 --inject-from 3 \
         model.path=<cache>/tiny-<key> algo.lr=<the pilot's>
+
+Protocol 3 (session 8; written after protocol 2's pilot, before any run of protocol 3).
+Protocol 2's lr 3e-3 pilot broke the reply format after the first update, before the
+injection began (valid first-turn reasoning 0.97 -> 0.06 at iteration 2, training
+reward 0.22 -> -0.50, then 0.0; `format_collapse` fired, `template_collapse` could not:
+2 scoreable pairs a point), so protocol 2 could not induce a template collapse; its
+second pilot (lr 1e-2) was stopped, since a larger step can only break the format sooner.
+Protocol 3 is protocol 1 with a step between the two: learning rate 1e-3 (3.3x the
+quickstart's; still 4 minibatches), the injection from iteration 3, 20 iterations.
+Pilot: seed 100, ``warn`` only; if its template_collapse alarm fires, the confirmatory
+runs (seeds 0, 1, 2 x {warn, act}, protocol 1's measures and verdict rule) use it;
+otherwise protocol 3 is reported as "could not induce collapse" and not run.
+
+    python benchmarks/act_vs_warn.py model.path=<cache>/tiny-<key> algo.lr=1e-3 \
+        --out /tmp/avw3-pilot --seeds 100 --modes warn --iterations 20 --inject-from 3
+    python benchmarks/act_vs_warn.py model.path=<cache>/tiny-<key> algo.lr=1e-3 \
+        --out /tmp/avw3 --iterations 20 --inject-from 3
 """
 
 from __future__ import annotations

@@ -176,3 +176,7 @@ def test_config_choices_are_the_registries():
     assert _choices(AlgoConfig, "preset") == set(PRESETS)
     assert _choices(FilterConfig, "strategy") == set(FILTER_STRATEGIES)
     assert _choices(FilterConfig, "loss_scaling") == set(LOSS_SCALINGS)
+    from tether.platform.config import ModelConfig
+    from tether.policy.tiny import TINY_SIZES
+
+    assert _choices(ModelConfig, "size") == set(TINY_SIZES)

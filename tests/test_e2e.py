@@ -92,6 +92,9 @@ def test_run_records_what_it_ran_on(finished_run):
     import torch
 
     assert tags["env.torch"] == torch.__version__
+    assert tags["model.dtype_effective"] == "float32"  # every process loaded float32
+    metrics = MlflowClient(summary.tracking_uri).get_run(summary.run_id).data.metrics
+    assert metrics["system/peak_rss_gb/learner"] > 0.1
     # The MLflow UI opens the experiment on its runs (a training experiment), and the run
     # name is not a param (sweep trials would each offer a different one to compare on).
     client = MlflowClient(summary.tracking_uri)

@@ -304,3 +304,23 @@ def test_sensitivity_one_at_a_time_uses_the_sweep_base():
         ("algo.kl_coef", 0.0, 2, 0.5),
         ("algo.kl_coef", 2.0, 2, 2.5),
     ]
+
+
+def test_cli_report_finished_only_leaves_out_a_stopped_trial(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    rng = np.random.default_rng(3)
+    write_run(uri, "finished-only", "done-a", histories(4, rng, (0.5, 0.5)))
+    write_run(uri, "finished-only", "done-b", histories(5, rng, (0.4, 0.6)))
+    stopped = write_run(
+        uri, "finished-only", "stopped", histories(6, rng, (0.5, 0.5)), finish=False
+    )
+    stopped.finish("KILLED")
+    runner = CliRunner()
+    args = ["report", "finished-only", "--tracking-uri", uri, "--no-log"]
+    everything = runner.invoke(app, [*args, "--out", str(tmp_path / "all")])
+    assert everything.exit_code == 0, everything.output
+    assert "(3 runs)" in (tmp_path / "all" / "report.html").read_text()
+    finished = runner.invoke(app, [*args, "--finished-only", "--out", str(tmp_path / "fin")])
+    assert finished.exit_code == 0, finished.output
+    assert "left out, not finished: stopped (KILLED)" in " ".join(finished.output.split())
+    assert "(2 runs)" in (tmp_path / "fin" / "report.html").read_text()

@@ -22,6 +22,7 @@ from ..algos.batch import TrajectoryBatch
 from ..algos.update import UpdateSettings, policy_update, prepare_batch
 from ..policy.critic import ValueModel
 from ..policy.load import load_model, load_tokenizer
+from .memory import peak_rss_gb
 
 
 def shard_with_fsdp(model: torch.nn.Module, mesh) -> torch.nn.Module:
@@ -111,7 +112,7 @@ class Learner:
         torch.manual_seed(seed)
         self.settings = settings
         self.model = load_model(self.model_path, self.dtype)
-        self.critic = ValueModel(self.model_path) if self.use_critic else None
+        self.critic = ValueModel(self.model_path, self.dtype) if self.use_critic else None
         #: The frozen initial policy, for the KL regulariser.
         if self.use_reference:
             self.reference = load_model(self.model_path, self.dtype)
@@ -248,6 +249,7 @@ class Learner:
                 keep_matrices,
                 max_cells=diagnostics_cfg.max_cells,
                 uncertainty=diagnostics_cfg.uncertainty(),
+                chunk_tokens=self.settings.logprob_chunk_tokens,
             )
 
     def grad_snr(self, batch: TrajectoryBatch, n_buckets: int) -> dict[str, float] | None:
@@ -255,6 +257,15 @@ class Learner:
 
         model = self._analysis_model()
         return None if model is None else gradient_snr(model, batch, self.settings, n_buckets)
+
+    # -- what the process used --------------------------------------------------------
+    def peak_rss_gb(self) -> float:
+        """Peak resident memory (GiB) since the previous call (`memory.peak_rss_gb`)."""
+        return peak_rss_gb(reset=True)
+
+    def dtype_effective(self) -> str:
+        """The dtype the policy's parameters really have (``model.dtype`` as loaded)."""
+        return str(next(self.model.parameters()).dtype).removeprefix("torch.")
 
     # -- weights and checkpoints ------------------------------------------------------
     def state_dict(self) -> dict:

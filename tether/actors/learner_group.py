@@ -203,6 +203,13 @@ class LearnerGroup:
     def grad_snr(self, batch: TrajectoryBatch, n_buckets: int) -> dict[str, float]:
         return self._all("grad_snr", batch, n_buckets)
 
+    def peak_rss_gb(self) -> list[float]:
+        """Each rank's peak resident memory (GiB) since the previous call."""
+        return self._gather("peak_rss_gb", [rank.peak_rss_gb.remote() for rank in self.ranks])
+
+    def dtype_effective(self) -> str:
+        return self._all("dtype_effective")
+
     def state_dict(self) -> ray.ObjectRef:
         """The full policy weights as an object-store reference (rank 0 gathers them)."""
         refs = [rank.state_dict.remote() for rank in self.ranks]

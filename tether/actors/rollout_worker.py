@@ -14,6 +14,7 @@ from ..policy.load import load_model, load_model_and_tokenizer, load_tokenizer
 from ..rollout import make_engine
 from ..rollout.base import SamplingParams
 from .env_pool import EnvPoolActor, RemoteEnvBatch
+from .memory import peak_rss_gb
 
 
 @ray.remote(max_restarts=-1, max_task_retries=0)
@@ -85,6 +86,18 @@ class RolloutWorker:
         return run_episodes(
             self.engine, self.formatter, self.envs, specs, sampling, seed, max_turns=max_turns
         )
+
+    def peak_rss_gb(self) -> float:
+        """Peak resident memory (GiB) since the previous call (`memory.peak_rss_gb`)."""
+        return peak_rss_gb(reset=True)
+
+    def dtype_effective(self) -> str:
+        """The dtype of the engine's parameters as loaded; an engine that loads its own
+        weights out of reach (vLLM) reports the dtype it was asked for, marked so."""
+        model = getattr(self.engine, "model", None)
+        if isinstance(model, torch.nn.Module):
+            return str(next(model.parameters()).dtype).removeprefix("torch.")
+        return f"{self.dtype} (requested)"
 
     def env_pool_handle(self):
         return self.env_pool

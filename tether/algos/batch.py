@@ -11,6 +11,8 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
+from .vocab import DEFAULT_CHUNK_TOKENS, chunked_logprobs, model_states
+
 
 @dataclass
 class TrajectoryBatch:
@@ -95,15 +97,15 @@ def token_logprobs(
     attention_mask: torch.Tensor,
     temperature: float = 1.0,
     with_entropy: bool = False,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
 ):
-    """log p(token_t | tokens_<t) at ``temperature`` (and the entropy of that distribution)."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1]  # [B,T-1,V]
-    if temperature > 0 and temperature != 1.0:
-        logits = logits / temperature
-    log_probs = torch.log_softmax(logits.float(), dim=-1)  # [B,T-1,V]
-    picked = log_probs.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)  # [B,T-1]
+    """log p(token_t | tokens_<t) at ``temperature`` (and the entropy of that distribution),
+    the vocabulary computations ``chunk_tokens`` positions at a time (`vocab.chunked_logprobs`)."""
+    states, head = model_states(model, input_ids=input_ids, attention_mask=attention_mask)
+    picked, entropy = chunked_logprobs(
+        states[:, :-1], input_ids[:, 1:], head, temperature, with_entropy, chunk_tokens
+    )  # [B,T-1]
     picked = torch.nn.functional.pad(picked, (1, 0))  # [B,T]
     if not with_entropy:
         return picked, None
-    entropy = -(log_probs.exp() * log_probs).sum(-1)  # [B,T-1]
     return picked, torch.nn.functional.pad(entropy, (1, 0))  # [B,T]

@@ -81,6 +81,14 @@ class AlgoConfig(_Section):
         description="Trajectories per forward/backward (gradient accumulation; memory only).",
     )
     max_grad_norm: float = Field(1.0, gt=0.0, description="Gradient clipping norm.")
+    logprob_chunk_tokens: int = Field(
+        1024,
+        ge=0,
+        description="Token positions per chunk of the "
+        "vocabulary head, float32 log-softmax and entropy in the learner and the "
+        "diagnostics (memory only: at most this many x vocab logits exist at once; "
+        "0 = all positions at once).",
+    )
     dynamic_sampling: bool = Field(
         False, description="DAPO: drop zero-variance groups and re-collect until the batch is full."
     )

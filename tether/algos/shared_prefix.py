@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import torch
 
+from .vocab import DEFAULT_CHUNK_TOKENS, chunked_logprobs, model_states
+
 Tensor = torch.Tensor
 
 
@@ -78,14 +80,6 @@ def _left_aligned_prefixes(
     return ids.masked_fill(~valid, pad_id), valid.long()
 
 
-def _log_softmax_and_entropy(logits: Tensor, temperature: float, with_entropy: bool):
-    if temperature > 0 and temperature != 1.0:
-        logits = logits / temperature
-    log_probs = torch.log_softmax(logits.float(), dim=-1)  # [..., V]
-    entropy = -(log_probs.exp() * log_probs).sum(-1) if with_entropy else None
-    return log_probs, entropy
-
-
 def shared_prefix_token_logprobs(
     model,
     input_ids: Tensor,
@@ -95,8 +89,10 @@ def shared_prefix_token_logprobs(
     with_entropy: bool = False,
     pad_id: int = 0,
     prefixes: tuple[Tensor, Tensor, Tensor] | None = None,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
 ):
-    """``token_logprobs`` of right-padded rows [B, T], each group's common prefix run once.
+    """``token_logprobs`` of right-padded rows [B, T], each group's common prefix run once;
+    the vocabulary computations ``chunk_tokens`` positions at a time (`vocab.chunked_logprobs`).
 
     Returns (log-probs [B, T], entropy [B, T] or None), 0 at position 0 and at padding."""
     # Imported here: transformers' cache module pulls in DTensor (~0.5 s), which processes
@@ -117,13 +113,14 @@ def shared_prefix_token_logprobs(
     prefix_ids, prefix_mask = _left_aligned_prefixes(input_ids, first_row, prefix_len, pad_id)
     prefix_pos = (prefix_mask.cumsum(-1) - 1).clamp(min=0)
     cache = DynamicCache(config=model.config)
-    prefix_logits = model(
+    prefix_states, head = model_states(
+        model,
         input_ids=prefix_ids,
         attention_mask=prefix_mask,
         position_ids=prefix_pos,
         past_key_values=cache,
         use_cache=True,
-    ).logits  # [G, Pmax, V]
+    )  # [G, Pmax, H] (or logits [G, Pmax, V], head None)
     for layer in cache.layers:  # expand K/V to the rows; gradients flow back into the prefix
         layer.keys = layer.keys.index_select(0, inverse)
         layer.values = layer.values.index_select(0, inverse)
@@ -134,20 +131,27 @@ def shared_prefix_token_logprobs(
     suffix_valid = cols < lengths[:, None]
     suffix_ids = input_ids.gather(1, cols.clamp(max=width - 1)).masked_fill(~suffix_valid, pad_id)
     mask = torch.cat([prefix_mask.index_select(0, inverse), suffix_valid.long()], dim=1)
-    suffix_logits = model(
+    suffix_states, _ = model_states(
+        model,
         input_ids=suffix_ids,
         attention_mask=mask,
         position_ids=cols,
         past_key_values=cache,
         use_cache=True,
-    ).logits  # [B, S, V]
+    )  # [B, S, H]
 
-    # 3. Pick each token's log-prob from the column whose distribution predicts it.
-    prefix_lp, prefix_ent = _log_softmax_and_entropy(prefix_logits, temperature, with_entropy)
-    suffix_lp, suffix_ent = _log_softmax_and_entropy(suffix_logits, temperature, with_entropy)
-    picked_prefix = prefix_lp[:, :-1].gather(-1, prefix_ids[:, 1:, None]).squeeze(-1)  # [G, Pmax-1]
-    first_suffix = prefix_lp[:, -1].index_select(0, inverse).gather(-1, suffix_ids[:, :1])  # [B, 1]
-    picked_suffix = suffix_lp[:, :-1].gather(-1, suffix_ids[:, 1:, None]).squeeze(-1)  # [B, S-1]
+    # 3. Each token's log-prob from the column whose distribution predicts it: prefix
+    # columns < Pmax-1 predict the prefix's next token, its last column each row's first
+    # suffix token, suffix column s (< S-1) the row's suffix token s+1.
+    def scored(states, targets):
+        return chunked_logprobs(states, targets, head, temperature, with_entropy, chunk_tokens)
+
+    picked_prefix, prefix_ent = scored(prefix_states[:, :-1], prefix_ids[:, 1:])  # [G, Pmax-1]
+    first_suffix, first_ent = scored(
+        prefix_states[:, -1].index_select(0, inverse), suffix_ids[:, 0]
+    )  # [B]
+    picked_suffix, suffix_ent = scored(suffix_states[:, :-1], suffix_ids[:, 1:])  # [B, S-1]
+    first_suffix = first_suffix[:, None]  # [B, 1]
     per_row = torch.cat([picked_prefix.index_select(0, inverse), first_suffix, picked_suffix], 1)
     # Position t of row b <- column t - 1 + Pmax - P_b of per_row; t = 0 and padding get 0.
     t = torch.arange(width, device=device)
@@ -158,6 +162,6 @@ def shared_prefix_token_logprobs(
     if not with_entropy:
         return logprobs, None
     ent_row = torch.cat(
-        [prefix_ent.index_select(0, inverse), suffix_ent[:, :-1]], 1
+        [prefix_ent.index_select(0, inverse), first_ent[:, None], suffix_ent], 1
     )  # [B, Pmax+S-1]
     return logprobs, torch.where(real, ent_row.gather(1, source), 0.0)

@@ -33,6 +33,7 @@ import torch
 from .batch import TrajectoryBatch, token_logprobs
 from .losses import ppo_objective, value_loss
 from .shared_prefix import group_prefix_lengths, shared_prefix_saving, shared_prefix_token_logprobs
+from .vocab import DEFAULT_CHUNK_TOKENS
 
 if TYPE_CHECKING:
     from .settings import AlgoConfig
@@ -65,6 +66,8 @@ class UpdateSettings:
     shared_prefix: bool = True
     #: Dual-clip constant c > 1 (None = off), see ``losses.policy_loss``.
     dual_clip: float | None = None
+    #: Token positions per chunk of the head + log-softmax (`vocab.chunked_logprobs`; 0 = all).
+    logprob_chunk_tokens: int = DEFAULT_CHUNK_TOKENS
 
     @classmethod
     def from_config(cls, algo: AlgoConfig, rollout_temperature: float) -> UpdateSettings:
@@ -84,6 +87,7 @@ class UpdateSettings:
             shared_prefix=algo.shared_prefix,
             temperature=rollout_temperature if rollout_temperature > 0 else 1.0,
             dual_clip=algo.dual_clip,
+            logprob_chunk_tokens=algo.logprob_chunk_tokens,
         )
 
 
@@ -177,6 +181,7 @@ def micro_batch_logprobs(
     temperature: float,
     with_entropy: bool = False,
     shared_prefix: bool = True,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
 ):
     """(log-probs, entropy or None) [b, T] of a micro-batch: the shared-prefix forward
     when its rows share enough leading tokens, else the plain one.  Both agree on
@@ -196,8 +201,11 @@ def micro_batch_logprobs(
                 temperature,
                 with_entropy,
                 prefixes=prefixes,
+                chunk_tokens=chunk_tokens,
             )
-    return token_logprobs(model, mb.input_ids, mb.attention_mask, temperature, with_entropy)
+    return token_logprobs(
+        model, mb.input_ids, mb.attention_mask, temperature, with_entropy, chunk_tokens
+    )
 
 
 @torch.no_grad()
@@ -209,6 +217,7 @@ def batch_logprobs(
     rank: int = 0,
     world_size: int = 1,
     shared_prefix: bool = True,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
 ):
     """Per-token log-probs of the batch under ``model`` (no grad), [B, T].
 
@@ -221,7 +230,9 @@ def batch_logprobs(
         rows_all = group_ordered(rows_all, batch.group_index)
     for rows, weight in rank_micro_batches(rows_all, micro_batch_size, rank, world_size):
         sub = trimmed_rows(batch, rows, _device(model))
-        lp, _ = micro_batch_logprobs(model, sub, temperature, shared_prefix=shared_prefix)
+        lp, _ = micro_batch_logprobs(
+            model, sub, temperature, shared_prefix=shared_prefix, chunk_tokens=chunk_tokens
+        )
         if weight:
             out[rows, : lp.shape[1]] = lp.float().cpu()
     return out
@@ -269,6 +280,7 @@ def prepare_batch(
                 s.temperature,
                 s.micro_batch_size,
                 shared_prefix=s.shared_prefix,
+                chunk_tokens=s.logprob_chunk_tokens,
                 **split,
             )
         )
@@ -282,6 +294,7 @@ def prepare_batch(
                 s.temperature,
                 s.micro_batch_size,
                 shared_prefix=s.shared_prefix,
+                chunk_tokens=s.logprob_chunk_tokens,
                 **split,
             )
         )
@@ -345,7 +358,7 @@ def policy_update(
             for rows, weight in rank_micro_batches(mb_rows, s.micro_batch_size, rank, world_size):
                 mb = trimmed_rows(batch, rows, device)
                 logprobs, entropy = micro_batch_logprobs(
-                    model, mb, s.temperature, need_entropy, shared_prefix
+                    model, mb, s.temperature, need_entropy, shared_prefix, s.logprob_chunk_tokens
                 )
                 if s.entropy_coef == 0.0 and entropy is not None:
                     entropy = entropy.detach()

@@ -43,6 +43,7 @@ import numpy as np
 import torch
 from transformers import AttentionInterface, DynamicCache
 
+from tether.algos.vocab import DEFAULT_CHUNK_TOKENS, model_states
 from tether.diagnostics.mi import mi_proxies, prompt_columns, valid_reasoning_rate
 from tether.diagnostics.multiprefix import score_multi_prefix
 from tether.diagnostics.scoring import right_pad, target_logprobs
@@ -132,7 +133,14 @@ def sample_pairs(
 # ---------------------------------------------------------------- scoring core
 
 
-def _score_naive(model, contexts, continuations, temperature: float, batch_size: int) -> np.ndarray:
+def _score_naive(
+    model,
+    contexts,
+    continuations,
+    temperature: float,
+    batch_size: int,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+) -> np.ndarray:
     """Every (context j, continuation i) as its own sequence; returns S [M, N]."""
     device = next(model.parameters()).device
     jobs = [(i, j) for j in range(len(contexts)) for i in range(len(continuations))]
@@ -142,8 +150,10 @@ def _score_naive(model, contexts, continuations, temperature: float, batch_size:
         ids, mask = right_pad(
             [list(contexts[j]) + list(continuations[i]) for i, j in chunk], device
         )
-        logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits  # [B, T, V]
-        logp = target_logprobs(logits[:, :-1], ids[:, 1:], temperature)  # [B, T-1]
+        states, head = model_states(model, input_ids=ids, attention_mask=mask, use_cache=False)
+        logp = target_logprobs(
+            states[:, :-1], ids[:, 1:], temperature, head, chunk_tokens
+        )  # [B, T-1]
         # Position t predicts token t+1; count it when token t+1 is in the continuation.
         token_pos = torch.arange(1, ids.shape[1], device=device)[None, :]  # [1, T-1]
         starts = torch.tensor([len(contexts[j]) for _, j in chunk], device=device)[:, None]
@@ -226,7 +236,13 @@ def supports_shared_prefix(model) -> bool:
 
 
 def _score_prefix(
-    model, contexts, continuations, temperature: float, batch_size: int, shared: bool = False
+    model,
+    contexts,
+    continuations,
+    temperature: float,
+    batch_size: int,
+    shared: bool = False,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
 ) -> np.ndarray:
     """Encode each context once and score all continuations against its KV cache; S [M, N].
 
@@ -261,24 +277,28 @@ def _score_prefix(
                 if shared:
                     # Right padding needs no mask: real tokens attend causally to real tokens only.
                     with attention_implementation(model, SHARED_PREFIX_ATTENTION):
-                        logits = model(
+                        states, head = model_states(
+                            model,
                             input_ids=ids[:, :-1],
                             position_ids=positions,
                             use_cache=False,
                             shared_prefix_kv=prefix_kv,
-                        ).logits  # [B, W-1, V]
+                        )  # [B, W-1, H]
                 else:
                     attn = torch.cat(
                         [torch.ones(b, p, dtype=torch.long, device=device), valid[:, :-1]], 1
                     )
-                    logits = model(
+                    states, head = model_states(
+                        model,
                         input_ids=ids[:, :-1],
                         attention_mask=attn,
                         position_ids=positions,
                         past_key_values=_expanded_cache(prefix_kv, b, model.config),
                         use_cache=True,
-                    ).logits  # [B, W-1, V]
-                logp = target_logprobs(logits, ids[:, 1:], temperature)  # [B, W-1]
+                    )  # [B, W-1, H]
+                logp = target_logprobs(
+                    states, ids[:, 1:], temperature, head, chunk_tokens
+                )  # [B, W-1]
                 total = total + (logp.double() * valid[:, 1:]).sum(dim=1)
             scores[rows, j] = total.cpu().numpy()
     return scores
@@ -293,6 +313,7 @@ def cross_score_pairs(
     method: ScoringMethod = "auto",
     batch_size: int = 128,
     max_continuation_tokens: int | None = None,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
 ) -> CrossScores:
     """Score every continuation under every context with a HF causal LM.
 
@@ -300,7 +321,8 @@ def cross_score_pairs(
     context (``config.max_position_embeddings``), or than ``max_continuation_tokens``,
     are truncated to the same cap under every context (so a row stays comparable)
     and counted in ``info["truncated_reasoning"]``. ``L`` divides by the scored length.
-    ``batch_size`` = sequences (naive) or continuations (prefix paths) per forward.
+    ``batch_size`` = sequences (naive) or continuations (prefix paths) per forward;
+    ``chunk_tokens`` = token positions whose vocabulary logits exist at once.
     Runs under ``torch.inference_mode``; the model's train/eval mode is left alone
     (``shared_prefix`` swaps its attention implementation for the call and restores it).
     ``info`` records the resolved method, sizes, ``truncated_reasoning``,
@@ -376,7 +398,9 @@ def cross_score_pairs(
             else partial(_score_prefix, shared=method == "shared_prefix")
         )
     with torch.inference_mode():
-        S = score(model, contexts, continuations, temperature, batch_size)
+        S = score(
+            model, contexts, continuations, temperature, batch_size, chunk_tokens=chunk_tokens
+        )
     info["seconds"] = time.perf_counter() - start
     lengths = np.array([len(y) for y in continuations], dtype=np.int64)
     return CrossScores(S=S, L=S / lengths[:, None], lengths=lengths, info=info)
@@ -446,6 +470,7 @@ def information_chain(
     max_continuation_tokens: int | None = None,
     uncertainty: Uncertainty | None = None,
     rng: np.random.Generator | None = None,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
 ) -> ChainResult:
     """I(X;Z) proxies for ``pairs`` and, given ``answer_prefix_ids``, I(Z;A) and I(X;A).
 
@@ -478,6 +503,7 @@ def information_chain(
             method=method,
             batch_size=batch_size,
             max_continuation_tokens=max_continuation_tokens,
+            chunk_tokens=chunk_tokens,
         )
         started = time.perf_counter()
         link_metrics, ema_state[link] = mi_proxies(

@@ -71,12 +71,7 @@ def bucket_grad_norms(
     regulariser gradient is zero, e.g. kl_coef = entropy_coef = 0) and, given
     ``group_reward_std``, ``mean_rv``.
     """
-    params = [p for p in model.parameters() if p.requires_grad]
-    rv = (
-        None
-        if group_reward_std is None
-        else np.asarray(group_reward_std, dtype=np.float64).reshape(-1)
-    )
+    params, rv = _trainable_and_rv(model, group_reward_std)
     rows = []
     for k, bucket in enumerate(buckets, start=1):
         groups = [int(g) for g in bucket]
@@ -85,6 +80,19 @@ def bucket_grad_norms(
         row["reg_grad_norm"] = _grad_norm(reg_loss_fn(groups), params)
         rows.append(_with_ratio_and_rv(row, rv, groups))
     return rows
+
+
+def _trainable_and_rv(
+    model: torch.nn.Module, group_reward_std: np.ndarray | None
+) -> tuple[list[torch.Tensor], np.ndarray | None]:
+    """The parameters that get gradients, and the groups' reward std as a flat array."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    rv = (
+        None
+        if group_reward_std is None
+        else np.asarray(group_reward_std, dtype=np.float64).reshape(-1)
+    )
+    return params, rv
 
 
 def _with_ratio_and_rv(
@@ -112,12 +120,7 @@ def bucket_grad_norms_accumulated(
     ``torch.autograd.grad`` pass; the task and regulariser gradients are summed over the
     parts separately, so the norms are those of the whole bucket's two losses.
     """
-    params = [p for p in model.parameters() if p.requires_grad]
-    rv = (
-        None
-        if group_reward_std is None
-        else np.asarray(group_reward_std, dtype=np.float64).reshape(-1)
-    )
+    params, rv = _trainable_and_rv(model, group_reward_std)
     rows = []
     for k, bucket in enumerate(buckets, start=1):
         groups = [int(g) for g in bucket]

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from transformers import AttentionInterface
 
+from ..algos.vocab import DEFAULT_CHUNK_TOKENS, model_states
 from .scoring import right_pad, target_logprobs
 
 MULTI_PREFIX_ATTENTION = "tether_multi_prefix"
@@ -135,6 +136,7 @@ def score_multi_prefix(
     batch_size: int,
     context_batch: int = 16,
     max_tokens: int = 8192,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
 ) -> np.ndarray:
     """S [M, N]: every continuation under every context, many contexts per forward.
 
@@ -181,13 +183,16 @@ def score_multi_prefix(
                         .reshape(c * r, -1)
                     )
                     with attention_implementation(model, MULTI_PREFIX_ATTENTION):
-                        logits = model(
+                        states, head = model_states(
+                            model,
                             input_ids=inputs,
                             position_ids=positions,
                             use_cache=False,
                             multi_prefix=(sub_kv, valid[c0:c1, :p]),
-                        ).logits  # [C*R, W-1, V]
-                    logp = target_logprobs(logits, ids[:, 1:].repeat(c, 1), temperature)
+                        )  # [C*R, W-1, H]
+                    logp = target_logprobs(
+                        states, ids[:, 1:].repeat(c, 1), temperature, head, chunk_tokens
+                    )
                     total[c0:c1] += (logp.double() * mask[:, 1:].repeat(c, 1)).sum(dim=1).view(c, r)
             scores[np.ix_(rows, block)] = total.T.cpu().numpy()
     return scores

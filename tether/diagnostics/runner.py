@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..agent.pairs import SpanExtractor
+from ..algos.vocab import DEFAULT_CHUNK_TOKENS
 from .crossscore import information_chain, sample_pairs
 from .uncertainty import Uncertainty
 
@@ -40,6 +41,7 @@ def collapse_diagnostics(
     keep_matrices: bool = False,
     max_cells: int | None = None,
     uncertainty: Uncertainty | None = None,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
 ) -> DiagnosticsResult:
     """Degenerate batches are reported, never fatal: a sampling with no turn to score
     logs ``num_pairs`` 0, a link whose pairs have no reasoning (or no action) logs its
@@ -63,6 +65,7 @@ def collapse_diagnostics(
             method=method,
             uncertainty=uncertainty,
             rng=rng,
+            chunk_tokens=chunk_tokens,
         )
         ema_state[sampling] = result.ema_state
         metrics.update(result.flat(f"collapse/{sampling}"))
@@ -145,7 +148,12 @@ def gradient_snr(
             for chunk in length_chunks(lengths, max(1, settings.micro_batch_size), overhead=512):
                 sub = trimmed_rows(batch, rows[torch.as_tensor(chunk)], device)
                 logprobs, entropy = micro_batch_logprobs(
-                    model, sub, settings.temperature, True, settings.shared_prefix
+                    model,
+                    sub,
+                    settings.temperature,
+                    True,
+                    settings.shared_prefix,
+                    settings.logprob_chunk_tokens,
                 )
                 task, reg = losses_of(sub, logprobs, entropy, denominator)
                 if not bool((sub.advantages * sub.response_mask).any()):
@@ -167,6 +175,7 @@ def gradient_snr(
                     sub.attention_mask,
                     settings.temperature,
                     with_entropy=True,
+                    chunk_tokens=settings.logprob_chunk_tokens,
                 )
                 cache[key] = losses_of(sub, logprobs, entropy)
             return cache[key]

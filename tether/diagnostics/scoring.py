@@ -8,13 +8,34 @@ from collections.abc import Sequence
 
 import torch
 
+from ..algos.vocab import DEFAULT_CHUNK_TOKENS
+
 
 def target_logprobs(
-    logits: torch.Tensor, targets: torch.Tensor, temperature: float
+    states: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float,
+    head: torch.nn.Module | None = None,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
 ) -> torch.Tensor:
-    """log softmax(logits/τ) at the target ids: [..., V], [...] -> [...] (fp32)."""
-    scaled = logits.float() / temperature
-    return scaled.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(scaled, dim=-1)
+    """log softmax(logits/τ) at the target ids: [..., ·], [...] -> [...] (fp32).
+
+    ``states`` are logits [..., V] (``head`` None) or hidden states [..., H] that
+    ``head`` maps to logits (`tether.algos.vocab.model_states`); either way at most
+    ``chunk_tokens`` positions' logits exist at once (0: all)."""
+    flat_states = states.reshape(-1, states.shape[-1])
+    flat_targets = targets.reshape(-1)
+    step = max(1, chunk_tokens if chunk_tokens > 0 else flat_targets.shape[0])
+    picked = []
+    for start in range(0, flat_targets.shape[0], step):
+        part = flat_states[start : start + step]
+        logits = part if head is None else head(part)  # [n, V]
+        scaled = logits.float() / temperature
+        tokens = flat_targets[start : start + step, None]
+        picked.append(scaled.gather(-1, tokens).squeeze(-1) - torch.logsumexp(scaled, dim=-1))
+    if not picked:
+        return torch.zeros(targets.shape, dtype=torch.float32, device=targets.device)
+    return torch.cat(picked).reshape(targets.shape)
 
 
 def right_pad(

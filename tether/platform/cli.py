@@ -402,6 +402,12 @@ def report(
         "--log/--no-log",
         help="Log the report as artifacts (report/) of the run or sweep parent.",
     ),
+    finished_only: bool = typer.Option(
+        False,
+        "--finished-only",
+        help="Only runs that finished (not a killed or failed trial whose rerun is also "
+        "there: it would count twice).",
+    ),
 ):
     """The paper's analyses (docs/methods.md, section 13) over MLflow runs: figures (PNG +
     HTML) and report.html."""
@@ -418,6 +424,13 @@ def report(
         resolved, runs = load_target(uri, target)
     except ReportError as exc:
         fail(f"report: {exc}")
+    if finished_only:
+        left_out = [f"{r.name} ({r.status})" for r in runs if r.status != "FINISHED"]
+        runs = [r for r in runs if r.status == "FINISHED"]
+        if left_out:
+            console.print(f"left out, not finished: {', '.join(left_out)}", highlight=False)
+        if not runs:
+            fail(f"report: no finished run in {target}")
     out = out or Path("tether_report") / target.replace("/", "_")
     settings = ReportSettings(sampling=sampling, mi_name=mi_name)
     result = build_report(

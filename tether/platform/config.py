@@ -117,8 +117,12 @@ class ModelConfig(Section):
         description="A Hugging Face causal LM directory or hub id "
         "(None: the tiny CPU model that Tether builds and warm-starts).",
     )
-    size: Literal["tiny", "small", "micro"] = Field(
-        "tiny", description="Tiny model size: tiny 4.3M, small 0.59M, micro 0.16M params."
+    size: Literal["tiny", "small", "micro", "qwen05b-shape"] = Field(
+        "tiny",
+        description="Built model size: tiny 4.3M, small 0.59M, micro 0.16M params; "
+        "qwen05b-shape: Qwen2.5-0.5B's shape and 151,936-token vocabulary (494M params, "
+        "random init, the project tokenizer padded with filler tokens; for measuring "
+        "memory and time: set warm_start.episodes=0).",
     )
     max_context: int = Field(1024, ge=64, description="Model window in tokens (tiny model).")
     cache_dir: Path = Field(
@@ -126,7 +130,13 @@ class ModelConfig(Section):
         description="Where the warm-started tiny model is saved and reused.",
     )
     warm_start: WarmStartConfig = Field(default_factory=WarmStartConfig)
-    dtype: Literal["float32", "bfloat16"] = Field("float32", description="Parameter dtype.")
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32",
+        description="Parameter dtype of the learner (policy, reference; AdamW keeps its "
+        "state in it too, no float32 master copy), the rollout engine and the diagnostics; "
+        "log-softmax and entropy are always float32.  The run's tag "
+        "model.dtype_effective records what each process loaded.",
+    )
 
     @model_validator(mode="after")
     def _path_exists(self):
@@ -309,7 +319,13 @@ class TrainerConfig(Section):
     val_temperature: float | None = Field(
         None, ge=0.0, description="Validation temperature (default: the rollout temperature)."
     )
-    checkpoint_every: int = Field(10, ge=1, description="Checkpoint every N iterations.")
+    checkpoint_every: int = Field(
+        10,
+        ge=0,
+        description="Checkpoint every N iterations and at the end (0 = never: no resume, "
+        "learner restart or rollback; for measurement runs, whose learner state passes "
+        "through the driver: 6 GB for a 0.5 B model with AdamW in float32).",
+    )
     checkpoint_errors: Literal["warn", "stop"] = Field(
         "warn",
         description="A checkpoint that cannot be written (disk full, any OS error): "

@@ -24,6 +24,7 @@ import torch
 
 from .. import seeds
 from ..actors.learner_group import LearnerDied, LearnerGroup
+from ..actors.memory import peak_rss_gb
 from ..actors.rollout_worker import RolloutWorker
 from ..agent.chat import ChatFormatter
 from ..agent.episode import EpisodeSpec
@@ -243,6 +244,21 @@ class Trainer:
             self.call_when_up(k, worker.start_run)
         stops = ray.get(self.workers[0].stop_token_ids.remote())
         self.sampling = SamplingParams(**{**self.sampling.__dict__, "stop_token_ids": stops})
+        self.tracker.set_tags(self.dtype_tags())
+
+    def dtype_tags(self) -> dict[str, str]:
+        """What the run computed in: the parameters' dtype as the learner and each rollout
+        worker loaded them (one name when all agree), and the log-softmax's (float32)."""
+        used = {"learner": self.learner.dtype_effective()}
+        for k, dtype in enumerate(ray.get([w.dtype_effective.remote() for w in self.workers])):
+            used[f"rollout_worker{k}"] = dtype
+        same = len(set(used.values())) == 1
+        return {
+            "model.dtype_effective": next(iter(used.values()))
+            if same
+            else ",".join(f"{k}={v}" for k, v in used.items()),
+            "model.logprob_dtype": "float32",
+        }
 
     def actor_requests(self) -> list[ActorRequest]:
         """The rollout workers and the learner group, keyed by all their constructors and
@@ -540,10 +556,31 @@ class Trainer:
             )
         metrics["rollout/worker_failures"] = float(self.worker_failures)
         metrics["tether.learner_restarts"] = float(self.learner_restarts)
+        metrics.update(self.memory_metrics())
         metrics.update(timers)
         metrics["timing/iteration"] = sum(timers.values())
         self.last_collected = collected
         return metrics
+
+    def memory_metrics(self) -> dict[str, float]:
+        """``system/peak_rss_gb/<process>``: the peak resident memory (GiB) of the driver,
+        each learner rank and each rollout worker since the previous iteration's reading
+        (the first: since the process started); ``system/peak_rss_gb``: their sum, an
+        upper bound on what these processes held at once (shared pages count in each)."""
+        peaks = {"driver": peak_rss_gb(reset=True)}
+        ranks = self.learner.peak_rss_gb()
+        if len(ranks) == 1:
+            peaks["learner"] = ranks[0]
+        else:
+            peaks.update({f"learner_rank{r}": v for r, v in enumerate(ranks)})
+        for k, worker in enumerate(self.workers):
+            try:
+                peaks[f"rollout_worker{k}"] = ray.get(worker.peak_rss_gb.remote())
+            except ray.exceptions.RayActorError:  # restarted at the next collect
+                pass
+        out = {f"system/peak_rss_gb/{name}": value for name, value in peaks.items()}
+        out["system/peak_rss_gb"] = sum(peaks.values())
+        return out
 
     def count_tokens(self, text: str) -> int:
         return len(self.tokenizer.encode(text, add_special_tokens=False))
@@ -740,7 +777,7 @@ class Trainer:
             self.stop_reason = f"alarm {stop.name} at iteration {stop.iteration}"
             self.checkpoint(it)
             return True
-        if it % t.checkpoint_every == 0 or it == t.iterations:
+        if t.checkpoint_every and (it % t.checkpoint_every == 0 or it == t.iterations):
             self.checkpoint(it)
         return False
 
@@ -854,6 +891,8 @@ class Trainer:
         self.learner.adjust(self.settings, knobs.lr)
 
     def checkpoint(self, it: int) -> Path | None:
+        if not self.cfg.trainer.checkpoint_every:  # 0: this run keeps no checkpoints
+            return None
         learner_state = self.learner.full_state()
         driver_state = {
             "iteration": it,

@@ -100,7 +100,12 @@ def build_warm_model(spec: dict, out_dir: Path, progress=None, isolation: str = 
     )
     tokenizer = build_tokenizer(episodes, ws["vocab_size"], ws.get("numerals", "digits"))
     from ..agent.chat import ChatFormatter
-    from .tiny import build_tiny_model, tiny_config
+    from .tiny import TINY_SIZES, build_tiny_model, tiny_config
+    from .tokenizer import pad_vocabulary
+
+    fixed_vocab = TINY_SIZES[spec["size"]].vocab_size
+    if fixed_vocab is not None:  # a real-size vocabulary: the project's tokenizer, padded
+        tokenizer = pad_vocabulary(tokenizer, fixed_vocab)
 
     formatter = ChatFormatter(tokenizer)
     sequences = [encode_episode(formatter, e) for e in episodes]

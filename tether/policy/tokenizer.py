@@ -18,6 +18,7 @@ like any Hugging Face chat tokenizer.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from typing import Literal
 
@@ -87,3 +88,39 @@ def train_tokenizer(
     tokenizer.chat_template = CHATML_TEMPLATE
     tokenizer.model_max_length = 1 << 20
     return tokenizer
+
+
+#: The text of filler token k (`pad_vocabulary`): visible, and never produced by encoding.
+FILLER = "<|filler_{}|>"
+
+
+def pad_vocabulary(tokenizer: PreTrainedTokenizerFast, size: int) -> PreTrainedTokenizerFast:
+    """The same tokenizer with its BPE vocabulary padded to ``size`` ids by filler tokens.
+
+    A model with a real-size vocabulary (Qwen2.5's 151,936) built from the project's own
+    tokenizer: encoding is unchanged (no merge produces a filler, so every text is cut
+    exactly as before), and every id the model can sample decodes (filler k reads
+    ``<|filler_k|>``), as the padded ids of a real checkpoint's embedding do not."""
+    state = json.loads(tokenizer.backend_tokenizer.to_str())
+    vocab = state["model"]["vocab"]
+    taken = set(vocab) | {t["content"] for t in state.get("added_tokens", [])}
+    next_id = len(tokenizer)
+    if next_id > size:
+        raise ValueError(f"the tokenizer has {next_id} tokens, more than {size}")
+    k = 0
+    while next_id < size:
+        text = FILLER.format(k)
+        k += 1
+        if text not in taken:
+            vocab[text] = next_id
+            next_id += 1
+    padded = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_str(json.dumps(state)),
+        pad_token=tokenizer.pad_token,
+        eos_token=tokenizer.eos_token,
+        bos_token=tokenizer.bos_token,
+        additional_special_tokens=[BOS_CHAT],
+    )
+    padded.chat_template = tokenizer.chat_template
+    padded.model_max_length = tokenizer.model_max_length
+    return padded

@@ -1,0 +1,116 @@
+"""Log-probabilities and entropies over a large vocabulary, chunked over token positions.
+
+A causal LM's logits are ``lm_head(h)`` for the last hidden states h [N, H]; over a real
+vocabulary (Qwen2.5: V = 151,936) the logits of N token positions are N x V floats:
+one micro-batch of 16 trajectories x 600 tokens is 5.8 GB in float32, and the
+log-softmax, its exponential and their product each as much again.  Here the model is
+run up to its hidden states only (``model_states``), and the head, the float32
+log-softmax, the picked target log-prob and the entropy are computed for
+``chunk_tokens`` positions at a time (``chunked_logprobs``): at most chunk_tokens x V
+floats exist at once.
+
+Gradients: with gradients enabled each chunk runs under activation checkpointing
+(``torch.utils.checkpoint``, non-reentrant), so the forward keeps only the chunk's
+hidden states and the backward recomputes that chunk's logits; the result and its
+gradients are those of the unchunked computation (tests/test_vocab_chunks.py, 1e-5).
+
+dtype: a bfloat16 model's head gives bfloat16 logits; the log-softmax and entropy are
+taken in float32 (as the unchunked path always did).
+
+A model whose logits are not exactly ``lm_head(last_hidden_state)`` (a soft-capped or
+scaled head, e.g. Gemma 2's ``final_logit_softcapping``), or whose root module is
+sharded with FSDP (its head's parameters are gathered only inside the root's own
+forward), is run whole: its logits [N, V] are materialised and only the log-softmax
+is chunked.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+Tensor = torch.Tensor
+
+#: Default token positions per chunk: 1024 x 151,936 float32 logits are 0.62 GB.
+DEFAULT_CHUNK_TOKENS = 1024
+
+
+def split_head(model):
+    """(backbone, head) with ``model(**inputs).logits == head(backbone(**inputs)
+    .last_hidden_state)``, or None when the model's logits are not that plain map."""
+    backbone = getattr(model, "model", None)
+    head = getattr(model, "lm_head", None)
+    if backbone is None or not isinstance(head, torch.nn.Linear):
+        return None
+    config = getattr(model, "config", None)
+    if getattr(config, "final_logit_softcapping", None) or hasattr(model, "logit_scale"):
+        return None
+    if getattr(config, "logit_scale", None) not in (None, 1, 1.0):
+        return None
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # pragma: no cover - torch without distributed
+        FSDPModule = ()  # noqa: N806
+    if isinstance(model, FSDPModule):
+        return None
+    return backbone, head
+
+
+def model_states(model, **inputs) -> tuple[Tensor, torch.nn.Module | None]:
+    """(states [B, T, ·], head): the last hidden states and the head that maps them to
+    logits, or (logits [B, T, V], None) for a model ``split_head`` refuses."""
+    split = split_head(model)
+    if split is None:
+        return model(**inputs).logits, None
+    backbone, head = split
+    return backbone(**inputs).last_hidden_state, head
+
+
+def _chunk_logprobs(states, targets, head, temperature: float, with_entropy: bool):
+    logits = states if head is None else head(states)  # [n, V]
+    logits = logits.float()
+    if temperature > 0 and temperature != 1.0:
+        logits = logits / temperature
+    log_probs = torch.log_softmax(logits, dim=-1)  # [n, V] float32
+    picked = log_probs.gather(-1, targets[:, None]).squeeze(-1)  # [n]
+    if not with_entropy:
+        return picked, None
+    return picked, -(log_probs.exp() * log_probs).sum(-1)  # [n]
+
+
+def chunked_logprobs(
+    states: Tensor,
+    targets: Tensor,
+    head: torch.nn.Module | None = None,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+) -> tuple[Tensor, Tensor | None]:
+    """log softmax(head(states) / T) at ``targets`` (and the entropy), float32.
+
+    ``states`` [..., H] are hidden states (``head`` given) or logits [..., V] (``head``
+    None); ``targets`` [...] are token ids.  Computed ``chunk_tokens`` positions at a
+    time (0: all at once); returns tensors of ``targets``' shape."""
+    shape = targets.shape
+    flat_states = states.reshape(-1, states.shape[-1])  # [N, ·]
+    flat_targets = targets.reshape(-1)  # [N]
+    n = flat_targets.shape[0]
+    step = n if chunk_tokens <= 0 else chunk_tokens
+    grad = torch.is_grad_enabled() and (
+        flat_states.requires_grad
+        or (head is not None and any(p.requires_grad for p in head.parameters()))
+    )
+    picked, entropy = [], []
+    for start in range(0, max(n, 1), max(step, 1)):
+        args = (flat_states[start : start + step], flat_targets[start : start + step])
+        if grad and step < n:
+            # Keep only the chunk's inputs; the backward recomputes its logits.
+            lp, ent = checkpoint(
+                _chunk_logprobs, *args, head, temperature, with_entropy, use_reentrant=False
+            )
+        else:
+            lp, ent = _chunk_logprobs(*args, head, temperature, with_entropy)
+        picked.append(lp)
+        entropy.append(ent)
+    out = torch.cat(picked).reshape(shape)
+    return out, torch.cat(entropy).reshape(shape) if with_entropy else None
