@@ -150,14 +150,15 @@ def _run(cfg, pool):
 
 
 def _metrics(summary) -> dict[str, dict[int, float]]:
-    """Every logged metric but wall times, as {key: {step: value}}."""
+    """Every logged metric but wall times and memory readings (a process's peak RSS
+    depends on what it ran before), as {key: {step: value}}."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(summary.tracking_uri)
     keys = [
         k
         for k in client.get_run(summary.run_id).data.metrics
-        if not k.startswith("timing/") and k != "rollout/tokens_per_s"
+        if not k.startswith(("timing/", "system/")) and k != "rollout/tokens_per_s"
     ]
     return {
         k: {m.step: m.value for m in client.get_metric_history(summary.run_id, k)} for k in keys

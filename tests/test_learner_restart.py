@@ -19,7 +19,7 @@ from tether.actors.learner_group import LearnerGroup
 from tether.platform.config import build_config
 
 ITERATIONS, KILL_AT = 4, 3
-NOT_COMPARED = ("timing/", "rollout/tokens_per_s", "tether.learner_restarts")
+NOT_COMPARED = ("timing/", "system/", "rollout/tokens_per_s", "tether.learner_restarts")
 
 
 def _config(tmp_path, models_dir, world_size):
