@@ -64,6 +64,35 @@ otherwise protocol 3 is reported as "could not induce collapse" and not run.
         --out /tmp/avw3-pilot --seeds 100 --modes warn --iterations 20 --inject-from 3
     python benchmarks/act_vs_warn.py model.path=<cache>/tiny-<key> algo.lr=1e-3 \
         --out /tmp/avw3 --iterations 20 --inject-from 3
+
+Protocol 4 (session 9; written after protocols 1-3 failed to collapse ``warn`` and after
+finding a of the reproduction suite (docs/reproduction.md) had run, before any run of
+protocol 4).  A natural collapse instead of an injected one: finding a's top-p arm
+(``experiments/paper/a_collapse.yaml`` with ``filter: top_p 0.9``, seeds 0, 1, 2, 30
+iterations, 128 validation levels), where ``template_collapse`` fired in warn mode at
+iteration 15 (seed 1) and 20 (seed 2) and not at all in seed 0.  Conditions.  ``warn``:
+finding a's three top-p trials as they ran (sweep parent 09b35ba021414d10a77724547258ca3e
+in the repro store), not rerun, to spend the CPU on the new arm.  ``act``: the same spec and
+seeds with template_collapse and low_entropy_collapse in act mode with their default
+responses, cooldown 2, at most 4 actions, and a checkpoint every 5 iterations (the
+diagnostic points, so that rollback has targets).  Comparability check, decided before the
+runs: each act run's ``rollout/success`` and first-turn ``mi_estimate`` at every iteration
+before its first action must equal its warn trial's to 1e-6; if any differs, the warn arm
+is not comparable (the code changed under it), protocol 4 is reported as "not comparable"
+and the warn arm must be rerun on the current code before any verdict.  Measures and
+verdict rule as protocol 1: first-turn ``mi_estimate`` averaged over the last 3 diagnostic
+points (iterations 20, 25, 30), and the final ``val/success``; paired act - warn over the
+3 seeds, 95 % t-interval (2 degrees of freedom): helps / hurts / no difference shown.  A
+seed whose act run takes no action is the warn run again (difference 0 by construction,
+confirmed by the check) and stays in the pairs.
+
+    tether sweep experiments/paper/a_collapse.yaml sweep.name=avw4_act \
+        'sweep.space={filter: {grid: [{strategy: top_p, mode: linear, value: 0.9}]}, experiment.seed: {grid: [0, 1, 2]}}' \
+        alarms.template_collapse.mode=act alarms.low_entropy_collapse.mode=act \
+        alarms.control.cooldown=2 alarms.control.max_actions=4 trainer.checkpoint_every=5 \
+        sweep.max_concurrent=1 model.cache_dir=/tmp/repro/models experiment.output_dir=/tmp/repro/runs
+    python benchmarks/act_vs_warn.py --compare <warn parent> <act parent> \
+        --tracking sqlite:////tmp/repro/runs/mlflow.db
 """
 
 from __future__ import annotations

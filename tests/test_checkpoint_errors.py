@@ -19,10 +19,9 @@ import textwrap
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.conftest import micro_config_dict
+from tests.conftest import checkpointed_run_config
 from tether.platform import checkpoint as checkpoint_module
 from tether.platform.checkpoint import CheckpointError, load_checkpoint
-from tether.platform.config import build_config
 
 FULL_DISK = textwrap.dedent("""
     import errno, subprocess, sys, torch
@@ -113,24 +112,12 @@ ITERATIONS = 3
 def _trainer(tmp_path, models_dir, policy, on_event=None):
     from tether.platform.driver import Trainer
 
-    cfg = build_config(
-        micro_config_dict(
-            tmp_path,
-            rollout={"num_workers": 1, "groups": 2, "group_size": 4},
-            algo={"preset": "grpo", "kl_coef": 0.0, "micro_batch_size": 8},
-            trainer={
-                "iterations": ITERATIONS,
-                "val_every": ITERATIONS,
-                "val_episodes": 2,
-                "checkpoint_every": 1,
-                "samples_per_log": 0,
-                "checkpoint_errors": policy,
-            },
-            diagnostics={"enabled": False},
-            tracking={"log_model": False},
-        )
+    cfg = checkpointed_run_config(
+        tmp_path,
+        models_dir,
+        ITERATIONS,
+        trainer={"samples_per_log": 0, "checkpoint_errors": policy},
     )
-    cfg.model.cache_dir = models_dir
     return Trainer(cfg, on_event)
 
 

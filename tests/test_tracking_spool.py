@@ -20,10 +20,10 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
-from tests.conftest import micro_config_dict
+from tests.conftest import checkpointed_run_config
 from tests.mlflow_server import MlflowServer
 from tether.platform.cli import app
-from tether.platform.config import TrackingConfig, build_config
+from tether.platform.config import TrackingConfig
 from tether.platform.tracking import SPOOL_DIRNAME, Tracker
 
 BUDGET_S = 6.0  # 2 attempts x 2 s timeout + backoff (1 s) + jitter (<= 1 s)
@@ -152,29 +152,13 @@ def test_training_run_survives_a_server_outage(
 ):
     from tether.platform.driver import Trainer
 
-    cfg = build_config(
-        micro_config_dict(
-            tmp_path,
-            rollout={"num_workers": 1, "groups": 2, "group_size": 4},
-            algo={"preset": "grpo", "kl_coef": 0.0, "micro_batch_size": 8},
-            trainer={
-                "iterations": ITERATIONS,
-                "val_every": ITERATIONS,
-                "val_episodes": 2,
-                "checkpoint_every": 1,
-                "samples_every": 1,
-                "samples_per_log": 1,
-            },
-            diagnostics={"enabled": False},
-            tracking={
-                "uri": server.uri,
-                "log_model": False,
-                "probe_every_s": 1.0,
-                "drain_timeout_s": 300,
-            },
-        )
+    cfg = checkpointed_run_config(
+        tmp_path,
+        models_dir,
+        ITERATIONS,
+        trainer={"samples_every": 1, "samples_per_log": 1},
+        tracking={"uri": server.uri, "probe_every_s": 1.0, "drain_timeout_s": 300},
     )
-    cfg.model.cache_dir = models_dir
     messages, outage = [], {}
 
     def on_event(kind, data):

@@ -573,10 +573,13 @@ class Trainer:
             peaks["learner"] = ranks[0]
         else:
             peaks.update({f"learner_rank{r}": v for r, v in enumerate(ranks)})
-        for k, worker in enumerate(self.workers):
+        # All workers are asked at once; one answer is awaited at a time so that a dead
+        # worker (restarted at the next collect) costs only its own reading.
+        readings = [worker.peak_rss_gb.remote() for worker in self.workers]
+        for k, reading in enumerate(readings):
             try:
-                peaks[f"rollout_worker{k}"] = ray.get(worker.peak_rss_gb.remote())
-            except ray.exceptions.RayActorError:  # restarted at the next collect
+                peaks[f"rollout_worker{k}"] = ray.get(reading)
+            except ray.exceptions.RayActorError:
                 pass
         out = {f"system/peak_rss_gb/{name}": value for name, value in peaks.items()}
         out["system/peak_rss_gb"] = sum(peaks.values())
