@@ -166,19 +166,26 @@ def run(spec: str, overrides: list[str], seed: int, mode: str, args) -> dict:
     started = time.perf_counter()
     summary = InjectedTrainer(cfg, args.inject_from).run()
     client = MlflowClient(summary.tracking_uri)
+    return run_row(client, summary.run_id, seed, mode, time.perf_counter() - started)
+
+
+def run_row(client, run_id: str, seed: int, mode: str, seconds: float) -> dict:
+    """One run's measures, read back from MLflow."""
 
     def history(key):
-        return {m.step: m.value for m in client.get_metric_history(summary.run_id, key)}
+        return {m.step: m.value for m in client.get_metric_history(run_id, key)}
 
     mi, retrieval = history(f"{PREFIX}/mi_estimate"), history(f"{PREFIX}/retrieval_acc")
     last = sorted(mi)[-3:]
-    tags = client.get_run(summary.run_id).data.tags
+    run = client.get_run(run_id)
+    tags = run.data.tags
+    val, val_low, val_high = (history(f"val/success{s}") for s in ("", "_ci_low", "_ci_high"))
     return {
         "seed": seed,
         "mode": mode,
-        "run_id": summary.run_id,
-        "status": summary.status,
-        "seconds": time.perf_counter() - started,
+        "run_id": run_id,
+        "status": run.info.status,
+        "seconds": seconds,
         "mi_last3": float(np.mean([mi[s] for s in last])),
         "mi_points": {
             s: [
@@ -189,11 +196,52 @@ def run(spec: str, overrides: list[str], seed: int, mode: str, args) -> dict:
             for s in sorted(mi)
         },
         "retrieval_last3": float(np.mean([retrieval[s] for s in last])),
-        "val_success": summary.val_history,
-        "val_intervals": summary.val_intervals,
+        "val_success": val,
+        "val_intervals": {s: (val_low[s], val_high[s]) for s in val},
         "alarms": sorted(k for k in tags if k.startswith("alarm.")),
         "actions": [tags[k] for k in sorted(tags) if k.startswith("control.")],
+        "first_action": min(
+            (int(tags[k].split(":")[0].split()[1]) for k in tags if k.startswith("control.")),
+            default=None,
+        ),
     }
+
+
+def sweep_rows(client, parent_id: str, mode: str, strategy: str) -> list[dict]:
+    """The finished trials of a sweep (MLflow parent run) with ``filter.strategy``."""
+    parent = client.get_run(parent_id)
+    children = client.search_runs(
+        [parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent_id}'"
+    )
+    rows = []
+    for child in children:
+        params = child.data.params
+        if params.get("filter.strategy") != strategy or child.info.status != "FINISHED":
+            continue
+        seconds = (child.info.end_time - child.info.start_time) / 1000
+        rows.append(
+            run_row(client, child.info.run_id, int(params["experiment.seed"]), mode, seconds)
+        )
+    return sorted(rows, key=lambda r: r["seed"])
+
+
+def comparable(client, warn: dict, act: dict, tolerance: float = 1e-6) -> str | None:
+    """None when the act run equals its warn run at every iteration up to and including its
+    first action (all of them when it took none); else where they first differ."""
+    last = act["first_action"]
+    for key in ("rollout/success", f"{PREFIX}/mi_estimate"):
+        w, a = (
+            {m.step: m.value for m in client.get_metric_history(r["run_id"], key)}
+            for r in (warn, act)
+        )
+        for step in sorted(set(w) | set(a)):
+            if last is not None and step > last:
+                break
+            if step not in w or step not in a or abs(w[step] - a[step]) > tolerance:
+                return f"{key} at iteration {step}: warn {w.get(step)}, act {a.get(step)}"
+    if last is None and warn["val_success"] != act["val_success"]:
+        return f"val/success: warn {warn['val_success']}, act {act['val_success']}"
+    return None
 
 
 def paired(rows: list[dict], key) -> str:
@@ -221,15 +269,41 @@ def main() -> None:
     parser.add_argument("--inject-from", type=int, default=4)
     parser.add_argument("--modes", nargs="+", choices=["warn", "act"], default=["warn", "act"])
     parser.add_argument("--out", default="/tmp/act_vs_warn")
+    parser.add_argument(
+        "--compare",
+        nargs=2,
+        metavar=("WARN_PARENT", "ACT_PARENT"),
+        help="protocol 4: compare two finished sweeps (MLflow parent run ids) instead of running",
+    )
+    parser.add_argument("--filter", default="top_p", help="--compare: the trials' filter.strategy")
+    parser.add_argument("--tracking", help="--compare: the sweeps' MLflow tracking URI")
     parser.add_argument("overrides", nargs="*", help="config overrides, e.g. model.cache_dir=...")
     args = parser.parse_args()
-    args.tracking = f"sqlite:///{Path(args.out).resolve() / 'mlflow.db'}"
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    rows = []
-    for seed in args.seeds:
-        for mode in args.modes:
-            rows.append(run(args.spec, args.overrides, seed, mode, args))
-            print(json.dumps(rows[-1]), flush=True)
+    if args.compare:
+        client = MlflowClient(args.tracking)
+        warn, act = (
+            sweep_rows(client, parent, mode, args.filter)
+            for parent, mode in zip(args.compare, ("warn", "act"), strict=True)
+        )
+        by_seed = {r["seed"]: r for r in warn}
+        differences = {
+            r["seed"]: comparable(client, by_seed[r["seed"]], r)
+            for r in act
+            if r["seed"] in by_seed
+        }
+        for seed, difference in differences.items():
+            print(f"seed {seed}: comparable before the first action: {difference or 'yes'}")
+        if any(differences.values()):
+            print("NOT COMPARABLE: rerun the warn arm on the current code before any verdict")
+        rows = warn + act
+    else:
+        args.tracking = f"sqlite:///{Path(args.out).resolve() / 'mlflow.db'}"
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        rows = []
+        for seed in args.seeds:
+            for mode in args.modes:
+                rows.append(run(args.spec, args.overrides, seed, mode, args))
+                print(json.dumps(rows[-1]), flush=True)
     print()
     for r in rows:
         last_val = r["val_success"][max(r["val_success"])]
