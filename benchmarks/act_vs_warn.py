@@ -93,6 +93,20 @@ confirmed by the check) and stays in the pairs.
         sweep.max_concurrent=1 model.cache_dir=/tmp/repro/models experiment.output_dir=/tmp/repro/runs
     python benchmarks/act_vs_warn.py --compare <warn parent> <act parent> \
         --tracking sqlite:////tmp/repro/runs/mlflow.db
+
+Protocol 4, amendment (session 9, after the comparability check failed, before any verdict
+was computed).  The check failed for seeds 0 and 1: their act runs left their warn trials
+at iterations 7 and 6 (``rollout/success``), before any action (the first actions were at
+15 and 30), so a's trials are not the act runs' counterfactual: either the code changed
+under them or the act arm's checkpoints (every 5 iterations; a's trials kept none) change
+the trajectory.  As the protocol says, the warn arm is rerun on the current code, with
+exactly the act arm's settings but the two alarm modes (so checkpoints every 5 iterations
+in both), and the check is applied to the new pairs:
+
+    tether sweep experiments/paper/a_collapse.yaml sweep.name=avw4_warn \
+        'sweep.space={filter: {grid: [{strategy: top_p, mode: linear, value: 0.9}]}, experiment.seed: {grid: [0, 1, 2]}}' \
+        alarms.control.cooldown=2 alarms.control.max_actions=4 trainer.checkpoint_every=5 \
+        sweep.max_concurrent=1 model.cache_dir=/tmp/repro/models experiment.output_dir=/tmp/repro/runs
 """
 
 from __future__ import annotations
