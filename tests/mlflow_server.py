@@ -26,7 +26,9 @@ class MlflowServer:
         self.process: subprocess.Popen | None = None
         self.root.mkdir(parents=True, exist_ok=True)
 
-    def start(self, timeout: float = 120.0) -> None:
+    def start(self, timeout: float = 300.0) -> None:
+        # a loaded 2-core machine has taken ~110 s between the server's start and its
+        # first answer (its job executor and uvicorn start-up), so the wait is generous
         mlflow = Path(sys.executable).with_name("mlflow")
         self.process = subprocess.Popen(
             [
