@@ -38,16 +38,19 @@ def micro_config_dict(tmp_dir, **sections) -> dict:
     return base
 
 
-def checkpointed_run_config(tmp_dir, models_dir, iterations: int, trainer=None, tracking=None):
+def checkpointed_run_config(
+    tmp_dir, models_dir, iterations: int, trainer=None, tracking=None, rollout=None
+):
     """A validated config for a short run with no diagnostics and a checkpoint every
     iteration (one worker, 2 groups of 4, GRPO without KL), the warm start read from
-    ``models_dir``; ``trainer``/``tracking`` add to or replace those sections' values."""
+    ``models_dir``; ``trainer``/``tracking``/``rollout`` add to or replace those sections'
+    values."""
     from tether.platform.config import build_config
 
     cfg = build_config(
         micro_config_dict(
             tmp_dir,
-            rollout={"num_workers": 1, "groups": 2, "group_size": 4},
+            rollout={"num_workers": 1, "groups": 2, "group_size": 4, **(rollout or {})},
             algo={"preset": "grpo", "kl_coef": 0.0, "micro_batch_size": 8},
             trainer={
                 "iterations": iterations,

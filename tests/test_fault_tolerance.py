@@ -15,32 +15,20 @@ import pytest
 import ray
 from mlflow.tracking import MlflowClient
 
-from tests.conftest import micro_config_dict
-from tether.platform.config import build_config
+from tests.conftest import checkpointed_run_config
 from tether.platform.driver import Trainer
 
 ITERATIONS = 5
 
 
 def _config(tmp_path, models_dir):
-    cfg = build_config(
-        micro_config_dict(
-            tmp_path,
-            rollout={"num_workers": 2, "groups": 2, "group_size": 4},
-            algo={"preset": "grpo", "kl_coef": 0.0, "micro_batch_size": 8},
-            trainer={
-                "iterations": ITERATIONS,
-                "val_every": ITERATIONS,
-                "val_episodes": 2,
-                "checkpoint_every": ITERATIONS,
-                "samples_per_log": 0,
-            },
-            tracking={"log_model": False},
-            diagnostics={"enabled": False},
-        )
+    return checkpointed_run_config(
+        tmp_path,
+        models_dir,
+        ITERATIONS,
+        rollout={"num_workers": 2},
+        trainer={"checkpoint_every": ITERATIONS, "samples_per_log": 0},
     )
-    cfg.model.cache_dir = models_dir
-    return cfg
 
 
 class FaultInjector:
