@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from ..algos.settings import AlgoConfig, FilterConfig
 from ..diagnostics.alarms import AlarmsConfig
 from ..envs.sandbox.isolation import SandboxConfig
+from ..policy.lora import LoraConfig
 
 if TYPE_CHECKING:
     from ..diagnostics.uncertainty import Uncertainty
@@ -136,6 +137,13 @@ class ModelConfig(Section):
         "state in it too, no float32 master copy), the rollout engine and the diagnostics; "
         "log-softmax and entropy are always float32.  The run's tag "
         "model.dtype_effective records what each process loaded.",
+    )
+    lora: LoraConfig | None = Field(
+        None,
+        description="LoRA adapters (peft) instead of full fine-tuning: null = train every "
+        "weight; set (e.g. model.lora.r=8) = train rank-r adapters only, the KL reference "
+        "is the same model with its adapters disabled (no second copy), and the rollout "
+        "engines get the merged weights.  Fields: r, alpha, dropout, target_modules.",
     )
 
     @model_validator(mode="after")
