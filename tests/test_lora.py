@@ -215,7 +215,10 @@ def test_lora_learner_reference_sync_and_resume(micro_policy, ray_local, tmp_pat
         # (2) after the updates: the reference is still the base model, the policy is not
         again = group.prepare(copy.deepcopy(batches[0]), recompute_old_logprobs=True)
         assert torch.equal(again.ref_logprobs, base_lp[0])
-        assert float(((again.old_logprobs - again.ref_logprobs).abs() * again.response_mask).max()) > 1e-2
+        assert (
+            float(((again.old_logprobs - again.ref_logprobs).abs() * again.response_mask).max())
+            > 1e-2
+        )
 
         # (3) weight sync: the engine samples, the learner scores the same tokens
         _, tok, formatter, engine, sampling = _setup(micro_policy)

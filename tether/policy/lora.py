@@ -119,9 +119,7 @@ def add_lora(model, lora: LoraConfig):
         target_modules=list(lora.target_modules),
         bias="none",
     )
-    wrapper = peft.get_peft_model(
-        model, config, adapter_name=ADAPTER, autocast_adapter_dtype=False
-    )
+    wrapper = peft.get_peft_model(model, config, adapter_name=ADAPTER, autocast_adapter_dtype=False)
     model.train(training)
     return wrapper
 
