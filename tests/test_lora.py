@@ -96,6 +96,14 @@ def test_wrong_lora_settings_are_one_line_naming_the_field(micro_policy, tmp_pat
     on = build_config(micro_config_dict(tmp_path), ["model.lora.r=16"]).model.lora
     assert (on.r, on.alpha, on.scaling, on.dropout) == (16, 16.0, 1.0, 0.0)
     assert "down_proj" in on.target_modules
+    from tether.platform.config import describe_fields  # the help lists the off section's fields
+
+    rows = {path: (default, text) for path, default, text in describe_fields()}
+    assert rows["model.lora"][0] is None
+    assert rows["model.lora.r"] == (
+        8,
+        "Adapter rank r (A is r x in, B is out x r). (when model.lora is set)",
+    )
 
     # A name the model does not have: refused from its config alone, the valid ones listed.
     with pytest.raises(ValueError) as err:

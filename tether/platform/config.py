@@ -600,4 +600,20 @@ def describe_fields(config: BaseModel | None = None, prefix: str = ""):
             if isinstance(value, list) and any(isinstance(v, BaseModel) for v in value):
                 value = [v.model_dump() if isinstance(v, BaseModel) else v for v in value]
             rows.append((path, value, field.description or ""))
+            section = _optional_section(field.annotation) if value is None else None
+            if section is not None:  # an optional section that is off: its fields, if set
+                rows += [
+                    (sub, default, f"{text} (when {path} is set)")
+                    for sub, default, text in describe_fields(section(), path + ".")
+                ]
     return rows
+
+
+def _optional_section(annotation) -> type[BaseModel] | None:
+    """The section class of a ``Section | None`` field (e.g. ``model.lora``), else None."""
+    import typing
+
+    for arg in typing.get_args(annotation):
+        if isinstance(arg, type) and issubclass(arg, BaseModel):
+            return arg
+    return None
