@@ -99,7 +99,9 @@ def _train(policy, batches, world_size, use_critic, lora=None):
     [(False, None), (True, None), (False, LORA)],
     ids=["grpo", "ppo-critic", "grpo-lora"],
 )
-def test_world_size_2_matches_world_size_1(micro_policy, batches, ray_local, use_critic, lora):
+def test_world_size_2_matches_world_size_1(
+    micro_policy, batches, ray_local, tmp_path, use_critic, lora
+):
     """The gathered (with LoRA: merged) weights, the module state, Adam moments and the
     update metrics; with LoRA the reference log-probs come through disabled adapters on
     each rank's shards."""
@@ -128,6 +130,11 @@ def test_world_size_2_matches_world_size_1(micro_policy, batches, ray_local, use
             for k, v in state2["model"].items():  # the base weights never move
                 if ".lora_" not in k:
                     assert torch.equal(v, initial[k.replace(".base_layer.", ".")]), k
+            # rank 0's unsharded copy saves the merged model and the adapters
+            saved = two[4].save(str(tmp_path / "w2"))
+            plain = load_model_and_tokenizer(saved)[0].state_dict()
+            assert all(torch.equal(plain[k], w2[k]) for k in w2)
+            assert (tmp_path / "w2" / "adapter" / "adapter_model.safetensors").is_file()
         if use_critic:
             for k in state1["critic"]:
                 assert torch.allclose(state1["critic"][k], state2["critic"][k], atol=1e-5), k
