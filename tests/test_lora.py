@@ -274,6 +274,43 @@ def test_lora_learner_reference_sync_and_resume(micro_policy, ray_local, tmp_pat
         assert torch.equal(weights[key], own[key]), key
 
 
+def test_lora_learner_holds_no_reference_copy(micro_policy, ray_local):
+    """In process: a learner asked for a reference (KL on) loads a second model without
+    LoRA and none with it, also when an act-mode response turns the KL on mid-run; the
+    reference log-probs are computed only while the KL coefficient is above 0."""
+    import dataclasses
+
+    from tether.actors.learner import Learner
+
+    batch = _batches(micro_policy, 1)[0]
+    threads = torch.get_num_threads()
+    try:
+        full = Learner.__ray_actor_class__(str(micro_policy), False, 1, use_reference=True)
+        full.start_run(SETTINGS, lr=1e-3, critic_lr=0.0, seed=0)
+        assert full.reference is not None  # the control: full fine-tuning keeps a copy
+        lora = Learner.__ray_actor_class__(
+            str(micro_policy), False, 1, use_reference=True, lora=LORA
+        )
+        lora.start_run(dataclasses.replace(SETTINGS, kl_coef=0.0), lr=1e-3, critic_lr=0.0, seed=0)
+        assert lora.reference is None
+        assert lora.prepare(copy.deepcopy(batch), True).ref_logprobs is None  # KL off: no pass
+        lora.adjust(SETTINGS, lr=1e-3)  # KL raised mid-run: still nothing loaded
+        assert lora.reference is None
+        lora.update(lora.prepare(copy.deepcopy(batch), True))
+        expected = full.prepare(copy.deepcopy(batch), True).ref_logprobs
+        assert torch.equal(lora.prepare(copy.deepcopy(batch), True).ref_logprobs, expected)
+
+        def weights_held(learner) -> set[int]:  # storages of every module it holds
+            modules = [v for v in vars(learner).values() if isinstance(v, torch.nn.Module)]
+            return {p.data_ptr() for m in modules for p in m.parameters()}
+
+        # the policy's weights and nothing else (peft's wrapper holds that same module)
+        assert weights_held(lora) == {p.data_ptr() for p in lora.model.parameters()}
+        assert len(weights_held(full)) == 2 * len(list(full.model.parameters()))
+    finally:
+        torch.set_num_threads(threads)
+
+
 # -- through the driver ---------------------------------------------------------------
 
 
