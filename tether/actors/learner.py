@@ -242,7 +242,8 @@ class Learner:
         if self.rank != 0:
             return None
         if self.full_model is None:
-            self.full_model, self.full_peft = self._load_policy()
+            with torch.random.fork_rng(devices=[]):  # LoRA's init draws: not this rank's RNG
+                self.full_model, self.full_peft = self._load_policy()
             self.full_model.to(self.device)
         self.full_model.load_state_dict(state)
         return self.full_model
