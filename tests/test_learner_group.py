@@ -13,6 +13,7 @@ from tether.agent.episode import EpisodeSpec, LocalEnvBatch, run_episodes
 from tether.algos.batch import collate
 from tether.algos.update import UpdateSettings, rank_micro_batches
 from tether.policy.load import load_model_and_tokenizer
+from tether.policy.lora import LoraConfig
 
 
 def test_rank_micro_batches_cover_rows_once_with_equal_pass_counts():
@@ -49,7 +50,11 @@ def batches(micro_policy):
     return out
 
 
-def _train(policy, batches, world_size, use_critic):
+#: LoRA for the world-size comparison: no dropout (each rank would draw its own masks).
+LORA = LoraConfig(r=4, alpha=8.0, target_modules=["q_proj", "v_proj", "up_proj", "down_proj"])
+
+
+def _train(policy, batches, world_size, use_critic, lora=None):
     # 9 rows, 2 minibatches of 5 and 4 rows, micro-batches of 2: odd counts, so a rank pads.
     # World size > 1 runs the plain forward (ranks must run equal numbers of forwards), so
     # world size 1 does too: this compares sharding, not the shared-prefix regrouping of
@@ -75,6 +80,7 @@ def _train(policy, batches, world_size, use_critic):
         seed=0,
         world_size=world_size,
         num_cpus=0.5,
+        lora=lora,
     )
     try:
         metrics = []
@@ -88,10 +94,19 @@ def _train(policy, batches, world_size, use_critic):
         raise
 
 
-@pytest.mark.parametrize("use_critic", [False, True], ids=["grpo", "ppo-critic"])
-def test_world_size_2_matches_world_size_1(micro_policy, batches, ray_local, use_critic):
-    one = _train(micro_policy, batches, 1, use_critic)
-    two = _train(micro_policy, batches, 2, use_critic)
+@pytest.mark.parametrize(
+    "use_critic, lora",
+    [(False, None), (True, None), (False, LORA)],
+    ids=["grpo", "ppo-critic", "grpo-lora"],
+)
+def test_world_size_2_matches_world_size_1(
+    micro_policy, batches, ray_local, tmp_path, use_critic, lora
+):
+    """The gathered (with LoRA: merged) weights, the module state, Adam moments and the
+    update metrics; with LoRA the reference log-probs come through disabled adapters on
+    each rank's shards."""
+    one = _train(micro_policy, batches, 1, use_critic, lora)
+    two = _train(micro_policy, batches, 2, use_critic, lora)
     try:
         assert two[4].backend == "gloo" and one[4].backend == "none"
         (w1, state1, m1, prep1, _), (w2, state2, m2, prep2, _) = one, two
@@ -105,6 +120,21 @@ def test_world_size_2_matches_world_size_1(micro_policy, batches, ray_local, use
         assert moved > 1e-3  # the updates changed the weights, so equality means something
         for k in w1:
             assert torch.allclose(w1[k], w2[k], atol=1e-5, rtol=0), (k, (w1[k] - w2[k]).abs().max())
+        assert state1["model"].keys() == state2["model"].keys()
+        for k, v in state1["model"].items():  # with LoRA: base weights and adapters
+            assert torch.allclose(v, state2["model"][k], atol=1e-5, rtol=0), k
+        if lora is not None:
+            adapters = [k for k in state1["model"] if ".lora_" in k]
+            assert len(adapters) == 2 * 4 * 2  # A and B x 4 targets x 2 layers
+            assert sorted(state2["optimizer"]["state"]) == sorted(adapters)
+            for k, v in state2["model"].items():  # the base weights never move
+                if ".lora_" not in k:
+                    assert torch.equal(v, initial[k.replace(".base_layer.", ".")]), k
+            # rank 0's unsharded copy saves the merged model and the adapters
+            saved = two[4].save(str(tmp_path / "w2"))
+            plain = load_model_and_tokenizer(saved)[0].state_dict()
+            assert all(torch.equal(plain[k], w2[k]) for k in w2)
+            assert (tmp_path / "w2" / "adapter" / "adapter_model.safetensors").is_file()
         if use_critic:
             for k in state1["critic"]:
                 assert torch.allclose(state1["critic"][k], state2["critic"][k], atol=1e-5), k

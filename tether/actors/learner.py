@@ -6,6 +6,12 @@ world size 1 it holds plain models, exactly the single learner. With world size 
 GPU) and shard the policy, the critic and the frozen reference with FSDP2
 (``fully_shard`` over a 1-D device mesh); every method is then a collective that
 all ranks run together, and rank 0's return value speaks for the group.
+
+With LoRA (``model.lora``, `tether.policy.lora`) the policy is the base model with peft
+adapters injected: only the adapters are trained (and sharded with their blocks), the
+KL reference is that same module under ``disable_adapter()`` (no reference copy is
+loaded), and ``state_dict`` (the weight sync) merges the adapters into the base
+weights under the base model's parameter names.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import gc
 import math
 import socket
+from contextlib import nullcontext
 from pathlib import Path
 
 import ray
@@ -22,6 +29,7 @@ from ..algos.batch import TrajectoryBatch
 from ..algos.update import UpdateSettings, policy_update, prepare_batch
 from ..policy.critic import ValueModel
 from ..policy.load import load_model, load_tokenizer
+from ..policy.lora import LoraConfig, add_lora, merged_state_dict
 from .memory import peak_rss_gb
 
 
@@ -60,9 +68,10 @@ class Learner:
         use_reference: bool = False,
         rank: int = 0,
         world_size: int = 1,
+        lora: LoraConfig | None = None,
     ) -> None:
         torch.set_num_threads(max(1, math.ceil(threads)))
-        self.model_path, self.dtype = model_path, dtype
+        self.model_path, self.dtype, self.lora = model_path, dtype, lora
         self.use_critic, self.use_reference = use_critic, use_reference
         self.rank, self.world_size = rank, world_size
         self.device = torch.device(
@@ -71,8 +80,10 @@ class Learner:
         self.tokenizer = load_tokenizer(model_path)
         self.mesh = None  # the FSDP device mesh (world size > 1), made by setup()
         self.model = self.critic = self.reference = None
+        self.peft = None  # the peft wrapper of ``model`` (LoRA), for disable_adapter()
         self.optimizer = self.critic_optimizer = None
         self.full_model = None  # rank 0's unsharded copy for the diagnostics (world size > 1)
+        self.full_peft = None  # its peft wrapper (LoRA)
 
     # -- the group --------------------------------------------------------------------
     def rendezvous(self) -> str:
@@ -99,22 +110,35 @@ class Learner:
             self.mesh = init_device_mesh(self.device.type, (self.world_size,))
         return backend
 
+    def _load_policy(self):
+        """(the policy module, its peft wrapper or None) as loaded from the model path:
+        with LoRA the base model with fresh adapters injected (``B = 0``: the policy
+        starts as the base model exactly)."""
+        model = load_model(self.model_path, self.dtype)
+        if self.lora is None:
+            return model, None
+        wrapper = add_lora(model, self.lora)
+        return wrapper.get_base_model(), wrapper  # the same HF module, adapters inside
+
     def start_run(self, settings: UpdateSettings, lr: float, critic_lr: float, seed: int) -> None:
         """Everything a run owns, the same whether this actor is new or served a run before:
         the torch RNG seeded, the policy (critic, reference) loaded from the model path and
         sharded, fresh optimisers with this run's learning rates, this run's update
-        settings, the update counter and the analysis caches cleared."""
+        settings, the update counter and the analysis caches cleared.  With LoRA the
+        optimiser holds the adapters only and no reference copy is loaded."""
         self.model = self.critic = self.reference = self.full_model = None  # free memory first
+        self.peft = self.full_peft = None
         self.optimizer = self.critic_optimizer = None
         gc.collect()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         torch.manual_seed(seed)
         self.settings = settings
-        self.model = load_model(self.model_path, self.dtype)
+        self.model, self.peft = self._load_policy()
         self.critic = ValueModel(self.model_path, self.dtype) if self.use_critic else None
-        #: The frozen initial policy, for the KL regulariser.
-        if self.use_reference:
+        #: The frozen initial policy, for the KL regulariser (LoRA: the policy itself with
+        #: its adapters disabled, see ``prepare``).
+        if self.use_reference and self.peft is None:
             self.reference = load_model(self.model_path, self.dtype)
             self.reference.requires_grad_(False)
         for name in ("model", "critic", "reference"):
@@ -124,7 +148,8 @@ class Learner:
                 setattr(
                     self, name, module if self.mesh is None else shard_with_fsdp(module, self.mesh)
                 )
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=0.0)
+        trainable = [p for p in self.model.parameters() if p.requires_grad]  # LoRA: adapters
+        self.optimizer = torch.optim.AdamW(trainable, lr=lr, weight_decay=0.0)
         self.critic_optimizer = (
             torch.optim.AdamW(self.critic.parameters(), lr=critic_lr)
             if self.critic is not None
@@ -136,11 +161,11 @@ class Learner:
     def adjust(self, settings: UpdateSettings, lr: float) -> None:
         """New update settings and policy learning rate mid-run (an act-mode alarm's
         response).  A KL coefficient raised from 0 loads the reference policy (the run's
-        initial weights) the first time."""
+        initial weights) the first time (LoRA: nothing to load, the base weights are it)."""
         self.settings = settings
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        if settings.kl_coef > 0 and self.reference is None:
+        if settings.kl_coef > 0 and self.reference is None and self.peft is None:
             reference = load_model(self.model_path, self.dtype).to(self.device)
             reference.requires_grad_(False)
             self.reference = (
@@ -170,17 +195,23 @@ class Learner:
 
     # -- training ---------------------------------------------------------------------
     def prepare(self, batch: TrajectoryBatch, recompute_old_logprobs: bool) -> TrajectoryBatch:
-        """Old-policy log-probs, reference log-probs and critic values (``prepare_batch``)."""
+        """Old-policy log-probs, reference log-probs and critic values (``prepare_batch``).
+        With LoRA and a KL term the reference log-probs come from the policy module with
+        its adapters disabled: the base weights, which the update never changes."""
+        reference, scope = self.reference, nullcontext
+        if self.peft is not None and self.settings.kl_coef > 0:
+            reference, scope = self.model, self.peft.disable_adapter
         return prepare_batch(
             batch,
             self.model,
             self.settings,
             recompute_old_logprobs,
-            reference=self.reference,
+            reference=reference,
             critic=self.critic,
             rank=self.rank,
             world_size=self.world_size,
             join=self._sum_over_ranks,
+            reference_scope=scope,
         )
 
     def update(self, batch: TrajectoryBatch) -> dict[str, float]:
@@ -207,11 +238,13 @@ class Learner:
         parameters do not allow."""
         if self.world_size == 1:
             return self.model
-        state = self.state_dict()  # collective: every rank takes part
+        state = self._full_weights()  # collective: every rank takes part
         if self.rank != 0:
             return None
         if self.full_model is None:
-            self.full_model = load_model(self.model_path, self.dtype).to(self.device)
+            with torch.random.fork_rng(devices=[]):  # LoRA's init draws: not this rank's RNG
+                self.full_model, self.full_peft = self._load_policy()
+            self.full_model.to(self.device)
         self.full_model.load_state_dict(state)
         return self.full_model
 
@@ -269,7 +302,16 @@ class Learner:
 
     # -- weights and checkpoints ------------------------------------------------------
     def state_dict(self) -> dict:
-        """The policy's full (unsharded) weights on CPU: rank 0 has them, others get {}."""
+        """The policy's full (unsharded) weights on CPU for the rollout engines: rank 0
+        has them, others get {}.  With LoRA the adapters merged into the base weights,
+        under the base model's parameter names (`lora.merged_state_dict`)."""
+        state = self._full_weights()
+        if self.lora is None or not state:
+            return state
+        return merged_state_dict(state, self.lora.scaling)
+
+    def _full_weights(self) -> dict:
+        """The policy module's own full state (with LoRA: base weights and adapters)."""
         if self.world_size == 1:
             return {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -279,10 +321,19 @@ class Learner:
         )
 
     def save(self, path: str) -> str | None:
+        """The policy as a plain HF model directory (LoRA: the merged weights, plus the
+        adapters alone in ``<path>/adapter`` for peft's ``PeftModel.from_pretrained``)."""
         model = self._analysis_model()
         if model is None:
             return None
         Path(path).mkdir(parents=True, exist_ok=True)
+        if self.lora is not None:
+            (self.peft if self.world_size == 1 else self.full_peft).save_pretrained(
+                str(Path(path) / "adapter")
+            )
+            plain = load_model(self.model_path, self.dtype)
+            plain.load_state_dict(merged_state_dict(model.state_dict(), self.lora.scaling))
+            model = plain
         model.save_pretrained(path)
         self.tokenizer.save_pretrained(path)
         return path

@@ -6,7 +6,8 @@
     batch = group.prepare(batch, recompute_old_logprobs=False)
     metrics = group.update(batch)
     weights = group.state_dict()      # an ObjectRef: rollout workers fetch it from the
-                                      # Ray object store (the CPU weight sync)
+                                      # Ray object store (the CPU weight sync); with
+                                      # LoRA (lora=...) the merged weights
 
 Every call goes to all ranks at once (they run collectives together) with the
 batch put into the object store once; rank 0's answer is the group's. With world
@@ -19,6 +20,7 @@ import ray
 
 from ..algos.batch import TrajectoryBatch
 from ..algos.update import UpdateSettings
+from ..policy.lora import LoraConfig
 from .learner import Learner
 
 
@@ -55,6 +57,7 @@ class LearnerGroup:
         world_size: int = 1,
         num_cpus: float = 1.0,
         num_gpus: float = 0.0,
+        lora: LoraConfig | None = None,
     ) -> LearnerGroup:
         """``launch`` then ``start_run``: a group ready for one run."""
         group = cls.launch(
@@ -66,6 +69,7 @@ class LearnerGroup:
             world_size=world_size,
             num_cpus=num_cpus,
             num_gpus=num_gpus,
+            lora=lora,
         )
         try:
             group.start_run(settings, lr=lr, critic_lr=critic_lr, seed=seed)
@@ -86,6 +90,7 @@ class LearnerGroup:
         world_size: int = 1,
         num_cpus: float = 1.0,
         num_gpus: float = 0.0,
+        lora: LoraConfig | None = None,
     ) -> LearnerGroup:
         """Start the ranks (``num_cpus``/``num_gpus`` each) and form the process group.
         The arguments are all a pool compares; a run's own state comes with ``start_run``."""
@@ -98,6 +103,7 @@ class LearnerGroup:
                 use_reference=use_reference,
                 rank=rank,
                 world_size=world_size,
+                lora=lora,
             )
             for rank in range(world_size)
         ]

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -264,13 +265,16 @@ def prepare_batch(
     rank: int = 0,
     world_size: int = 1,
     join: Callable[[torch.Tensor], torch.Tensor] = lambda t: t,
+    reference_scope: Callable[[], AbstractContextManager] = nullcontext,
 ) -> TrajectoryBatch:
     """Old-policy log-probs, reference log-probs and critic values before the update.
 
     The sampler ran on exactly these weights, so its log-probs are the old policy's
     (unless ``recompute_old_logprobs``: an engine whose numerics differ, e.g. vLLM);
     recomputing them is a full forward pass spent on the same numbers.  ``join``
-    sums the ranks' partial results (data parallel)."""
+    sums the ranks' partial results (data parallel).  The reference forward runs
+    inside ``reference_scope()``: with LoRA the reference is the policy module itself
+    with its adapters disabled (``model.disable_adapter``)."""
     split = {"rank": rank, "world_size": world_size}
     if recompute_old_logprobs:
         batch.old_logprobs = join(
@@ -287,8 +291,8 @@ def prepare_batch(
     else:
         batch.old_logprobs = batch.sampling_logprobs.clone()
     if reference is not None:
-        batch.ref_logprobs = join(
-            batch_logprobs(
+        with reference_scope():
+            ref_logprobs = batch_logprobs(
                 reference,
                 batch,
                 s.temperature,
@@ -297,7 +301,7 @@ def prepare_batch(
                 chunk_tokens=s.logprob_chunk_tokens,
                 **split,
             )
-        )
+        batch.ref_logprobs = join(ref_logprobs)
     if critic is not None:
         batch.values = join(batch_values(critic, batch, s.micro_batch_size, **split))
     return batch

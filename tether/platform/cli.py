@@ -108,6 +108,7 @@ def run(
     if cfg.ray.address != address:  # ray.address from the YAML: before the warm start
         _check_cluster(cfg.ray.address)
     prepare_process(cfg.ray.address)
+    from .config import ConfigError
     from .driver import Trainer
     from .progress import bars
     from .tracking import TrackingError
@@ -180,6 +181,8 @@ def run(
             ).run()
     except (ClusterError, TrackingError, SandboxUnavailable) as exc:
         fail(str(exc))
+    except ConfigError as exc:  # a setting only the resolved model can refute (model.lora)
+        fail(f"config: {exc}")
     except KeyboardInterrupt:
         fail("interrupted; the MLflow run is marked KILLED", code=130)
     except Exception as exc:  # an actor crash or a bug: one line here, details in the log

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from ..algos.settings import AlgoConfig, FilterConfig
 from ..diagnostics.alarms import AlarmsConfig
 from ..envs.sandbox.isolation import SandboxConfig
+from ..policy.lora import LoraConfig
 
 if TYPE_CHECKING:
     from ..diagnostics.uncertainty import Uncertainty
@@ -136,6 +137,13 @@ class ModelConfig(Section):
         "state in it too, no float32 master copy), the rollout engine and the diagnostics; "
         "log-softmax and entropy are always float32.  The run's tag "
         "model.dtype_effective records what each process loaded.",
+    )
+    lora: LoraConfig | None = Field(
+        None,
+        description="LoRA adapters (peft) instead of full fine-tuning: null = train every "
+        "weight; set (e.g. model.lora.r=8) = train rank-r adapters only, the KL reference "
+        "is the same model with its adapters disabled (no second copy), and the rollout "
+        "engines get the merged weights.  Fields: r, alpha, dropout, target_modules.",
     )
 
     @model_validator(mode="after")
@@ -592,4 +600,20 @@ def describe_fields(config: BaseModel | None = None, prefix: str = ""):
             if isinstance(value, list) and any(isinstance(v, BaseModel) for v in value):
                 value = [v.model_dump() if isinstance(v, BaseModel) else v for v in value]
             rows.append((path, value, field.description or ""))
+            section = _optional_section(field.annotation) if value is None else None
+            if section is not None:  # an optional section that is off: its fields, if set
+                rows += [
+                    (sub, default, f"{text} (when {path} is set)")
+                    for sub, default, text in describe_fields(section(), path + ".")
+                ]
     return rows
+
+
+def _optional_section(annotation) -> type[BaseModel] | None:
+    """The section class of a ``Section | None`` field (e.g. ``model.lora``), else None."""
+    import typing
+
+    for arg in typing.get_args(annotation):
+        if isinstance(arg, type) and issubclass(arg, BaseModel):
+            return arg
+    return None

@@ -40,6 +40,7 @@ from ..diagnostics.control import GroundedCheckpoint, Knobs
 from ..envs import runs_untrusted_code
 from ..envs.sandbox import resolve_isolation
 from ..policy.load import load_tokenizer, resolve_policy
+from ..policy.lora import check_targets_for_path
 from ..rollout.base import SamplingParams
 from .actor_pool import ActorPool, ActorRequest
 from .checkpoint import (
@@ -49,7 +50,7 @@ from .checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from .config import TetherConfig
+from .config import ConfigError, TetherConfig
 from .environment import environment_tags
 from .session import check_ray_reachable, check_resources, start_ray, stop_ray, wait_for_autoscaler
 from .tracking import SPOOL_DIRNAME, Tracker, default_tracking_uri
@@ -201,6 +202,11 @@ class Trainer:
                 ),
             )
         )
+        if cfg.model.lora is not None:  # adapter targets the model has (before any actor)
+            try:
+                check_targets_for_path(cfg.model.lora, self.model_path)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
         self.tokenizer = load_tokenizer(self.model_path)
         self.spans = SpanExtractor(ChatFormatter(self.tokenizer))
         uri = cfg.tracking.uri or default_tracking_uri(self.output_dir)
@@ -284,6 +290,7 @@ class Trainer:
             "world_size": a.learner_world_size,
             "num_cpus": a.num_cpus,
             "num_gpus": a.num_gpus,
+            "lora": cfg.model.lora,
         }
 
         def end_workers(workers) -> None:  # a worker's environment pool goes with it
