@@ -11,6 +11,10 @@
 # (multi-GB CUDA) build.  On a machine without a GPU, point TETHER_TORCH_INDEX at
 # PyTorch's CPU wheel index to get the small CPU build; where pip already finds
 # a CPU build of 2.13.0 (as on Tether's dev and CI machines) nothing is needed.
+#
+# TETHER_TRANSFORMERS_SPEC (e.g. '==4.57.1') pins transformers in the same resolve as
+# Tether, so the oldest supported version can be installed and tested (.ci/nightly does,
+# in its own venv via TETHER_VENV); unset, pip takes the newest that fits pyproject.toml.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WITH_TESTS=0
@@ -60,10 +64,15 @@ import torch, transformers, vllm
 print(f'vLLM venv $VENV ready: vllm {vllm.__version__}, torch {torch.__version__}, '
       f'transformers {transformers.__version__}, CUDA {torch.version.cuda}')"
   exit 0
-elif [ "$WITH_TESTS" = 0 ]; then
-  "$VENV/bin/python" -m pip install -q -e .
+fi
+TRANSFORMERS_REQ=()
+if [ -n "${TETHER_TRANSFORMERS_SPEC:-}" ]; then
+  TRANSFORMERS_REQ=("transformers$TETHER_TRANSFORMERS_SPEC")
+fi
+if [ "$WITH_TESTS" = 0 ]; then
+  "$VENV/bin/python" -m pip install -q -e . "${TRANSFORMERS_REQ[@]}"
 else
-  "$VENV/bin/python" -m pip install -q -e ".[test]"
+  "$VENV/bin/python" -m pip install -q -e ".[test]" "${TRANSFORMERS_REQ[@]}"
 fi
 # DeepCoder runs model-written programs under bubblewrap (sandbox.isolation: auto refuses
 # to run them without it); the monitor's browser test drives the system Chromium
@@ -87,4 +96,4 @@ try:
     resolve_isolation('auto'); print('DeepCoder sandbox: bubblewrap works')
 except SandboxUnavailable as exc:
     print(f'note: {exc}')"
-"$VENV/bin/python" -c "import torch, tether; print(f'tether {tether.__version__} ready: torch {torch.__version__}, CUDA {torch.version.cuda}')"
+"$VENV/bin/python" -c "import torch, transformers, tether; print(f'tether {tether.__version__} ready: torch {torch.__version__}, transformers {transformers.__version__}, CUDA {torch.version.cuda}')"

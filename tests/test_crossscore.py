@@ -87,6 +87,24 @@ def test_multi_prefix_matches_naive_in_any_chunking(kv_heads):
     assert cross_score_pairs(model, contexts, continuations, 1.3).info["method"] == "multi_prefix"
 
 
+def test_multi_prefix_without_a_plain_head_matches_naive():
+    """A model whose head `split_head` refuses (here: a soft-capping setting, which Qwen2
+    itself ignores) runs whole: the contexts' last logits are gathered from all logits."""
+    from tether.algos.vocab import split_head
+    from tether.diagnostics.multiprefix import score_multi_prefix
+
+    model = build_tiny_model(tiny_config("micro", max_context=256), seed=3)
+    model.config.final_logit_softcapping = 30.0
+    assert split_head(model) is None
+    rng = np.random.default_rng(7)
+    contexts = random_ids(rng, 5, 1, 40)
+    continuations = random_ids(rng, 6, 1, 20)
+    naive = cross_score_pairs(model, contexts, continuations, 0.8, method="naive").S
+    with torch.inference_mode():
+        S = score_multi_prefix(model, contexts, continuations, 0.8, batch_size=4, context_batch=3)
+    np.testing.assert_allclose(S, naive, atol=1e-4, rtol=0)
+
+
 def test_length_chunks_split_off_long_outliers():
     from tether.diagnostics.multiprefix import length_chunks
 

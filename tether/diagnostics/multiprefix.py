@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from transformers import AttentionInterface
 
-from ..algos.vocab import DEFAULT_CHUNK_TOKENS, model_states
+from ..algos.vocab import DEFAULT_CHUNK_TOKENS, model_states, split_head
 from .scoring import right_pad, target_logprobs
 
 MULTI_PREFIX_ATTENTION = "tether_multi_prefix"
@@ -118,14 +118,24 @@ def length_chunks(
 
 def _encode_contexts(model, contexts: Sequence[Sequence[int]], device):
     """One right-padded forward over contexts: per-layer KV [C, Hkv, P, D], valid [C, P],
-    each context's length [C] and the logits at its last token [C, V]."""
+    each context's length [C] and the logits at its last token [C, V].
+
+    The last tokens sit at different positions, so their hidden states are gathered and
+    only those C rows go through the head.  (A per-row 2-D ``logits_to_keep`` would do
+    the same inside the model, but transformers accepts one only from 5.21.)"""
     ids, mask = right_pad(contexts, device)
     lengths = mask.sum(dim=1)  # [C]
-    out = model(
-        input_ids=ids, attention_mask=mask, use_cache=True, logits_to_keep=(lengths - 1)[:, None]
-    )  # logits [C, 1, V]
+    rows = torch.arange(len(contexts), device=device)
+    split = split_head(model)
+    if split is None:  # a head that is not a plain linear map: all [C, P, V] logits
+        out = model(input_ids=ids, attention_mask=mask, use_cache=True)
+        last_logits = out.logits[rows, lengths - 1]  # [C, V]
+    else:
+        backbone, head = split
+        out = backbone(input_ids=ids, attention_mask=mask, use_cache=True)
+        last_logits = head(out.last_hidden_state[rows, lengths - 1])  # [C, V]
     kv = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
-    return kv, mask.bool(), lengths, out.logits[:, 0]
+    return kv, mask.bool(), lengths, last_logits
 
 
 def score_multi_prefix(

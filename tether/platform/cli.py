@@ -50,6 +50,16 @@ def _check_cluster(address: str | None) -> None:
             fail(str(exc))
 
 
+def _check_dependencies() -> None:
+    """One line and exit when transformers is outside Tether's declared range."""
+    from .environment import DependencyError, check_installed
+
+    try:
+        check_installed("transformers")
+    except DependencyError as exc:
+        fail(str(exc))
+
+
 def _load(config: Path | None, overrides: list[str], address: str | None):
     from .config import ConfigError, load_config
 
@@ -105,6 +115,7 @@ def run(
         cfg = _load(config, overrides or [], address)
     from .session import ClusterError, prepare_process
 
+    _check_dependencies()
     if cfg.ray.address != address:  # ray.address from the YAML: before the warm start
         _check_cluster(cfg.ray.address)
     prepare_process(cfg.ray.address)
@@ -298,6 +309,7 @@ def sweep(
         sweep_spec = load_sweep_spec(spec, overrides or [])
     except ConfigError as exc:
         fail(f"sweep spec: {exc}")
+    _check_dependencies()
     prepare_process(address or os.environ.get("RAY_ADDRESS") or sweep_spec.base.ray.address)
     from ..envs.sandbox import SandboxUnavailable
     from .progress import SweepDisplay

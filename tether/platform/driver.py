@@ -51,7 +51,7 @@ from .checkpoint import (
     save_checkpoint,
 )
 from .config import ConfigError, TetherConfig
-from .environment import environment_tags
+from .environment import check_installed, environment_tags
 from .session import check_ray_reachable, check_resources, start_ray, stop_ray, wait_for_autoscaler
 from .tracking import SPOOL_DIRNAME, Tracker, default_tracking_uri
 
@@ -133,6 +133,7 @@ class Trainer:
         passes ``parent_run_id`` (the MLflow run is nested under it), ``run_tags`` and a
         keeping ``actor_pool`` (its trial process's: the next trial reuses the actors).
         Without one, the run's actors end with the run."""
+        check_installed("transformers")  # before any actor: an older one fails mid-run
         self.cfg = cfg
         self.actor_pool = actor_pool or ActorPool(keep=False)
         self.parent_run_id, self.run_tags = parent_run_id, dict(run_tags or {})

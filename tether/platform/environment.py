@@ -14,6 +14,35 @@ from importlib import metadata
 PACKAGES = ("torch", "transformers", "tokenizers", "ray", "mlflow", "numpy", "gymnasium", "vllm")
 
 
+class DependencyError(RuntimeError):
+    """An installed package outside the range Tether declares for it."""
+
+
+def check_installed(package: str = "transformers") -> None:
+    """Raise DependencyError (one line) when ``package``'s installed version is outside the
+    range in Tether's own metadata (pyproject.toml, the one home of the bound).
+
+    Called before a run starts: an older transformers than the floor (4.56: ``dtype=`` in
+    ``from_pretrained``, ``DynamicCache(config=...)``) would otherwise fail mid-run inside
+    an actor.  Running from a source tree without installed metadata, nothing is checked.
+    """
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    try:
+        installed = Version(metadata.version(package))
+        requirements = [Requirement(line) for line in metadata.requires("tether") or []]
+    except metadata.PackageNotFoundError:
+        return
+    for req in requirements:
+        if req.name == package and req.marker is None:
+            if not req.specifier.contains(installed, prereleases=True):
+                raise DependencyError(
+                    f"{package} {installed} is installed but Tether needs {package}{req.specifier}; "
+                    f"run: pip install '{package}{req.specifier}'"
+                )
+
+
 def _cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as f:
