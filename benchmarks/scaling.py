@@ -266,7 +266,7 @@ def table(records: list[dict], axis: str) -> str:
     head = (
         "| point | parameters | dtype | trajectories | turns | generated tokens | pairs "
         "(first_turn / trajectory) | collect s | diagnose s | prepare s | update s | sync s "
-        "| iteration s | diagnose on cut replies s (pairs) "
+        "| iteration s (min-max of 2+) | diagnose on cut replies s (pairs) "
         "| x baseline | peak RSS learner / worker / driver / sum GiB | load before -> after |"
     )
     lines = [head, "|---" * 17 + "|"]
@@ -281,13 +281,18 @@ def table(records: list[dict], axis: str) -> str:
             f"| {r['axis']} {r['label']} | {r['parameters']:,} | {r['dtype']} "
             f"| {m['rollout/trajectories']:.0f} | {m['rollout/turns']:.2f} "
             f"| {m['rollout/generated_tokens']:.0f} | {pairs} | "
-            + " | ".join(f"{c[s]:.2f}" for s in (*STAGES, "iteration"))
-            + f" | {cut_cell(r)} | {c['iteration'] / base_s:.2f} "
+            + " | ".join(f"{c[s]:.2f}" for s in STAGES)
+            + f" | {c['iteration']:.2f} ({spread(r)}) | {cut_cell(r)} | {c['iteration'] / base_s:.2f} "
             f"| {c['peak_rss_learner']:.2f} / {c['peak_rss_worker']:.2f} / "
             f"{m['system/peak_rss_gb/driver']:.2f} / {c['peak_rss_sum']:.2f} "
             f"| {r['load_before'][0]:.2f} -> {r['load_after'][0]:.2f} |"
         )
     return "\n".join(lines)
+
+
+def spread(record: dict) -> str:
+    kept = [v for step, v in record["iteration_s"].items() if int(step) >= 2]
+    return f"{min(kept):.2f}-{max(kept):.2f}" if len(kept) > 1 else "one"
 
 
 def cut_cell(record: dict) -> str:
