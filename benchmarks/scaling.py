@@ -322,6 +322,8 @@ def fit_table(records: list[dict]) -> str:
     lines = ["| axis (x) | points | cost | exponent b | 95 % interval | R² |", "|---" * 6 + "|"]
     variants = [("size", ()), ("size", ("qwen05b-shape",)), ("group", ()), ("turns", ())]
     for axis, exclude in variants:
+        if exclude and not any(r["label"] in exclude for r in ordered(records, axis)):
+            continue
         for name, f in fits(records, axis, exclude).items():
             interval = (
                 "n/a (2 points)" if f.ci_low is None else f"[{f.ci_low:.2f}, {f.ci_high:.2f}]"
@@ -339,27 +341,34 @@ def plot(records: list[dict], path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     axes_done = [a for a in AXES if ordered(records, a)]
     fig, grid = plt.subplots(2, len(axes_done), figsize=(4.2 * len(axes_done), 7), squeeze=False)
     for col, axis in enumerate(axes_done):
         rows = ordered(records, axis)
         xs = [x_of(r) for r in rows]
-        for name in (*STAGES, "iteration", "diagnose_cut"):
+        names = (*STAGES, "iteration", "diagnose_cut")
+        for k, name in enumerate(names):
             points = [(x, costs(r)[name]) for x, r in zip(xs, rows) if name in costs(r)]
-            if points and name != "diagnose":  # a random policy's diagnose scores nothing
-                style = "o--" if name == "diagnose_cut" else "o-"
-                grid[0][col].plot(
-                    *zip(*points), style, label=name, lw=2.5 if name == "iteration" else 1.2
-                )
-            elif points and axis != "size":
-                grid[0][col].plot(*zip(*points), "o-", label=name, lw=1.2)
+            if not points or (axis == "size" and name == "diagnose"):
+                continue  # a random policy's diagnose scores next to nothing: see diagnose_cut
+            grid[0][col].plot(
+                *zip(*points),
+                "o--" if name == "diagnose_cut" else "o-",
+                color=f"C{k}",
+                label=name,
+                lw=2.5 if name == "iteration" else 1.2,
+            )
         for name in ("peak_rss_learner", "peak_rss_worker", "peak_rss_sum"):
             grid[1][col].plot(xs, [costs(r)[name] for r in rows], "s-", label=name[9:])
         for row, unit in ((0, "seconds (median of iterations 2+)"), (1, "peak RSS, GiB")):
             ax = grid[row][col]
             ax.set_xscale("log")
             ax.set_yscale("log")
+            if axis != "size":  # plain numbers at the measured points
+                ax.set_xticks(xs, [f"{x:.3g}" for x in xs])
+                ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
             ax.set_ylabel(unit)
             ax.grid(True, which="both", alpha=0.3)
             ax.legend(fontsize=7)
