@@ -39,22 +39,19 @@ from tether.rollout import make_engine
 from tether.rollout.base import SamplingParams
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", required=True, help="a model directory (e.g. qwen05b-shape)")
-    parser.add_argument("--chunk-tokens", type=int, default=1024, help="0 = unchunked")
-    parser.add_argument("--memory-limit-gb", type=float, default=0.0, help="RLIMIT_DATA; 0 = none")
-    parser.add_argument("--reasoning-tokens", type=int, default=40)
-    parser.add_argument("--max-reply-tokens", type=int, default=48)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    if args.memory_limit_gb > 0:
-        limit = int(args.memory_limit_gb * (1 << 30))
-        resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
-
-    model, tokenizer = load_model_and_tokenizer(args.model, args.dtype)
+def collect_and_score(
+    model,
+    tokenizer,
+    chunk_tokens: int = 1024,
+    reasoning_tokens: int = 40,
+    max_reply_tokens: int = 48,
+    groups: int = 4,
+    group_size: int = 4,
+    max_turns: int = 2,
+) -> dict:
+    """Collect ``groups`` x ``group_size`` episodes, cut each reply after its first
+    ``reasoning_tokens`` tokens, and cross-score them as the driver's diagnostics do:
+    the seconds and peak resident memory of each part (also used by benchmarks/scaling.py)."""
     formatter = ChatFormatter(tokenizer)
     engine = make_engine(
         "hf",
@@ -63,9 +60,9 @@ def main() -> None:
         eos_token_ids=[tokenizer.eos_token_id],
         tokenizer=tokenizer,
     )
-    specs = [EpisodeSpec(g, 100 + g, k) for g in range(4) for k in range(4)]
+    specs = [EpisodeSpec(g, 100 + g, k) for g in range(groups) for k in range(group_size)]
     sampling = SamplingParams(
-        max_new_tokens=args.max_reply_tokens, stop_token_ids=(tokenizer.eos_token_id,)
+        max_new_tokens=max_reply_tokens, stop_token_ids=(tokenizer.eos_token_id,)
     )
     started = time.perf_counter()
     trajectories = run_episodes(
@@ -75,10 +72,10 @@ def main() -> None:
         specs,
         sampling,
         seed=seeds.collection(0, 1),
-        max_turns=2,
+        max_turns=max_turns,
     )
     collect_s = time.perf_counter() - started
-    cut = args.reasoning_tokens
+    cut = reasoning_tokens
     spans = [
         [
             TurnSpans(
@@ -94,8 +91,7 @@ def main() -> None:
     answer_prefix = SpanExtractor(formatter).answer_prefix_ids
     rng = np.random.default_rng(seeds.diagnostics(0, 1))
     result = {
-        "chunk_tokens": args.chunk_tokens,
-        "dtype": args.dtype,
+        "chunk_tokens": chunk_tokens,
         "collect_s": round(collect_s, 1),
         "peak_rss_gb_load_and_collect": round(peak_rss_gb(), 2),
         "samplings": {},
@@ -114,7 +110,7 @@ def main() -> None:
                     method=d.method,
                     uncertainty=d.uncertainty(),
                     rng=rng,
-                    chunk_tokens=args.chunk_tokens,
+                    chunk_tokens=chunk_tokens,
                 )
                 result["samplings"][sampling_name] = {
                     "pairs": len(pairs),
@@ -127,6 +123,33 @@ def main() -> None:
         result["status"] = f"failed: {str(exc).splitlines()[0][:200]}"
     result["diagnose_s"] = round(time.perf_counter() - started, 1)
     result["peak_rss_gb_during_diagnostics"] = round(peak_rss_gb(), 2)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True, help="a model directory (e.g. qwen05b-shape)")
+    parser.add_argument("--chunk-tokens", type=int, default=1024, help="0 = unchunked")
+    parser.add_argument("--memory-limit-gb", type=float, default=0.0, help="RLIMIT_DATA; 0 = none")
+    parser.add_argument("--reasoning-tokens", type=int, default=40)
+    parser.add_argument("--max-reply-tokens", type=int, default=48)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    if args.memory_limit_gb > 0:
+        limit = int(args.memory_limit_gb * (1 << 30))
+        resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+
+    model, tokenizer = load_model_and_tokenizer(args.model, args.dtype)
+    result = collect_and_score(
+        model,
+        tokenizer,
+        chunk_tokens=args.chunk_tokens,
+        reasoning_tokens=args.reasoning_tokens,
+        max_reply_tokens=args.max_reply_tokens,
+    )
+    result["dtype"] = args.dtype
     print(json.dumps(result, indent=1))
 
 

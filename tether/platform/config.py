@@ -118,9 +118,10 @@ class ModelConfig(Section):
         description="A Hugging Face causal LM directory or hub id "
         "(None: the tiny CPU model that Tether builds and warm-starts).",
     )
-    size: Literal["tiny", "small", "micro", "qwen05b-shape"] = Field(
+    size: Literal["tiny", "small", "micro", "medium", "large", "qwen05b-shape"] = Field(
         "tiny",
         description="Built model size: tiny 4.3M, small 0.59M, micro 0.16M params; "
+        "medium 29.6M and large 113.7M (for cost scaling; vocabulary 512); "
         "qwen05b-shape: Qwen2.5-0.5B's shape and 151,936-token vocabulary (494M params, "
         "random init, the project tokenizer padded with filler tokens; for measuring "
         "memory and time: set warm_start.episodes=0).",

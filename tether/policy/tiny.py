@@ -1,9 +1,12 @@
 """The Qwen2-architecture causal LMs that Tether builds (no download) for CPU runs.
 
 Sizes (tied embeddings; vocab 512 = the project tokenizer's, unless fixed):
-- ``tiny``  hidden 256, 4 layers, MLP 1024  -> about 4.3 M parameters (the default);
-- ``small`` hidden 128, 2 layers, MLP 512   -> about 0.59 M parameters;
-- ``micro`` hidden 64,  2 layers, MLP 256   -> about 0.15 M parameters (tests);
+- ``large``  hidden 768, 12 layers, MLP 3072 -> 113,686,272 parameters (GPT-2 small's
+  body; for cost scaling, ``benchmarks/scaling.py``);
+- ``medium`` hidden 512, 7 layers, MLP 2048  -> 29,640,704 parameters (cost scaling);
+- ``tiny``   hidden 256, 4 layers, MLP 1024  -> 4,330,752 parameters (the default);
+- ``small``  hidden 128, 2 layers, MLP 512   -> 591,232 parameters;
+- ``micro``  hidden 64,  2 layers, MLP 256   -> about 0.15 M parameters (tests);
 - ``qwen05b-shape``: Qwen2.5-0.5B's shape (hidden 896, 24 layers, 14 query and 2
   key/value heads, MLP 4864, vocabulary 151,936, RoPE theta 1e6) -> 494 M parameters,
   randomly initialised: it measures what a real-size model and vocabulary cost
@@ -41,6 +44,8 @@ class TinySize:
 QWEN25_VOCAB = 151_936
 
 TINY_SIZES: dict[str, TinySize] = {
+    "large": TinySize(768, 12, 3072, 12),
+    "medium": TinySize(512, 7, 2048, 8),
     "tiny": TinySize(256, 4, 1024, 4),
     "small": TinySize(128, 2, 512, 4),
     "micro": TinySize(64, 2, 256, 2),
