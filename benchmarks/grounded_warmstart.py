@@ -47,13 +47,12 @@ def main() -> None:
     from tether import seeds
     from tether.agent.chat import ChatFormatter
     from tether.agent.episode import EpisodeSpec, LocalEnvBatch, run_episodes
-    from tether.agent.format import ANSWER_CLOSE
     from tether.agent.pairs import SpanExtractor
     from tether.diagnostics.runner import collapse_diagnostics
     from tether.platform.config import load_config
     from tether.platform.driver import LevelSampler
     from tether.policy.load import load_model_and_tokenizer, resolve_policy
-    from tether.rollout import make_engine
+    from tether.rollout import make_engine_for
     from tether.rollout.base import SamplingParams
 
     cfg = load_config(args.spec, args.overrides)
@@ -76,15 +75,7 @@ def main() -> None:
 
     model, tokenizer = load_model_and_tokenizer(path, cfg.model.dtype)
     formatter = ChatFormatter(tokenizer)
-    close = formatter.encode(ANSWER_CLOSE)
-    stops = tuple([tokenizer.eos_token_id] + (close if len(close) == 1 else []))
-    engine = make_engine(
-        "hf",
-        model,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_ids=[tokenizer.eos_token_id],
-        tokenizer=tokenizer,
-    )
+    engine = make_engine_for("hf", model, tokenizer)
     env_kwargs = {
         "stochasticity": cfg.env.stochasticity,
         "format_penalty": cfg.env.format_penalty,
@@ -95,7 +86,7 @@ def main() -> None:
         max_new_tokens=cfg.rollout.max_reply_tokens,
         temperature=cfg.rollout.temperature,
         top_p=cfg.rollout.top_p,
-        stop_token_ids=stops,
+        stop_token_ids=formatter.stop_token_ids(),
     )
 
     # Iteration 1's batch: the driver's level seeds and collection seed.

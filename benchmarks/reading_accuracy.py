@@ -68,10 +68,9 @@ def main() -> None:
 
     from tether.agent.chat import ChatFormatter
     from tether.agent.episode import EpisodeSpec, LocalEnvBatch, run_episodes
-    from tether.agent.format import ANSWER_CLOSE
     from tether.envs import make
     from tether.policy.load import load_model_and_tokenizer
-    from tether.rollout import make_engine
+    from tether.rollout import make_engine_for
     from tether.rollout.base import SamplingParams
 
     env_kwargs = {
@@ -80,14 +79,7 @@ def main() -> None:
     }
     model, tokenizer = load_model_and_tokenizer(args.model, "float32")
     formatter = ChatFormatter(tokenizer)
-    close = formatter.encode(ANSWER_CLOSE)
-    engine = make_engine(
-        "hf",
-        model,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_ids=[tokenizer.eos_token_id],
-        tokenizer=tokenizer,
-    )
+    engine = make_engine_for("hf", model, tokenizer)
     envs = LocalEnvBatch("tether/FrozenLake-v0", env_kwargs)
     seeds = [args.first_level + k for k in range(args.levels)]
     specs = [EpisodeSpec(k, s, 0) for k, s in enumerate(seeds)]
@@ -100,7 +92,7 @@ def main() -> None:
             max_new_tokens=args.max_reply_tokens,
             temperature=temperature,
             top_p=1.0,
-            stop_token_ids=tuple([tokenizer.eos_token_id] + (close if len(close) == 1 else [])),
+            stop_token_ids=formatter.stop_token_ids(),
         )
         first = run_episodes(engine, formatter, envs, specs, sampling, seed=7, max_turns=1)
         counts: dict[str, int] = {}

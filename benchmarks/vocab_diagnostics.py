@@ -35,7 +35,7 @@ from tether.agent.pairs import SpanExtractor, TurnSpans
 from tether.diagnostics.crossscore import information_chain, sample_pairs
 from tether.platform.config import DiagnosticsConfig
 from tether.policy.load import load_model_and_tokenizer
-from tether.rollout import make_engine
+from tether.rollout import make_engine_for
 from tether.rollout.base import SamplingParams
 
 
@@ -53,13 +53,7 @@ def collect_and_score(
     ``reasoning_tokens`` tokens, and cross-score them as the driver's diagnostics do:
     the seconds and peak resident memory of each part (also used by benchmarks/scaling.py)."""
     formatter = ChatFormatter(tokenizer)
-    engine = make_engine(
-        "hf",
-        model,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_ids=[tokenizer.eos_token_id],
-        tokenizer=tokenizer,
-    )
+    engine = make_engine_for("hf", model, tokenizer)
     specs = [EpisodeSpec(g, 100 + g, k) for g in range(groups) for k in range(group_size)]
     sampling = SamplingParams(
         max_new_tokens=max_reply_tokens, stop_token_ids=(tokenizer.eos_token_id,)

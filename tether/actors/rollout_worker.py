@@ -11,7 +11,7 @@ from ..agent.chat import ChatFormatter
 from ..agent.episode import EpisodeSpec, run_episodes
 from ..agent.types import Trajectory
 from ..policy.load import load_model, load_model_and_tokenizer, load_tokenizer
-from ..rollout import make_engine
+from ..rollout import make_engine_for
 from ..rollout.base import SamplingParams
 from .env_pool import EnvPoolActor, RemoteEnvBatch
 from .memory import peak_rss_gb
@@ -39,14 +39,7 @@ class RolloutWorker:
         else:
             model, self.tokenizer = load_model_and_tokenizer(model_path, dtype)
         self.formatter = ChatFormatter(self.tokenizer)
-        self.engine = make_engine(
-            engine,
-            model,
-            pad_token_id=self.tokenizer.pad_token_id,
-            eos_token_ids=[self.tokenizer.eos_token_id],
-            tokenizer=self.tokenizer,
-            **(engine_kwargs or {}),
-        )
+        self.engine = make_engine_for(engine, model, self.tokenizer, **(engine_kwargs or {}))
         self.env_pool = EnvPoolActor.options(num_cpus=0).remote(env_id, env_kwargs)
         self.envs = RemoteEnvBatch(self.env_pool)
         self.weights_version = -1
@@ -63,13 +56,7 @@ class RolloutWorker:
         ray.get(self.env_pool.start_run.remote())
 
     def stop_token_ids(self) -> tuple[int, ...]:
-        from ..agent.format import ANSWER_CLOSE
-
-        ids = self.formatter.encode(ANSWER_CLOSE)
-        stops = [self.tokenizer.eos_token_id]
-        if len(ids) == 1:
-            stops.append(ids[0])
-        return tuple(i for i in stops if i is not None)
+        return self.formatter.stop_token_ids()
 
     def set_weights(self, state_dict: dict, version: int) -> int:
         self.engine.load_state_dict(state_dict)

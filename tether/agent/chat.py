@@ -100,6 +100,15 @@ class ChatFormatter:
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
+    def stop_token_ids(self) -> tuple[int, ...]:
+        """Token ids that end a reply: EOS, and ``</answer>`` where it is one token (else
+        the engine stops on the string)."""
+        from .format import ANSWER_CLOSE
+
+        close = self.encode(ANSWER_CLOSE)
+        stops = [self.tokenizer.eos_token_id] + (close if len(close) == 1 else [])
+        return tuple(i for i in stops if i is not None)
+
     def first_prompt_ids(self, system: str, user: str) -> list[int]:
         """System + first user turn + generation prompt + forced ``<think>``."""
         messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]

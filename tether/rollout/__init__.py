@@ -42,6 +42,18 @@ def make_engine(kind: str, model, **kwargs) -> RolloutEngine:
     return engine_class(kind)(model, **kwargs)
 
 
+def make_engine_for(kind: str, model, tokenizer, **kwargs) -> RolloutEngine:
+    """``make_engine`` with the padding, EOS and tokenizer taken from ``tokenizer``."""
+    return make_engine(
+        kind,
+        model,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_ids=[tokenizer.eos_token_id],
+        tokenizer=tokenizer,
+        **kwargs,
+    )
+
+
 def __getattr__(name: str):  # ``from tether.rollout import HFRolloutEngine``, imported on use
     if name == "HFRolloutEngine":
         return engine_class("hf")
