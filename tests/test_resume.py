@@ -193,3 +193,29 @@ def test_sigterm_ends_the_run_like_ctrl_c(micro_policy, models_dir, tmp_path):
     assert finished.info.status == "KILLED"
     assert finished.data.tags["tether.status"] == "KILLED"
     assert _leftover_ray(run.pid) == []
+
+
+def test_a_resume_that_changes_the_trained_parameters_is_refused_in_one_line(tmp_path):
+    """Adding LoRA to (or dropping it from) a resumed run, or changing its rank, size or
+    model path, is refused before anything starts; other overrides pass."""
+    import pytest
+
+    from tether.platform.checkpoint import ResumeError, check_same_parameters
+    from tether.platform.config import build_config
+
+    saved = build_config(micro_config_dict(tmp_path), []).model_dump(mode="json")
+    check_same_parameters(saved, build_config(saved, ["algo.lr=0.01"]).model)
+    for overrides, says in (
+        (["model.lora.r=4"], "written without model.lora, and this resume adds it"),
+        (["model.size=tiny"], "model.size was 'micro'"),
+    ):
+        with pytest.raises(ResumeError, match=says) as err:
+            check_same_parameters(saved, build_config(saved, overrides).model)
+        assert "\n" not in str(err.value)
+    with_lora = build_config(saved, ["model.lora.r=4"]).model_dump(mode="json")
+    check_same_parameters(with_lora, build_config(with_lora, ["model.lora.alpha=8"]).model)
+    with pytest.raises(ResumeError, match="model.lora.r was 4"):
+        check_same_parameters(with_lora, build_config(with_lora, ["model.lora.r=8"]).model)
+    with pytest.raises(ResumeError, match="drops it"):
+        check_same_parameters(with_lora, build_config(with_lora, ["model.lora=null"]).model)
+    assert saved["model"]["lora"] is None, "build_config left the saved tree as it was"

@@ -85,7 +85,36 @@ def load_checkpoint(path: Path) -> dict:
 
 
 class ResumeError(ValueError):
-    """The resume target names no checkpoint (the message says what was looked for)."""
+    """The resume target names no checkpoint (the message says what was looked for), or
+    the resumed config cannot load it."""
+
+
+def check_same_parameters(saved: dict, model_cfg) -> None:
+    """Refuse, in one line, a resume whose overrides change the policy's parameters
+    (``model.path``, ``model.size``, adding or dropping ``model.lora``, or its rank or
+    target layers): the checkpoint's weights and optimiser state would not load."""
+    before, after = saved.get("model", {}), model_cfg.model_dump(mode="json")
+    for key in ("path", "size"):
+        if before.get(key) != after.get(key):
+            raise ResumeError(
+                f"model.{key} was {before.get(key)!r} in the checkpoint's run and is "
+                f"{after.get(key)!r} now; a resumed run keeps its model (start a new run instead)"
+            )
+    lora_before, lora_after = before.get("lora"), after.get("lora")
+    if (lora_before is None) != (lora_after is None):
+        written = "without" if lora_before is None else "with"
+        raise ResumeError(
+            f"the checkpoint was written {written} model.lora, and this resume "
+            f"{'adds' if lora_before is None else 'drops'} it; a resumed run cannot change "
+            "what it trains (start a new run from the saved model with model.path instead)"
+        )
+    if lora_before is not None:
+        for key in ("r", "target_modules"):
+            if lora_before.get(key) != lora_after.get(key):
+                raise ResumeError(
+                    f"model.lora.{key} was {lora_before.get(key)!r} in the checkpoint's run "
+                    f"and is {lora_after.get(key)!r} now; the adapters would not load"
+                )
 
 
 def resolve_resume(target: str, tracking_uri: str) -> tuple[Path, str, dict]:

@@ -95,7 +95,7 @@ def run(
     _check_cluster(address)  # first: an unreachable --address fails in seconds
     resume_from = resume_run_id = None
     if resume:
-        from .checkpoint import ResumeError, resolve_resume
+        from .checkpoint import ResumeError, check_same_parameters, resolve_resume
         from .config import ConfigError, build_config
         from .tracking import default_tracking_uri
 
@@ -111,6 +111,10 @@ def run(
             )
         except ConfigError as exc:
             fail(f"config: {exc}")
+        try:
+            check_same_parameters(saved, cfg.model)
+        except ResumeError as exc:
+            fail(f"resume: {exc}")
     else:
         cfg = _load(config, overrides or [], address)
     from .session import ClusterError, prepare_process

@@ -10,6 +10,7 @@ fails at once with the field's dotted path in the message.
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -557,8 +558,9 @@ def set_dotted(tree: dict, path: list[str], value: Any) -> None:
 
 
 def build_config(data: dict | None = None, overrides: list[str] | None = None) -> TetherConfig:
-    """Validate a config tree plus dotted overrides; raise ConfigError with field paths."""
-    tree = dict(data or {})
+    """Validate a config tree plus dotted overrides; raise ConfigError with field paths.
+    ``data`` is not changed (the overrides go into a deep copy)."""
+    tree = copy.deepcopy(data or {})
     for text in overrides or []:
         path, value = parse_override(text)
         set_dotted(tree, path, value)
