@@ -219,3 +219,32 @@ def test_a_resume_that_changes_the_trained_parameters_is_refused_in_one_line(tmp
     with pytest.raises(ResumeError, match="drops it"):
         check_same_parameters(with_lora, build_config(with_lora, ["model.lora=null"]).model)
     assert saved["model"]["lora"] is None, "build_config left the saved tree as it was"
+
+
+def test_a_resume_target_may_be_the_checkpoint_the_run_dir_checkpoints_or_the_output_dir(
+    tmp_path,
+):
+    """``--resume`` finds the newest checkpoint from the file itself, the run's checkpoint
+    directory, the output directory's ``checkpoints/`` or the output directory; a directory
+    without one is refused naming where it looked."""
+    import pytest
+    import torch
+
+    from tether.platform.checkpoint import ResumeError, resolve_resume
+
+    def write(run_id: str, iteration: int, when: float):
+        path = tmp_path / "out" / "checkpoints" / run_id / f"iter_{iteration:06d}.pt"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"driver": {"run_id": run_id, "config": {"seen": run_id}}}, path)
+        os.utime(path, (when, when))
+        return path
+
+    write("old", 9, 1_000)
+    newest = write("new", 4, 2_000)
+    out = tmp_path / "out"
+    for target in (newest, newest.parent, out / "checkpoints", out):
+        path, run_id, config = resolve_resume(str(target), "sqlite:///unused.db")
+        assert (path, run_id, config) == (newest, "new", {"seen": "new"}), target
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ResumeError, match="no checkpoint"):
+        resolve_resume(str(tmp_path / "empty"), "sqlite:///unused.db")

@@ -122,10 +122,12 @@ def resolve_resume(target: str, tracking_uri: str) -> tuple[Path, str, dict]:
     (checkpoint path, MLflow run id, the run's config as a dict)."""
     path = Path(target).expanduser()
     if path.is_dir():
+        # The run's own checkpoint directory, the output directory's ``checkpoints/``
+        # (one subdirectory per run) or the output directory itself: the newest there.
         found = latest_checkpoint(path)
         if found is None:
-            nested = sorted(path.glob("checkpoints/*/iter_*.pt"), key=lambda p: p.stat().st_mtime)
-            found = nested[-1] if nested else None
+            nested = [*path.glob("*/iter_*.pt"), *path.glob("checkpoints/*/iter_*.pt")]
+            found = max(nested, key=lambda p: p.stat().st_mtime) if nested else None
         if found is None:
             raise ResumeError(f"no checkpoint (iter_*.pt) under {path}")
         path = found

@@ -87,8 +87,9 @@ def run(
         None,
         "--resume",
         help="Continue a run from its "
-        "last checkpoint: a checkpoint file or directory, "
-        "or an MLflow run id (same MLflow run).",
+        "last checkpoint: a checkpoint file, a directory (the newest checkpoint in it, "
+        "its checkpoints/ or their run subdirectories), or an MLflow run id "
+        "(same MLflow run).",
     ),
 ):
     """Train an agent: warm start (cached), Ray actors, MLflow tracking."""
