@@ -267,3 +267,112 @@ def test_pooled_runs_report_settings_that_differ_beyond_the_compared_ones():
     assert paper.differing_settings(same) == {}
     other = [*same, run("x", **{"filter.strategy": "none", "algo.lr": "0.01"})]
     assert paper.differing_settings(other) == {"algo.lr": ["0.001", "0.01"]}
+
+
+def test_verdicts_follow_the_protocol_rules():
+    """Each verdict rule of docs/reproduction.md on numbers with known answers, including
+    the published rows' own numbers (sessions 8-9, all 'not at this scale')."""
+    ci = lambda mean, lo, hi, n=3: {"n": n, "mean": mean, "ci_low": lo, "ci_high": hi}  # noqa: E731
+    counts = lambda none, top_p: {  # noqa: E731
+        "none": {"collapsed": none, "seeds": 3},
+        "top_p": {"collapsed": top_p, "seeds": 3},
+    }
+    above, across = ci(0.2, 0.05, 0.35), ci(0.16, -0.40, 0.73)
+    assert paper.verdict_a(counts(2, 1), above)["verdict"] == paper.REPRODUCED
+    assert paper.verdict_a(counts(3, 1), across)["verdict"] == paper.PARTLY
+    partly = paper.verdict_a(counts(3, 2), above)
+    assert partly["verdict"] == paper.PARTLY and "more than a third" in partly["because"]
+    assert paper.verdict_a(counts(1, 1), ci(-0.16, -1.05, 0.74))["verdict"] == (
+        paper.NOT_AT_THIS_SCALE
+    )
+    assert paper.verdict_a({"none": {"collapsed": 2, "seeds": 2}}, above)["verdict"] is None
+
+    row = lambda lo, diff_lo: {  # noqa: E731
+        "diagnostic": "mi_zscore",
+        "ci_low": lo,
+        "diff_ci_low": diff_lo,
+    }
+    assert paper.verdict_b([row(0.01, 0.2)])["verdict"] == paper.REPRODUCED
+    assert paper.verdict_b([row(-0.03, 0.26)])["verdict"] == paper.PARTLY
+    assert paper.verdict_b([row(-0.09, -0.07)])["verdict"] == paper.NOT_AT_THIS_SCALE
+    assert paper.verdict_b([row(math.nan, math.nan)])["verdict"] == paper.NOT_AT_THIS_SCALE
+    assert paper.verdict_b([])["verdict"] is None
+
+    assert paper.verdict_c(ci(0.1, 0.02, 0.2), ci(0.1, 0.01, 0.2))["verdict"] == paper.REPRODUCED
+    assert paper.verdict_c(ci(0.1, 0.02, 0.2), ci(0.1, -0.1, 0.3))["verdict"] == paper.PARTLY
+    assert paper.verdict_c(ci(-0.14, -0.47, 0.18), above)["verdict"] == paper.NOT_AT_THIS_SCALE
+    assert paper.verdict_c(ci(0.1, 0.02, 0.2, n=2), above)["verdict"] is None
+
+    assert paper.verdict_d_filters(above, ci(0.0, -0.1, 0.1))["verdict"] == paper.REPRODUCED
+    assert paper.verdict_d_filters(across, ci(0.23, 0.08, 0.39))["verdict"] == paper.PARTLY
+    assert paper.verdict_d_filters(ci(0.003, -0.49, 0.50), ci(-0.06, -0.49, 0.37))["verdict"] == (
+        paper.NOT_AT_THIS_SCALE
+    )
+
+    trend = lambda means, lo: {  # noqa: E731
+        "means": means,
+        "monotone_increasing": bool(all(np.diff(means) > 0)),
+        "q4_minus_q1": {"ci_low": lo},
+    }
+    assert paper.verdict_d_quartiles(trend([0.1, 0.2, 0.3, 0.4], 0.05))["verdict"] == (
+        paper.REPRODUCED
+    )
+    for means, lo in (([0.1, 0.2, 0.3, 0.4], -0.01), ([0.30, 0.39, 0.40, 0.37], -0.07)):
+        assert paper.verdict_d_quartiles(trend(means, lo))["verdict"] == paper.NOT_AT_THIS_SCALE
+    assert paper.verdict_d_quartiles({})["verdict"] is None
+
+
+def test_the_paper_command_prints_each_findings_verdict(tmp_path, capsys):
+    """``python -m tether.analysis.paper`` on an MLflow store of finished runs: finding a's
+    and d's numbers and verdicts from sweep-like runs, b's from the experiment."""
+    import json
+
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(uri)
+    exp = client.create_experiment("paper-test", artifact_location=str(tmp_path / "art"))
+    rng = np.random.default_rng(0)
+    for seed, arm in itertools.product((0, 1, 2), ("none", "top_p", "top_k")):
+        run = client.create_run(exp, run_name=f"{arm}-{seed}", tags={"tether.env": "lake"})
+        rid = run.info.run_id
+        for key, value in (("filter.strategy", arm), ("experiment.seed", seed), ("algo.lr", 1)):
+            client.log_param(rid, key, value)
+        # No filter collapses (MI 0.5 -> 0.1, H(Z|X) rises); top-p and top-k keep MI.
+        last_mi = 0.1 if arm == "none" else 0.5
+        diag = _diag(
+            [(0.5, 0.4, 0.6), (last_mi, last_mi - 0.05, last_mi + 0.05)],
+            [(1.0, 0.9, 1.1), (1.5, 1.4, 1.6)],
+            0.001,
+        )
+        success = {"none": 0.1, "top_k": 0.2, "top_p": 0.3 + 0.01 * seed}[arm]
+        diag["val/success"] = {0: 0.2, 30: success}
+        steps = (1, 10, 20, 30)
+        diag["rollout/in_group_reward_std"] = {s: float(rng.uniform(0, 0.5)) for s in steps}
+        # Training success falls from iteration 1 to 30 while H(Z|X) rises (1.0 -> 1.5),
+        # and the MI z-score is the success itself: b is reproduced by construction.
+        diag["rollout/success"] = {s: float(rng.uniform(0.5 - s / 75, 0.6 - s / 75)) for s in steps}
+        diag["collapse/first_turn/mi_zscore"] = dict(diag["rollout/success"])
+        for key, points in diag.items():
+            for step, value in points.items():
+                client.log_metric(rid, key, value, step=step)
+        client.set_terminated(rid, "FINISHED")
+
+    def verdicts(finding: str) -> dict:
+        assert paper.main(["paper-test", "--tracking-uri", uri, "--finding", finding]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    a = verdicts("a")
+    assert a["runs"] == 9 and a["settings_that_differ"] == {}
+    assert a["counts"]["none"] == {"collapsed": 3, "seeds": 3}
+    assert a["counts"]["top_p"] == {"collapsed": 0, "seeds": 3}
+    assert a["verdict"] == paper.REPRODUCED, a["because"]
+    d = verdicts("d")
+    assert d["top_p_minus_none"]["all"]["mean"] == pytest.approx(0.21)
+    assert d["verdict_filters"]["verdict"] == paper.REPRODUCED
+    assert d["verdict_quartiles"]["verdict"] in (paper.REPRODUCED, paper.NOT_AT_THIS_SCALE)
+    b = verdicts("b")
+    assert {r["diagnostic"] for r in b["spearman_by_run"]} >= {"mi_zscore", "mi_estimate"}
+    mi_z = next(r for r in b["spearman_by_run"] if r["diagnostic"] == "mi_zscore")
+    assert mi_z["rho"] == pytest.approx(1.0) and mi_z["runs"] == 9
+    assert b["verdict"] == paper.REPRODUCED, b["because"]

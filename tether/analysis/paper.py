@@ -9,10 +9,13 @@ stated in docs/reproduction.md before its confirmatory runs; this module compute
 - ``paired_gain`` (findings a, c, d): a per-seed difference between two arms of a sweep,
   its mean and t-interval over seeds;
 - ``quartile_trend`` (finding d): MI and success by reward-variance quartile, monotone or
-  not, and the top-minus-bottom quartile difference with a Welch interval.
+  not, and the top-minus-bottom quartile difference with a Welch interval;
+- ``spearman_by_run_bootstrap`` (finding b, the report's by-run Spearman analysis);
+- ``verdict_a`` ... ``verdict_d_quartiles``: the protocol's rule that turns those numbers
+  into a verdict (reproduced / partly / not at this scale), with the reason in words.
 
-``python -m tether.analysis.paper <sweep parent | experiment> --finding a|c|d`` prints
-them as JSON (the numbers docs/reproduction.md quotes).
+``python -m tether.analysis.paper <sweep parent | experiment> --finding a|b|c|d`` prints
+them as JSON (the numbers and verdicts docs/reproduction.md quotes).
 """
 
 from __future__ import annotations
@@ -26,8 +29,12 @@ from collections import defaultdict
 import numpy as np
 from scipy import stats
 
-from .runs import REWARD_STD, RunData, collapse_key
-from .stats import quartile_of
+from .runs import DIAGNOSTICS, REWARD_STD, SUCCESS, RunData, collapse_key
+from .stats import quartile_of, spearman_by_run_bootstrap
+
+REPRODUCED, PARTLY, NOT_AT_THIS_SCALE = "reproduced", "partly", "not at this scale"
+#: Seeds per compared arm the protocol's counting rules are written for.
+MIN_SEEDS = 3
 
 
 def _at(run: RunData, key: str, step: int) -> float | None:
@@ -220,6 +227,97 @@ def quartile_trend(
     return out
 
 
+def _above(interval: dict) -> bool:
+    """The interval lies wholly above 0 (an undefined interval does not)."""
+    low = interval.get("ci_low")
+    return low is not None and not math.isnan(low) and low > 0
+
+
+def _verdict(verdict: str | None, because: str) -> dict:
+    return {"verdict": verdict, "because": because}
+
+
+def verdict_a(counts: dict, mi_change_difference: dict) -> dict:
+    """Finding a: reproduced when >= 2/3 of the no-filter seeds collapse, <= 1/3 of the
+    top-p seeds do, and the per-seed I(X;Z) change (top-p minus none) has a t-interval
+    above 0; partly when only the no-filter part holds; otherwise not at this scale."""
+    none, top_p = counts.get("none"), counts.get("top_p")
+    if not none or not top_p or min(none["seeds"], top_p["seeds"]) < MIN_SEEDS:
+        return _verdict(None, f"needs >= {MIN_SEEDS} finished seeds in each of none and top_p")
+    said = (
+        f"no filter: {none['collapsed']} of {none['seeds']} seeds collapsed; "
+        f"top-p: {top_p['collapsed']} of {top_p['seeds']}"
+    )
+    if 3 * none["collapsed"] < 2 * none["seeds"]:
+        return _verdict(NOT_AT_THIS_SCALE, said)
+    fails = []
+    if 3 * top_p["collapsed"] > top_p["seeds"]:
+        fails.append("top-p collapsed in more than a third of its seeds")
+    if not _above(mi_change_difference):
+        fails.append("the I(X;Z) change, top-p minus none, has an interval reaching 0 or below")
+    if not fails:
+        return _verdict(REPRODUCED, said + "; I(X;Z) change top-p minus none above 0")
+    return _verdict(PARTLY, said + "; the filter part fails: " + " and ".join(fails))
+
+
+def verdict_b(by_run_rows: list[dict], proxy: str = "mi_zscore") -> dict:
+    """Finding b: reproduced when rho(``proxy``) with success and rho(``proxy``) -
+    rho(H(Z|X)) both have by-run bootstrap intervals above 0; partly when exactly one
+    does; otherwise not at this scale."""
+    row = next((r for r in by_run_rows if r["diagnostic"] == proxy), None)
+    if row is None:
+        return _verdict(None, f"no by-run Spearman row for {proxy}")
+    rho_above = _above(row)
+    diff_above = _above({"ci_low": row.get("diff_ci_low")})
+    said = (
+        f"rho({proxy}) interval {'above' if rho_above else 'not above'} 0; rho({proxy}) - "
+        f"rho(H(Z|X)) interval {'above' if diff_above else 'not above'} 0"
+    )
+    return _verdict({2: REPRODUCED, 1: PARTLY, 0: NOT_AT_THIS_SCALE}[rho_above + diff_above], said)
+
+
+def verdict_c(contrast: dict, moderate_gain: dict) -> dict:
+    """Finding c: reproduced when the per-seed contrast (mean gain at 10/20/50 % minus mean
+    gain at 0/100 %) and the mean gain at 10/20/50 % both have t-intervals above 0; partly
+    when the contrast's point estimate is above 0 but an interval is not; otherwise not at
+    this scale."""
+    if contrast.get("n", 0) < MIN_SEEDS:
+        return _verdict(None, f"needs >= {MIN_SEEDS} seeds with every noise level in both arms")
+    if not contrast["mean"] > 0:
+        return _verdict(NOT_AT_THIS_SCALE, "the contrast's point estimate is <= 0")
+    if _above(contrast) and _above(moderate_gain):
+        return _verdict(REPRODUCED, "contrast and moderate-noise gain both above 0")
+    return _verdict(PARTLY, "the contrast's point estimate is above 0, an interval is not")
+
+
+def verdict_d_filters(top_p_minus_none: dict, top_p_minus_top_k: dict) -> dict:
+    """Finding d (filters): reproduced when top-p minus none has a t-interval above 0 and
+    top-p minus top-k is >= 0 in point; partly when both points are >= 0 but the first
+    interval is not above 0; otherwise not at this scale."""
+    if min(top_p_minus_none.get("n", 0), top_p_minus_top_k.get("n", 0)) < MIN_SEEDS:
+        return _verdict(None, f"needs >= {MIN_SEEDS} seeds in each of none, top_k and top_p")
+    vs_none, vs_k = top_p_minus_none["mean"], top_p_minus_top_k["mean"]
+    said = f"top-p minus none {vs_none:+.3f}, top-p minus top-k {vs_k:+.3f}"
+    if _above(top_p_minus_none) and vs_k >= 0:
+        return _verdict(REPRODUCED, said + "; the first interval above 0")
+    if vs_none >= 0 and vs_k >= 0:
+        return _verdict(PARTLY, said + "; the first interval reaches 0 or below")
+    return _verdict(NOT_AT_THIS_SCALE, said + "; a point estimate below 0")
+
+
+def verdict_d_quartiles(mi_trend: dict) -> dict:
+    """Finding d (reward-variance quartiles): reproduced when mean I(X;Z) rises strictly
+    from Q1 to Q4 and Q4 - Q1 has a Welch interval above 0; otherwise not at this scale."""
+    if "means" not in mi_trend:
+        return _verdict(None, "no quartiles (too few checkpoints)")
+    monotone, above = mi_trend["monotone_increasing"], _above(mi_trend["q4_minus_q1"])
+    said = (
+        f"I(X;Z) by quartile {'rises' if monotone else 'does not rise'} strictly; Q4 - Q1 "
+        f"interval {'above' if above else 'not above'} 0"
+    )
+    return _verdict(REPRODUCED if monotone and above else NOT_AT_THIS_SCALE, said)
+
+
 #: Params that may differ between the runs of one finding: what a sweep varies, and names.
 COMPARED = ("filter.", "experiment.seed", "env.stochasticity", "experiment.run_name")
 
@@ -261,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
         "finding d's top-k arm with finding a's identical none and top-p trials)",
     )
     parser.add_argument("--tracking-uri", required=True)
-    parser.add_argument("--finding", choices=["a", "c", "d"], required=True)
+    parser.add_argument("--finding", choices=["a", "b", "c", "d"], required=True)
     parser.add_argument("--sampling", default="first_turn")
     parser.add_argument("--mi", default="mi_estimate")
     args = parser.parse_args(argv)
@@ -283,11 +381,16 @@ def main(argv: list[str] | None = None) -> int:
     }
     if args.finding == "a":
         rows = collapse_rows(runs, args.sampling, args.mi)
+        counted = collapse_verdict(rows)
         out.update(
             rows=rows,
-            **collapse_verdict(rows),
+            **counted,
             val_success_top_p_minus_none=paired_gain(runs, "top_p", "none"),
+            **verdict_a(counted["counts"], counted["mi_change_top_p_minus_none"]),
         )
+    elif args.finding == "b":
+        by_run = spearman_by_run_bootstrap(runs, args.sampling, DIAGNOSTICS, success_key=SUCCESS)
+        out.update(spearman_by_run=by_run.rows, notes=by_run.notes, **verdict_b(by_run.rows))
     elif args.finding == "c":
         out["gain_by_level"] = paired_gain(runs, "top_p", "none", by=("env.stochasticity",))
         mi_key = collapse_key(args.sampling, args.mi)
@@ -299,17 +402,24 @@ def main(argv: list[str] | None = None) -> int:
             for seed, d in zip(cell["seeds"], cell["differences"]):
                 gains[seed][float(level.split("=")[1])] = d
         moderate, extreme = (0.1, 0.2, 0.5), (0.0, 1.0)
+        full = [g for g in gains.values() if all(p in g for p in moderate + extreme)]
         contrast = [
             float(np.mean([g[p] for p in moderate]) - np.mean([g[p] for p in extreme]))
-            for g in gains.values()
-            if all(p in g for p in moderate + extreme)
+            for g in full
         ]
+        moderate_gain = [float(np.mean([g[p] for p in moderate])) for g in full]
         out["moderate_minus_extreme_gain"] = {"per_seed": contrast, **t_interval(contrast)}
+        out["moderate_gain"] = {"per_seed": moderate_gain, **t_interval(moderate_gain)}
+        out.update(verdict_c(out["moderate_minus_extreme_gain"], out["moderate_gain"]))
     else:
         out["top_p_minus_none"] = paired_gain(runs, "top_p", "none")
         out["top_p_minus_top_k"] = paired_gain(runs, "top_p", "top_k")
         out["top_k_minus_none"] = paired_gain(runs, "top_k", "none")
         out["rv_quartiles"] = quartile_trend(runs, collapse_key(args.sampling, args.mi))
+        out["verdict_filters"] = verdict_d_filters(
+            out["top_p_minus_none"].get("all", {}), out["top_p_minus_top_k"].get("all", {})
+        )
+        out["verdict_quartiles"] = verdict_d_quartiles(out["rv_quartiles"].get("mi", {}))
     json.dump(_finite(out), sys.stdout, indent=1, default=str)
     print()
     return 0
