@@ -376,3 +376,7 @@ def test_the_paper_command_prints_each_findings_verdict(tmp_path, capsys):
     mi_z = next(r for r in b["spearman_by_run"] if r["diagnostic"] == "mi_zscore")
     assert mi_z["rho"] == pytest.approx(1.0) and mi_z["runs"] == 9
     assert b["verdict"] == paper.REPRODUCED, b["because"]
+    # A target that is not in the store: one line on stderr, exit 2.
+    assert paper.main(["no-such", "--tracking-uri", uri, "--finding", "a"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("paper: 'no-such' is not a run id") and err.count("\n") == 1

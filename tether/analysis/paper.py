@@ -348,7 +348,7 @@ def _finite(value):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .source import load_target
+    from .source import ReportError, load_target
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -358,16 +358,25 @@ def main(argv: list[str] | None = None) -> int:
         help="sweep parent run ids, run ids or experiment names; several are pooled (e.g. "
         "finding d's top-k arm with finding a's identical none and top-p trials)",
     )
-    parser.add_argument("--tracking-uri", required=True)
-    parser.add_argument("--finding", choices=["a", "b", "c", "d"], required=True)
-    parser.add_argument("--sampling", default="first_turn")
-    parser.add_argument("--mi", default="mi_estimate")
+    parser.add_argument("--tracking-uri", required=True, help="e.g. sqlite:////abs/mlflow.db")
+    parser.add_argument(
+        "--finding",
+        choices=["a", "b", "c", "d"],
+        required=True,
+        help="a collapse, b MI vs entropy, c stochasticity, d filters (docs/reproduction.md)",
+    )
+    parser.add_argument("--sampling", default="first_turn", help="the diagnostics' sampling")
+    parser.add_argument("--mi", default="mi_estimate", help="the I(X;Z) estimate a and d test")
     args = parser.parse_args(argv)
-    loaded = [
-        run
-        for target in args.targets
-        for run in load_target(args.tracking_uri, target, with_prompts=False)[1]
-    ]
+    try:
+        loaded = [
+            run
+            for target in args.targets
+            for run in load_target(args.tracking_uri, target, with_prompts=False)[1]
+        ]
+    except ReportError as exc:
+        print(f"paper: {exc}", file=sys.stderr)
+        return 2
     runs = [r for r in loaded if r.status == "FINISHED"]  # a stopped trial is not a result
     out: dict = {
         "runs": len(runs),
