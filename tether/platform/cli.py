@@ -104,18 +104,15 @@ def run(
         uri = base.tracking.uri or default_tracking_uri(base.experiment.output_dir)
         try:
             resume_from, resume_run_id, saved = resolve_resume(resume, uri)
-        except ResumeError as exc:
-            fail(f"resume: {exc}")
-        try:  # the run's own config, with this command's overrides on top
+            # the run's own config, with this command's overrides on top
             cfg = build_config(
                 saved, list(overrides or []) + ([f"ray.address={address}"] if address else [])
             )
-        except ConfigError as exc:
-            fail(f"config: {exc}")
-        try:
             check_same_parameters(saved, cfg.model)
         except ResumeError as exc:
             fail(f"resume: {exc}")
+        except ConfigError as exc:
+            fail(f"config: {exc}")
     else:
         cfg = _load(config, overrides or [], address)
     from .session import ClusterError, prepare_process
