@@ -116,3 +116,17 @@ def test_fields_show_the_defaults_after_the_preset():
     assert rows["filter.selection_eps"] == 0.01 and rows["alarms.empty_after_filter.patience"] == 5
     values = {path: v for path, v, _ in describe_fields(build_config({}, ["algo.preset=dapo"]))}
     assert values["algo.clip_high"] == 0.28 and values["algo.dynamic_sampling"] is True
+
+
+def test_cli_takes_overrides_without_a_yaml(tmp_path):
+    """`tether config algo.lr=0.01` (or `tether run --resume X algo.lr=0.01`): an argument
+    with '=' that names no file is an override, not a missing config file."""
+    from typer.testing import CliRunner
+
+    from tether.platform.cli import app
+
+    result = CliRunner().invoke(app, ["config", "algo.lr=0.0123", "rollout.groups=3"])
+    assert result.exit_code == 0, result.output
+    assert "lr: 0.0123" in result.output and "groups: 3" in result.output
+    missing = CliRunner().invoke(app, ["config", str(tmp_path / "nope.yaml")])
+    assert missing.exit_code != 0 and "not found" in missing.output

@@ -60,6 +60,16 @@ def _check_dependencies() -> None:
         fail(str(exc))
 
 
+def _config_and_overrides(
+    config: Path | None, overrides: list[str] | None
+) -> tuple[Path | None, list[str]]:
+    """``tether run algo.lr=0.01`` (no YAML): the first argument is an override, not a
+    config path, when it names no file and has a ``=``."""
+    if config is not None and "=" in str(config) and not config.exists():
+        return None, [str(config), *(overrides or [])]
+    return config, list(overrides or [])
+
+
 def _load(config: Path | None, overrides: list[str], address: str | None):
     from .config import ConfigError, load_config
 
@@ -94,6 +104,7 @@ def run(
 ):
     """Train an agent: warm start (cached), Ray actors, MLflow tracking."""
     _check_cluster(address)  # first: an unreachable --address fails in seconds
+    config, overrides = _config_and_overrides(config, overrides)
     resume_from = resume_run_id = None
     if resume:
         from .checkpoint import ResumeError, check_same_parameters, resolve_resume
@@ -252,6 +263,8 @@ def show_config(
 ):
     """Validate a config and print the resolved tree (nothing starts)."""
     import yaml
+
+    config, overrides = _config_and_overrides(config, overrides)
 
     if fields:
         from .config import describe_fields
