@@ -33,6 +33,9 @@ _ENVS: dict[str, tuple[str, str]] = {
     "searchqa": ("tether/SearchQA-v0", "tether.envs.searchqa:SearchQAEnv"),
     "webshop": ("tether/WebShop-v0", "tether.envs.webshop:WebShopEnv"),
     "deepcoder": ("tether/DeepCoder-v0", "tether.envs.deepcoder:DeepCoderEnv"),
+    # Known-answer tasks (optimum known; the learning tests and benchmarks use them).
+    "choice": ("tether/Choice-v0", "tether.envs.known_answer:ChoiceEnv"),
+    "doors": ("tether/Doors-v0", "tether.envs.known_answer:DoorsEnv"),
 }
 ENV_IDS: tuple[str, ...] = tuple(env_id for env_id, _ in _ENVS.values())
 #: Every accepted spelling, normalised (see ``_normalise``) -> gymnasium id.
