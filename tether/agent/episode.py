@@ -195,6 +195,7 @@ def run_episodes(
                     reward=outcome.reward,
                     executed_actions=outcome.executed_actions,
                     finish_reason=gen.finish_reason,
+                    ended_episode=outcome.done,
                 )
             )
             traj.success = traj.success or outcome.success

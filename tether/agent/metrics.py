@@ -49,6 +49,34 @@ def _proportion_interval(name: str, successes: int, n: int) -> dict[str, float]:
     return {f"{name}_ci_low": float(interval.low), f"{name}_ci_high": float(interval.high)}
 
 
+#: How an episode ended (``episode_ends``): success, or the first reason it failed.
+EPISODE_ENDS = ("success", "format", "invalid_action", "failed", "unfinished")
+
+
+def episode_end(trajectory: Trajectory) -> str:
+    """How one episode ended: ``success``; else by its last turn: ``format`` (the reply did
+    not parse), ``invalid_action`` (parsed, but no valid action), ``failed`` (the env ended
+    the episode without success: a hole, a wrong key, a wrong single-turn answer) or
+    ``unfinished`` (a turn, action or context limit ended it first)."""
+    if trajectory.success:
+        return "success"
+    if not trajectory.turns:
+        return "unfinished"
+    last = trajectory.turns[-1]
+    if not last.format_ok:
+        return "format"
+    if not last.action_valid:
+        return "invalid_action"
+    return "failed" if last.ended_episode else "unfinished"
+
+
+def episode_ends(trajectories: list[Trajectory]) -> dict[str, float]:
+    """``end/<kind>``: the share of episodes that ended each way (they sum to 1): where a
+    policy fails, read per iteration (docs/methods.md, "What the update sees")."""
+    ends = [episode_end(t) for t in trajectories]
+    return {f"end/{kind}": ends.count(kind) / len(ends) for kind in EPISODE_ENDS}
+
+
 def rollout_metrics(
     trajectories: list[Trajectory], prefix: str = "rollout", reasoning_tokens=None
 ) -> dict[str, float]:
@@ -93,6 +121,7 @@ def rollout_metrics(
         "context_truncated": float(np.mean([t.context_truncated for t in trajectories])),
         "trajectories": float(len(trajectories)),
         "generated_tokens": float(sum(reply_lengths)),
+        **episode_ends(trajectories),
     }
     return {f"{prefix}/{k}": v for k, v in out.items()}
 

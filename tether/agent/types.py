@@ -23,6 +23,9 @@ class Turn:
     reward: float
     executed_actions: list[str] = field(default_factory=list)
     finish_reason: str = "stop"
+    #: The environment ended the episode at this turn (goal, hole, wrong key, the answer
+    #: of a single-turn task), as opposed to a turn or context limit.
+    ended_episode: bool = False
 
 
 @dataclass

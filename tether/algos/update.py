@@ -349,6 +349,7 @@ def policy_update(
     shared_prefix = s.shared_prefix and world_size == 1  # FSDP ranks: same forward count
     # Token entropy on the reasoning tokens, token-weighted over the update's forwards.
     reasoning_entropy = torch.zeros(2, dtype=torch.float64)  # [sum, count]
+    start = _trainable_snapshot(model)  # this rank's trainable weights before the update
     for _ in range(s.ppo_epochs):
         order = torch.as_tensor(rng.permutation(batch.size))
         for mb_rows in torch.tensor_split(order, min(s.minibatches, batch.size)):
@@ -401,10 +402,61 @@ def policy_update(
     model.eval()
     if reasoning_entropy[1] > 0:  # [sum, count] per rank, joined over ranks below
         metrics["_reasoning_entropy"] = reasoning_entropy.tolist()
+    metrics["_update_sq"] = _update_squares(model, start)  # [Σ Δθ², Σ θ²] per rank
     if gather_metrics is not None:
         metrics = gather_metrics(metrics)
     pairs = metrics.pop("_reasoning_entropy", [])
+    squares = metrics.pop("_update_sq", [])
     out = {k: float(np.mean(v)) for k, v in metrics.items()}
     if pairs and sum(pairs[1::2]) > 0:
         out["collapse/reasoning_token_entropy"] = float(sum(pairs[0::2]) / sum(pairs[1::2]))
+    if squares and sum(squares[1::2]) > 0:
+        out["actor/update_ratio"] = math.sqrt(sum(squares[0::2]) / sum(squares[1::2]))
+    out.update(advantage_metrics(batch))
     return out
+
+
+def advantage_metrics(batch: TrajectoryBatch) -> dict[str, float]:
+    """What the update is asked to learn from, over the trained (agent) tokens:
+    ``actor/advantage_abs_mean``, ``actor/advantage_pos_frac`` (share of tokens pushed
+    up), ``actor/advantage_zero_frac`` (share carrying no task signal, e.g. groups
+    without reward spread) and ``actor/trained_tokens`` (docs/methods.md, "What the
+    update sees")."""
+    with torch.no_grad():
+        advantages = batch.advantages[batch.response_mask > 0].double()
+        if advantages.numel() == 0:
+            return {"actor/trained_tokens": 0.0}
+        return {
+            "actor/advantage_abs_mean": float(advantages.abs().mean()),
+            "actor/advantage_pos_frac": float((advantages > 0).double().mean()),
+            "actor/advantage_zero_frac": float((advantages == 0).double().mean()),
+            "actor/trained_tokens": float(advantages.numel()),
+        }
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of an FSDP2 (DTensor) parameter; the tensor itself otherwise."""
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
+def _trainable_snapshot(model) -> list[torch.Tensor]:
+    """A CPU float32 copy of this rank's trainable weights (LoRA: the adapters)."""
+    with torch.no_grad():
+        return [
+            _local(p.detach()).to("cpu", torch.float32, copy=True)
+            for p in model.parameters()
+            if p.requires_grad
+        ]
+
+
+def _update_squares(model, start: list[torch.Tensor]) -> list[float]:
+    """[Σ (θ − θ_start)², Σ θ_start²] over this rank's trainable weights: summed over
+    ranks, their ratio's root is ``actor/update_ratio``, the update's relative size."""
+    delta = total = 0.0
+    with torch.no_grad():
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        for p, p0 in zip(trainable, start):
+            now = _local(p.detach()).to("cpu", torch.float32)
+            delta += float((now - p0).double().square().sum())
+            total += float(p0.double().square().sum())
+    return [delta, total]
