@@ -29,7 +29,7 @@ same for ``val/success``.
 
     python benchmarks/act_vs_warn.py --out /tmp/act_vs_warn model.path=<cache>/tiny-<key>
 
-Protocol 2 (session 8; written after protocol 1's first run, warn seed 0, showed no fall
+Protocol 2 (2026-11-23, commit 05a9bbf; written after protocol 1's first run, warn seed 0, showed no fall
 of MI in 12 iterations — first-turn I(X;Z) 0.56 -> 0.50, retrieval 1.00 -> 0.93, the
 injected reward 0.46 -> 0.48 — and before any run of protocol 2).  Protocol 1's runs are
 completed and reported as they are.  Everything as in protocol 1 except a stronger push
@@ -48,7 +48,7 @@ measures and verdict rule as protocol 1.  No pilot run enters a result.
     python benchmarks/act_vs_warn.py --out /tmp/avw2 --iterations 16 --inject-from 3 \
         model.path=<cache>/tiny-<key> algo.lr=<the pilot's>
 
-Protocol 3 (session 8; written after protocol 2's pilot, before any run of protocol 3).
+Protocol 3 (2026-11-23, commit cb21249; written after protocol 2's pilot, before any run of protocol 3).
 Protocol 2's lr 3e-3 pilot broke the reply format after the first update, before the
 injection began (valid first-turn reasoning 0.97 -> 0.06 at iteration 2, training
 reward 0.22 -> -0.50, then 0.0; `format_collapse` fired, `template_collapse` could not:
@@ -65,7 +65,7 @@ otherwise protocol 3 is reported as "could not induce collapse" and not run.
     python benchmarks/act_vs_warn.py model.path=<cache>/tiny-<key> algo.lr=1e-3 \
         --out /tmp/avw3 --iterations 20 --inject-from 3
 
-Protocol 4 (session 9; written after protocols 1-3 failed to collapse ``warn`` and after
+Protocol 4 (2026-11-23, commit feb3e18; written after protocols 1-3 failed to collapse ``warn`` and after
 finding a of the reproduction suite (docs/reproduction.md) had run, before any run of
 protocol 4).  A natural collapse instead of an injected one: finding a's top-p arm
 (``experiments/paper/a_collapse.yaml`` with ``filter: top_p 0.9``, seeds 0, 1, 2, 30
@@ -94,7 +94,7 @@ confirmed by the check) and stays in the pairs.
     python benchmarks/act_vs_warn.py --compare <warn parent> <act parent> \
         --tracking sqlite:////tmp/repro/runs/mlflow.db
 
-Protocol 4, amendment (session 9, after the comparability check failed, before any verdict
+Protocol 4, amendment (2026-11-24, commit 1e6fe9e, after the comparability check failed, before any verdict
 was computed).  The check failed for seeds 0 and 1: their act runs left their warn trials
 at iterations 7 and 6 (``rollout/success``), before any action (the first actions were at
 15 and 30), so a's trials are not the act runs' counterfactual: either the code changed

@@ -2,7 +2,7 @@
 
 Protocol (fixed before the runs; `benchmarks/RESULTS.md` records the outcome):
 
-Policies.  The known-answer harness's micro model (`tether.diagnostics.harness`) is
+Policies.  The known-answer harness's micro model (`tether.testing.harness`) is
 fine-tuned on a *mixture* behaviour: for every prompt, with probability ``q`` the reply is
 one of T input-independent templates (the harness's ``random_template``: template
 collapse, H(Z|X) = log T), otherwise it copies the prompt's keys (``grounded``).  One real
@@ -33,14 +33,14 @@ Detection: share of collapse histories whose ``template_collapse`` fired after t
 first post-onset point whose MI interval lies wholly below that of an earlier point the
 alarm counts as significant, p < alpha / window; target <= 2 points).  ``low_entropy_collapse`` events are counted too.
 
-Truth check (added in session 7, before run 3).  Which MI alarm a collapse history should
+Truth check (added on 2026-11-23, commit 6cd7cf1, before run 3).  Which MI alarm a collapse history should
 raise depends on the real policies, not on the labels: each pool's within-input entropy
 H(Z|X) (per token, over all its replies under their own prompts) is printed, and a
 collapse history counts as detected by ``template_collapse`` when the collapsed share's
 pool has H(Z|X) at least that of the grounded pool, by ``low_entropy_collapse`` otherwise.
 False alarms are counted for both MI alarms on clean points.
 
-Run 3 (session 7; protocol fixed before the run).  Exploratory, seed 11, 100 histories
+Run 3 (2026-11-23, commit 6cd7cf1; protocol fixed before the run).  Exploratory, seed 11, 100 histories
 per kind: variants of the rule compared on the same histories (`--variant`).  The rule
 chosen from it becomes the default; the confirmatory run is a fresh seed (12) at the
 default counts, the new default against the old rule (``old:within=2,min_references=1``),
@@ -64,7 +64,9 @@ from scipy import stats
 
 from tether.diagnostics.alarms import AlarmMonitor, AlarmsConfig
 from tether.diagnostics.crossscore import cross_score_pairs
-from tether.diagnostics.harness import (
+from tether.diagnostics.mi import mi_proxies, prefixed
+from tether.diagnostics.uncertainty import Uncertainty
+from tether.testing.harness import (
     Behaviour,
     HarnessConfig,
     parse_reply,
@@ -74,8 +76,6 @@ from tether.diagnostics.harness import (
     torch_threads,
     train_policy,
 )
-from tether.diagnostics.mi import mi_proxies, prefixed
-from tether.diagnostics.uncertainty import Uncertainty
 
 SHARES = (0.0, 0.25, 0.5, 0.75, 1.0)
 PREFIX = "collapse/first_turn"

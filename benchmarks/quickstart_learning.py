@@ -5,8 +5,8 @@ validation from the run's MLflow store, turns them back into success counts with
 run's ``trainer.val_episodes``, and tests "the last validation is above the first" with a
 one-sided two-proportion z-test (unpooled standard error), per run and pooled over the
 runs given (the same held-out levels at both points).  The candidate **rises** when the
-pooled p is below ``--alpha`` and no run ends below its own start (benchmarks/RESULTS.md,
-"The quickstart's learning target, session 10 — protocol").
+pooled p is below ``--alpha`` and no run ends below its own start (benchmarks/history/2026-11-24.md,
+"The quickstart's learning target, 2026-11-24 (commit d2a17ec) — protocol").
 
     python benchmarks/quickstart_learning.py --alpha 0.025 \\
         /tmp/qs/runs/A-s0/mlflow.db /tmp/qs/runs/A-s1/mlflow.db /tmp/qs/runs/A-s2/mlflow.db

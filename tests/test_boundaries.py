@@ -5,6 +5,9 @@
 - ``envs`` and the run config import no torch: a config is validated, and a bad one
   refused, without it; ``import tether`` registers the gymnasium ids without it.
 - No import cycle among Tether's modules, counting function-level imports.
+- The layer map: each package imports only the Tether packages its row of the layer
+  table allows (``LAYER_MAP``, the same map the table states), counting function-level
+  imports.
 - Every name a config field accepts is a key of the registry that implements it.
 """
 
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 import typing
@@ -62,6 +66,77 @@ def _tether_edges(module: str) -> set[str]:
                 edges.add(target)
     edges.discard(module)
     return edges
+
+
+# The layer table of docs/architecture.md, as data: package -> the Tether packages (or
+# single modules) it may import. Its own package is always allowed. ``ALL`` = everything.
+ALL = "everything"
+LAYER_MAP: dict[str, set[str] | str] = {
+    "tether": {"envs"},  # ``import tether`` registers the environments
+    "seeds": set(),
+    "envs": set(),
+    "algos": set(),
+    "agent": {"envs", "rollout.base", "seeds"},
+    "diagnostics": {"algos", "agent"},
+    "policy": {"agent", "envs", "seeds"},
+    "rollout": {"algos", "seeds"},
+    "testing": {"algos", "diagnostics", "policy"},
+    "analysis": {"platform.tracking", "platform.sweep_spec"},
+    "actors": {"agent", "algos", "diagnostics", "envs", "policy", "rollout", "seeds"},
+    "dashboards": {"analysis"},
+    "platform": ALL,
+}
+
+
+def _package_of(module: str) -> str:
+    """``tether.algos.vocab`` -> ``algos``; ``tether.seeds`` -> ``seeds``; ``tether``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def test_every_package_has_a_row_in_the_layer_map():
+    packages = {_package_of(module) for module in MODULES}
+    assert packages == set(LAYER_MAP), (
+        f"not in the layer map: {sorted(packages - set(LAYER_MAP))}; "
+        f"in the map but gone: {sorted(set(LAYER_MAP) - packages)}"
+    )
+
+
+def test_layer_map_is_respected():
+    offenders = []
+    for module in sorted(MODULES):
+        package = _package_of(module)
+        allowed = LAYER_MAP[package]
+        if allowed == ALL:
+            continue
+        for target in sorted(_tether_edges(module)):
+            if _package_of(target) == package or any(
+                target == f"tether.{entry}" or target.startswith(f"tether.{entry}.")
+                for entry in allowed
+            ):
+                continue
+            offenders.append(f"{module} -> {target}")
+    assert not offenders, (
+        "imports the layer map (docs/architecture.md) does not allow: " + "; ".join(offenders)
+    )
+
+
+def _layer_table() -> dict[str, set[str] | str]:
+    """The layer table of docs/architecture.md: package -> its "may import (Tether)" cell."""
+    text = (ROOT.parent / "docs" / "architecture.md").read_text()
+    table = {}
+    for line in text.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) != 5 or not re.fullmatch(r"`tether(\.\w+)?`", cells[1]):
+            continue
+        package = _package_of(cells[1].strip("`"))
+        names = set(re.findall(r"`([\w.]+)`", cells[3]))
+        table[package] = ALL if cells[3] == ALL else names
+    return table
+
+
+def test_layer_table_in_architecture_md_states_the_layer_map():
+    assert _layer_table() == LAYER_MAP
 
 
 @pytest.mark.parametrize("package", PURE)

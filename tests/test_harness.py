@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from tether.diagnostics.harness import (
+from tether.testing.harness import (
     ANSWER_CLOSE,
     ANSWER_PREFIX,
     BEHAVIOURS,

@@ -1,6 +1,6 @@
 """deploy/kuberay/: the RayCluster and RayJob validate against KubeRay's CRD schemas (kept
 in deploy/kuberay/schemas/), the GPU worker group autoscales, the job runs a `tether
-sweep` command the README documents, and all of it uses deploy/Dockerfile's image, which
+sweep` command the docs document, and all of it uses deploy/Dockerfile's image, which
 does cluster.yaml's setup."""
 
 from __future__ import annotations
@@ -154,9 +154,11 @@ def test_gpu_worker_group_autoscales_and_the_head_has_no_gpu():
 
 
 def readme_commands(program: str) -> set[str]:
-    """The ``program ...`` commands in README.md's fenced code blocks (also after `--` of
-    `ray job submit`), without trailing comments and line continuations."""
-    text = (ROOT / "README.md").read_text()
+    """The ``program ...`` commands in the fenced code blocks of README.md and the docs
+    pages (docs/*.md; sweeps and ``ray job submit`` are in docs/sweeps.md), also after `--`
+    of `ray job submit`, without trailing comments and line continuations."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    text = "\n".join(page.read_text() for page in pages)
     commands = set()
     for block in re.findall(r"^```[^\n]*\n(.*?)^```", text, flags=re.S | re.M):
         for line in block.replace("\\\n", " ").splitlines():

@@ -271,7 +271,7 @@ def test_pooled_runs_report_settings_that_differ_beyond_the_compared_ones():
 
 def test_verdicts_follow_the_protocol_rules():
     """Each verdict rule of docs/reproduction.md on numbers with known answers, including
-    the published rows' own numbers (sessions 8-9, all 'not at this scale')."""
+    the published rows' own numbers (2026-11-23/24, commits 74f7c56-1db5efb, all 'not at this scale')."""
     ci = lambda mean, lo, hi, n=3: {"n": n, "mean": mean, "ci_low": lo, "ci_high": hi}  # noqa: E731
     counts = lambda none, top_p: {  # noqa: E731
         "none": {"collapsed": none, "seeds": 3},

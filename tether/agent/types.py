@@ -50,10 +50,6 @@ class Trajectory:
         """Trajectory score: sum of turn rewards (format penalties included)."""
         return float(sum(t.reward for t in self.turns))
 
-    @property
-    def first_prompt_len(self) -> int:
-        return self.turns[0].prompt_end if self.turns else len(self.token_ids)
-
     def token_rewards(self) -> list[float]:
         """Each turn's reward placed on the last token of that turn's reply."""
         rewards = [0.0] * len(self.token_ids)
@@ -61,7 +57,3 @@ class Trajectory:
             if turn.reply_end > turn.reply_start:
                 rewards[turn.reply_end - 1] += turn.reward
         return rewards
-
-    def render(self, tokenizer_decode) -> str:
-        """Human-readable transcript, for sample artifacts."""
-        return tokenizer_decode(self.token_ids)

@@ -2,7 +2,11 @@
 and the schemas of their settings (``settings``: the run config's ``algo`` and
 ``filter`` sections).
 
-No Ray, no model code.  Everything selectable by name lives in a registry
+No Ray, and no model is built or loaded here: the helpers that work on a given Hugging
+Face model (``vocab``: chunked log-probs over the vocabulary; ``attention``: switching a
+model to a registered attention function) are shared by the learner, the cross-scoring
+and the rollout engine, so they sit in this lowest layer (docs/architecture.md).
+Everything selectable by name lives in a registry
 (``ADVANTAGE_ESTIMATORS``, ``AGGREGATION_MODES``, ``KL_ESTIMATORS``,
 ``FILTER_STRATEGIES``, ``LOSS_SCALINGS``, ``PRESETS``) whose names are exactly the
 values the config accepts; an unknown name raises ValueError listing the valid ones.

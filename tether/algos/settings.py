@@ -68,9 +68,11 @@ class AlgoConfig(_Section):
     kl_estimator: Literal[KL_ESTIMATOR_NAMES] = Field(
         "k3", description="Per-token KL estimator: k1, k2, k3, abs, or low_var_kl (k3 clamped)."
     )
-    entropy_coef: float = Field(0.001, ge=0.0, description="Entropy bonus (paper: 0.001).")
+    entropy_coef: float = Field(
+        0.001, ge=0.0, description="Entropy bonus (RAGEN-2 uses 0.001; docs/methods.md §8)."
+    )
     lr: float = Field(
-        1e-4, gt=0.0, description="Policy learning rate (tiny model; paper 1e-6 for 3B)."
+        1e-4, gt=0.0, description="Policy learning rate (tiny model; RAGEN-2 uses 1e-6 for 3B)."
     )
     critic_lr: float = Field(5e-4, gt=0.0, description="Critic learning rate (gae).")
     ppo_epochs: int = Field(1, ge=1, description="Passes over each batch.")

@@ -98,7 +98,7 @@ def spearman_figure(result: Result, sampling: str) -> Figure | None:
     )
     return Figure(
         "spearman",
-        "Diagnostics vs task success (paper: MI-ZScore +0.39, entropies −0.11 to −0.14)",
+        "Diagnostics vs task success (RAGEN-2: MI-ZScore +0.39, entropies −0.11 to −0.14)",
         [panel],
         columns=1,
     )

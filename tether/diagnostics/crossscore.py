@@ -43,12 +43,12 @@ import numpy as np
 import torch
 from transformers import AttentionInterface, DynamicCache
 
+from tether.algos.attention import attention_implementation, supports_custom_attention
 from tether.algos.vocab import DEFAULT_CHUNK_TOKENS, model_states
 from tether.diagnostics.mi import mi_proxies, prompt_columns, valid_reasoning_rate
 from tether.diagnostics.multiprefix import score_multi_prefix
 from tether.diagnostics.scoring import right_pad, target_logprobs
 from tether.diagnostics.uncertainty import Uncertainty
-from tether.policy.attention import attention_implementation, supports_custom_attention
 
 log = logging.getLogger(__name__)
 

@@ -153,7 +153,7 @@ def score_multi_prefix(
     ``batch_size`` caps the continuations per chunk; ``context_batch`` the contexts
     encoded per forward; ``max_tokens`` the rows x width of one scoring forward.
     """
-    from ..policy.attention import attention_implementation
+    from ..algos.attention import attention_implementation
 
     device = next(model.parameters()).device
     m, n = len(continuations), len(contexts)

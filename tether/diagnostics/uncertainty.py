@@ -216,7 +216,7 @@ def mi_uncertainty(
                 # The percentile interval, widened where needed to hold the estimate: a
                 # resample holds fewer distinct prompts than the batch (a drawn prompt
                 # repeats), which shifts retrieval up and MI down.  (Re-centring it on the
-                # estimate instead made the alarms fire on noise: benchmarks/RESULTS.md.)
+                # estimate instead made the alarms fire on noise: benchmarks/history/2026-11-23.md.)
                 low, high = np.quantile(stats[key], [tail, 1.0 - tail])
                 estimate = float(point[key][0])
                 out[f"{key}_ci_low"] = float(min(low, estimate))

@@ -117,7 +117,7 @@ class SearchQAEnv(MultiTurnTextEnv):
             knowledge base.
         corpus_path: documents to search; None uses the questions' contexts (files) or
             the knowledge base (offline).
-        top_k: passages shown per search (paper: 5; default 3 for the 1k-token model).
+        top_k: passages shown per search (RAGEN-2 uses 5; default 3 for the 1k-token model).
         passage_words: each passage's text is cut to this many words.
         num_people: size of the generated knowledge base (people; companies, cities
             and countries scale with it).

@@ -170,8 +170,8 @@ class RolloutConfig(Section):
         ge=1,
         description="Rollout-worker actors (each owns an environment-pool actor and an engine).",
     )
-    groups: int = Field(8, ge=1, description="Prompts (env levels) per iteration (paper: 8).")
-    group_size: int = Field(16, ge=1, description="Samples per prompt (paper: 16).")
+    groups: int = Field(8, ge=1, description="Prompts (env levels) per iteration (RAGEN-2 uses 8).")
+    group_size: int = Field(16, ge=1, description="Samples per prompt (RAGEN-2 uses 16).")
     temperature: float = Field(1.0, ge=0.0, description="Sampling temperature (0 = greedy).")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
     max_reply_tokens: int = Field(48, ge=4, description="Token limit of one reply.")

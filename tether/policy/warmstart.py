@@ -106,7 +106,7 @@ def state_turn_sequences(
     instead of a few hundred between them, the attention that copies the state into
     the reasoning starts far less diluted: the curriculum's first stage.  (Keeping the
     turn's whole user segment instead, so that the tokens between state and reply are
-    those of an episode, measured no better: benchmarks/RESULTS.md.)"""
+    those of an episode, measured no better: benchmarks/history/2026-11-23.md.)"""
     think = formatter.encode(THINK_OPEN)
     sequences = []
     for episode in episodes:

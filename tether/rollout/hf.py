@@ -41,7 +41,7 @@ import torch
 from transformers import AttentionInterface
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
-from tether.policy.attention import attention_implementation, supports_custom_attention
+from tether.algos.attention import attention_implementation, supports_custom_attention
 from tether.rollout.base import Generation, RolloutEngine, SamplingParams
 
 logger = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ and `mi_proxies`), plus the policy's token entropy on the reasoning tokens. The 
 must rank grounded > random_template ≈ template on MI while the entropies rank
 random_template highest: entropy alone cannot see template collapse, MI can.
 
-    python -m tether.diagnostics.harness        # prints the table of the three policies
+    python -m tether.testing.harness           # prints the table of the three policies
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ import numpy as np
 import torch
 
 from ..algos.batch import token_logprobs
+from ..diagnostics.crossscore import ScoringPair, information_chain
 from ..policy.tiny import build_tiny_model, tiny_config
 from ..policy.warmstart import supervised_finetune
-from .crossscore import ScoringPair, information_chain
 
 BEHAVIOURS = ("grounded", "template", "random_template")
 
