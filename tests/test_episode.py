@@ -1,5 +1,6 @@
 """Multi-turn episodes with a real (micro, warm-started) model, engine and environments."""
 
+import pytest
 import torch
 
 from tether.agent.chat import ChatFormatter
@@ -73,3 +74,28 @@ def test_warm_start_cache_is_reused(micro_policy, models_dir):
     stamp = (micro_policy / "recipe.json").stat().st_mtime_ns
     again = resolve_policy(cfg.model, cfg.env, cfg.experiment.seed, cfg.rollout.max_reply_tokens)
     assert again == micro_policy and (again / "recipe.json").stat().st_mtime_ns == stamp
+
+
+def test_episode_end_says_how_each_episode_ended():
+    from tether.agent.metrics import EPISODE_ENDS, episode_end, episode_ends
+    from tether.agent.types import Trajectory, Turn
+
+    def traj(success=False, **last):
+        turn = dict(format_ok=True, action_valid=True, ended_episode=False)
+        turn.update(last)
+        return Trajectory(
+            0, 0, 0, success=success, turns=[Turn(0, 0, 1, "s", "r", "z", "a", reward=0.0, **turn)]
+        )
+
+    cases = {
+        "success": traj(success=True, ended_episode=True),
+        "format": traj(format_ok=False, action_valid=False),
+        "invalid_action": traj(action_valid=False),
+        "failed": traj(ended_episode=True),
+        "unfinished": traj(),
+    }
+    assert {kind: episode_end(t) for kind, t in cases.items()} == {k: k for k in cases}
+    assert episode_end(Trajectory(0, 0, 0)) == "unfinished"  # no turn at all
+    shares = episode_ends([*cases.values(), cases["failed"], cases["failed"]])
+    assert set(shares) == {f"end/{k}" for k in EPISODE_ENDS}
+    assert shares["end/failed"] == pytest.approx(3 / 7) and sum(shares.values()) == pytest.approx(1)

@@ -102,3 +102,26 @@ def test_reasoning_token_entropy_is_the_policy_entropy_on_reasoning_tokens(sampl
     assert "collapse/reasoning_token_entropy" not in policy_update(
         plain, torch.optim.SGD(plain.parameters(), lr=0.0), batch, UpdateSettings()
     )
+
+
+def test_update_reports_its_size_and_the_advantages_it_learned_from(sampled):
+    """actor/update_ratio = ||θ_after − θ_before|| / ||θ_before|| over the trained weights,
+    0 when the learning rate is 0; the advantage statistics are those of the trained tokens."""
+    model, batch, sign = sampled
+    for lr in (0.0, 1e-3):
+        m = copy.deepcopy(model)
+        before = torch.cat([p.detach().flatten() for p in m.parameters()])
+        metrics = policy_update(
+            m, torch.optim.AdamW(m.parameters(), lr=lr), batch, UpdateSettings(micro_batch_size=6)
+        )
+        after = torch.cat([p.detach().flatten() for p in m.parameters()])
+        expected = float((after - before).norm() / before.norm())
+        assert metrics["actor/update_ratio"] == pytest.approx(expected, rel=1e-4, abs=1e-12)
+        assert (metrics["actor/update_ratio"] > 0) == (lr > 0)
+    tokens = batch.response_mask.sum(-1)  # [B] trained tokens per row
+    assert metrics["actor/trained_tokens"] == float(tokens.sum())
+    assert metrics["actor/advantage_abs_mean"] == pytest.approx(1.0)
+    assert metrics["actor/advantage_pos_frac"] == pytest.approx(
+        float(tokens[sign > 0].sum() / tokens.sum())
+    )
+    assert metrics["actor/advantage_zero_frac"] == 0.0
