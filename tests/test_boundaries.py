@@ -80,7 +80,7 @@ LAYER_MAP: dict[str, set[str] | str] = {
     "diagnostics": {"algos", "agent"},
     "policy": {"agent", "envs", "seeds"},
     "rollout": {"algos", "seeds"},
-    "testing": {"algos", "diagnostics", "policy"},
+    "testing": {"algos", "diagnostics", "policy", "platform"},
     "analysis": {"platform.tracking", "platform.sweep_spec"},
     "actors": {"agent", "algos", "diagnostics", "envs", "policy", "rollout", "seeds"},
     "dashboards": {"analysis"},

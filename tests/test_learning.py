@@ -1,0 +1,65 @@
+"""Known-answer RL through the real loop (local Ray: rollout worker, env pool, learner,
+filter, update): the loop must reach each task's optimum from a weak start, and must not
+when the advantage sign, a turn's token mask or the old-policy log-probs are broken
+(`tether.testing.learning`; the whole matrix of algorithms and seeds is
+`benchmarks/known_answer.py`, its results in benchmarks/RESULTS.md)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tether.testing.learning import TASKS, broken, known_answer_config, run_known_answer
+
+
+def _run(task, preset, seed, tmp_path, models_dir, breakage=None):
+    cfg = known_answer_config(task, preset, seed, tmp_path / "runs", models_dir)
+    if breakage is None:
+        return run_known_answer(cfg)
+    with broken(breakage):
+        return run_known_answer(cfg)
+
+
+@pytest.mark.parametrize("task", ["choice", "doors"])
+def test_grpo_learns_the_known_answer(task, tmp_path, models_dir, ray_local):
+    spec = TASKS[task]
+    result = _run(task, "grpo", 0, tmp_path, models_dir)
+    assert result.status == "FINISHED" and len(result.success) == spec.iterations
+    # The start is weak (it has something to learn) and the end reaches the target.
+    assert result.val_before < spec.target - 0.3
+    assert result.val_after >= spec.target, result
+
+
+@pytest.mark.parametrize(
+    "task,breakage",
+    [("choice", "advantage_sign"), ("doors", "turn_mask"), ("choice", "old_logprobs")],
+)
+def test_a_broken_loop_does_not_learn(task, breakage, tmp_path, models_dir, ray_local):
+    result = _run(task, "grpo", 0, tmp_path, models_dir, breakage)
+    assert result.status == "FINISHED"
+    assert result.val_after < TASKS[task].target - 0.2, result
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task", ["choice", "doors"])
+@pytest.mark.parametrize("preset", ["grpo", "drgrpo", "dapo", "ppo"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_every_algorithm_learns_on_every_seed(task, preset, seed, tmp_path, models_dir, ray_local):
+    result = _run(task, preset, seed, tmp_path, models_dir)
+    assert result.val_after >= TASKS[task].target, result
+
+
+def test_breakages_are_undone(tmp_path):
+    """A breakage lasts only inside its block (the tests above share one process)."""
+    from tether.algos import advantages
+    from tether.platform.driver import Trainer
+
+    estimators, collect = dict(advantages.ADVANTAGE_ESTIMATORS), Trainer.collect
+    for kind in ("advantage_sign", "turn_mask", "old_logprobs"):
+        with broken(kind):
+            assert (
+                advantages.ADVANTAGE_ESTIMATORS != estimators or Trainer.collect is not collect
+            )
+        assert advantages.ADVANTAGE_ESTIMATORS == estimators and Trainer.collect is collect
+    with pytest.raises(ValueError, match="unknown breakage"):
+        with broken("nothing"):
+            pass

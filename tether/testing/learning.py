@@ -1,0 +1,199 @@
+"""Known-answer RL: runs of the real loop (local Ray, rollout workers, learner, filter,
+update) on tasks whose optimum is known, and the deliberate breakages they must catch.
+
+    from tether.testing.learning import TASKS, known_answer_config, run_known_answer
+    cfg = known_answer_config("doors", "grpo", seed=0, out_dir=tmp, models_dir=cache)
+    result = run_known_answer(cfg)          # held-out success before and after, per-iteration curve
+    with broken("advantage_sign"):
+        run_known_answer(cfg)               # must not reach the task's target
+
+The tasks (``tether.envs.known_answer``): ``choice`` (single turn: say the colour the
+prompt names, 4 colours) and ``doors`` (three turns: the key each door names, 2 keys;
+one wrong key ends the episode), each from a micro model warm-started on demonstrations
+whose answers are random three times in four (success ~0.44 and ~0.24 at the start).
+A start that reads nothing cannot be used: the micro model does not learn to read the
+prompt by RL from scratch within any affordable budget (benchmarks/history/2026-11-25.md).
+
+Breakages, each applied in the driver process to what the learner is given:
+``advantage_sign`` (every estimator's advantages negated), ``turn_mask`` (only the first
+turn's reply tokens are trained: the later turns' loss mask is zero) and
+``old_logprobs`` (each trajectory carries the next trajectory's sampling log-probs, a
+row misalignment of the old policy).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+#: How the known-answer warm starts are built (a micro model, fixed seed: one cached model
+#: per task serves every algorithm and RL seed).
+WARM_START = {
+    "episodes": 2000,
+    "epochs": 3,
+    "batch_size": 16,
+    "lr": 5e-3,
+    "state_turn_epochs": 3,
+    "state_turn_batch_size": 16,
+    "seed": 0,
+}
+
+
+@dataclass(frozen=True)
+class KnownAnswerTask:
+    env_id: str
+    env_kwargs: dict
+    #: Share of random answers in the warm start's demonstrations.
+    noise: float
+    #: Held-out success a working loop reaches within ``iterations`` (optimum 1.0).
+    target: float
+    iterations: int
+    #: Held-out success of a policy that ignores the prompt.
+    chance: float
+
+
+TASKS: dict[str, KnownAnswerTask] = {
+    "choice": KnownAnswerTask("tether/Choice-v0", {"n_options": 4}, 0.75, 0.9, 30, 0.25),
+    "doors": KnownAnswerTask(
+        "tether/Doors-v0", {"n_doors": 3, "n_keys": 2}, 0.75, 0.9, 30, 0.125
+    ),
+}
+
+#: Learning rate of each preset on these tasks (PPO's critic starts from nothing).
+LEARNING_RATES = {"grpo": 1e-3, "drgrpo": 1e-3, "dapo": 1e-3, "ppo": 1e-3}
+
+
+def known_answer_config(
+    task: str,
+    preset: str,
+    seed: int,
+    out_dir: Path,
+    models_dir: Path,
+    iterations: int | None = None,
+    val_episodes: int = 128,
+    **sections: dict,
+):
+    """The validated config of a known-answer run: micro model, 8 prompts x 8 samples,
+    one rollout worker, no KL, no entropy bonus, the default top-p filter, held-out validation before
+    and after; ``sections`` add to or replace any section's values."""
+    from ..platform.config import build_config
+
+    spec = TASKS[task]
+    iterations = iterations or spec.iterations
+    tree = {
+        "experiment": {"name": "tether-known-answer", "output_dir": str(out_dir), "seed": seed},
+        "env": {"id": spec.env_id, "kwargs": dict(spec.env_kwargs)},
+        "model": {
+            "size": "micro",
+            "cache_dir": str(models_dir),
+            "warm_start": {**WARM_START, "noise": spec.noise},
+        },
+        "rollout": {"num_workers": 1, "groups": 8, "group_size": 8, "max_reply_tokens": 16},
+        "algo": {
+            "preset": preset,
+            "lr": LEARNING_RATES[preset],
+            "kl_coef": 0.0,
+            "entropy_coef": 0.0,
+            "micro_batch_size": 64,
+        },
+        "trainer": {
+            "iterations": iterations,
+            "val_every": iterations,
+            "val_episodes": val_episodes,
+            "checkpoint_every": 10_000,
+            "samples_every": 10_000,
+        },
+        "diagnostics": {"enabled": False},
+        "tracking": {"log_model": False},
+    }
+    for name, values in sections.items():
+        tree.setdefault(name, {}).update(values)
+    return build_config(tree)
+
+
+@dataclass
+class KnownAnswerResult:
+    val_before: float
+    val_after: float
+    #: Training success per iteration (1..n).
+    success: list[float] = field(default_factory=list)
+    status: str = ""
+
+
+def run_known_answer(cfg) -> KnownAnswerResult:
+    """Run ``cfg`` through the real trainer (local Ray) and read back held-out success
+    before and after and the per-iteration training success."""
+    from mlflow.tracking import MlflowClient
+
+    from ..platform.driver import Trainer
+
+    summary = Trainer(cfg).run()
+    history = MlflowClient(summary.tracking_uri).get_metric_history(
+        summary.run_id, "rollout/success"
+    )
+    steps = sorted(summary.val_history)
+    return KnownAnswerResult(
+        val_before=summary.val_history[steps[0]],
+        val_after=summary.val_history[steps[-1]],
+        success=[m.value for m in sorted(history, key=lambda m: m.step)],
+        status=summary.status,
+    )
+
+
+# ----------------------------------------------------------------------------- breakages
+
+BREAKAGES = ("advantage_sign", "turn_mask", "old_logprobs")
+
+
+def _first_turn_only(trajectories):
+    for traj in trajectories:
+        for turn in traj.turns[1:]:
+            traj.loss_mask[turn.reply_start : turn.reply_end] = [0] * (
+                turn.reply_end - turn.reply_start
+            )
+    return trajectories
+
+
+def _shifted_old_logprobs(trajectories):
+    shifted = [list(t.sampling_logprobs) for t in trajectories[1:] + trajectories[:1]]
+    for traj, other in zip(trajectories, shifted):
+        n = len(traj.sampling_logprobs)
+        traj.sampling_logprobs = (other + [0.0] * n)[:n]
+    return trajectories
+
+
+@contextlib.contextmanager
+def broken(kind: str) -> Iterator[None]:
+    """Break the loop the way ``kind`` names (``BREAKAGES``) for the duration: the
+    trajectories the trainer collects, or the advantages it computes, are altered in
+    this (the driver's) process, before the learner sees them."""
+    if kind not in BREAKAGES:
+        raise ValueError(f"unknown breakage {kind!r}; valid: {BREAKAGES}")
+    from ..algos import advantages
+    from ..platform.driver import Trainer
+
+    saved_estimators = dict(advantages.ADVANTAGE_ESTIMATORS)
+    saved_collect = Trainer.collect
+    if kind == "advantage_sign":
+        for name, fn in saved_estimators.items():
+
+            def negated(inputs, _fn=fn, **params):
+                adv, returns = _fn(inputs, **params)
+                return -adv, returns
+
+            advantages.ADVANTAGE_ESTIMATORS[name] = negated
+    else:
+        alter = _first_turn_only if kind == "turn_mask" else _shifted_old_logprobs
+
+        def collect(self, *args, **kwargs):
+            return alter(saved_collect(self, *args, **kwargs))
+
+        Trainer.collect = collect
+    try:
+        yield
+    finally:
+        advantages.ADVANTAGE_ESTIMATORS.clear()
+        advantages.ADVANTAGE_ESTIMATORS.update(saved_estimators)
+        Trainer.collect = saved_collect
