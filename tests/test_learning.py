@@ -24,9 +24,9 @@ def test_grpo_learns_the_known_answer(task, tmp_path, models_dir, ray_local):
     spec = TASKS[task]
     result = _run(task, "grpo", 0, tmp_path, models_dir)
     assert result.status == "FINISHED" and len(result.success) == spec.iterations
-    # The start is weak (it has something to learn) and the end reaches the target.
-    assert result.val_before < spec.target - 0.3
+    # The end reaches the target, well above where it started.
     assert result.val_after >= spec.target, result
+    assert result.val_after >= result.val_before + 0.2, result
 
 
 @pytest.mark.parametrize(
