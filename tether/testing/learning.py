@@ -10,11 +10,11 @@ update) on tasks whose optimum is known, and the deliberate breakages they must 
 The tasks (``tether.envs.known_answer``): ``choice`` (single turn: say the colour the
 prompt names, 4 colours) and ``doors`` (three turns: the key each door names, 2 keys;
 one wrong key ends the episode), each from a micro model warm-started on demonstrations
-whose answers are random half the time (held-out success ~0.6 and ~0.4 at the start,
-chance 0.25 and 0.125).  A start that reads nothing cannot be used: from a warm start
-whose answers are uniform (demonstration noise 1.0, or 0.75 for Doors, where the SFT
-learns no copying at all) the micro model does not learn to read the prompt by RL
-within any affordable budget (benchmarks/history/2026-11-25.md).
+whose answers are random half the time.  Choice starts at held-out success ~0.6 (chance
+0.25): from a warm start whose answers ignore the prompt the micro model does not learn
+to read it by RL within any affordable budget (the batch's answers drift together to one
+colour; benchmarks/history/2026-11-25.md).  Doors starts near uniform (~0.1, chance
+0.125: its warm start teaches the format and no reading), and RL builds the reading.
 
 Breakages, each applied in the driver process to what the learner is given:
 ``advantage_sign`` (every estimator's advantages negated), ``turn_mask`` (only the first
@@ -30,9 +30,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-#: How the known-answer warm starts are built (a micro model, fixed seed: one cached model
-#: per task serves every algorithm and RL seed).
-WARM_START = {
+#: Warm starts (micro model, fixed seed: one cached model per task serves every algorithm
+#: and RL seed).  ``COPYING`` is long enough for the SFT to learn to copy the prompt's
+#: colour into the answer half the time (Choice needs that start); ``FORMAT`` only teaches
+#: the reply format (on Doors even the long one learns no copying: held-out success 0.09,
+#: below chance, and RL builds the reading itself).
+COPYING = {
     "episodes": 2000,
     "epochs": 3,
     "batch_size": 16,
@@ -41,13 +44,15 @@ WARM_START = {
     "state_turn_batch_size": 16,
     "seed": 0,
 }
+FORMAT = {"episodes": 256, "epochs": 2, "batch_size": 16, "lr": 5e-3, "seed": 0}
 
 
 @dataclass(frozen=True)
 class KnownAnswerTask:
     env_id: str
     env_kwargs: dict
-    #: Share of random answers in the warm start's demonstrations.
+    #: The warm start's recipe (``model.warm_start`` values) and its share of random answers.
+    warm_start: dict
     noise: float
     #: Held-out success a working loop reaches within ``iterations`` (optimum 1.0).
     target: float
@@ -57,9 +62,9 @@ class KnownAnswerTask:
 
 
 TASKS: dict[str, KnownAnswerTask] = {
-    "choice": KnownAnswerTask("tether/Choice-v0", {"n_options": 4}, 0.5, 0.9, 30, 0.25),
+    "choice": KnownAnswerTask("tether/Choice-v0", {"n_options": 4}, COPYING, 0.5, 0.9, 30, 0.25),
     "doors": KnownAnswerTask(
-        "tether/Doors-v0", {"n_doors": 3, "n_keys": 2}, 0.5, 0.9, 30, 0.125
+        "tether/Doors-v0", {"n_doors": 3, "n_keys": 2}, FORMAT, 0.5, 0.85, 40, 0.125
     ),
 }
 
@@ -90,7 +95,7 @@ def known_answer_config(
         "model": {
             "size": "micro",
             "cache_dir": str(models_dir),
-            "warm_start": {**WARM_START, "noise": spec.noise},
+            "warm_start": {**spec.warm_start, "noise": spec.noise},
         },
         "rollout": {"num_workers": 1, "groups": 8, "group_size": 8, "max_reply_tokens": 16},
         "algo": {
