@@ -1,32 +1,25 @@
-"""A run's start and end.  ``setup_run``: what a run needs before its first iteration,
-in the order it is checked and built: refusals that cost nothing (an unreachable
-cluster, no sandbox), Ray, the policy (the warm start), the MLflow run, and the actors
-the pool lends (rollout workers, learner).  ``end_run``: the MLflow run's last tags,
-the actors back to the pool, Ray stopped if the run started it."""
+"""A run's start and end, the steps ``Trainer.setup`` takes in this order: refusals that
+cost nothing (an unreachable cluster, no sandbox), the policy (the warm start), the
+MLflow run, the actors the pool lends (rollout workers, learner) and this run's state
+on the learner; and the MLflow run's last tags."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ..actors.learner_group import LearnerGroup
-from ..agent.chat import ChatFormatter
-from ..agent.pairs import SpanExtractor
+from ..algos.update import UpdateSettings
 from ..envs import runs_untrusted_code
 from ..envs.sandbox import resolve_isolation
-from ..policy.load import load_tokenizer, resolve_policy
+from ..policy.load import resolve_policy
 from ..policy.lora import check_targets_for_path
-from ..rollout.base import SamplingParams
-from .actor_pool import ActorRequest
+from .actor_pool import ActorPool, ActorRequest
 from .config import ConfigError, TetherConfig
 from .environment import environment_tags
 from .fleet import RolloutFleet, worker_request
-from .session import check_ray_reachable, check_resources, start_ray, stop_ray, wait_for_autoscaler
+from .session import check_ray_reachable
 from .tracking import SPOOL_DIRNAME, Tracker, default_tracking_uri
-
-if TYPE_CHECKING:
-    from .trainer import Trainer
 
 
 def refuse_early(cfg: TetherConfig, output_dir: Path) -> None:
@@ -136,69 +129,32 @@ def dtype_tags(learner, fleet: RolloutFleet) -> dict[str, str]:
     }
 
 
-def setup_run(trainer: Trainer) -> None:
-    """Everything before iteration 1, cheapest refusal first: Ray (joined or started),
-    the policy, the tokenizer, the MLflow run, the actors and this run's state on them."""
-    cfg = trainer.cfg
-    refuse_early(cfg, trainer.output_dir)
-    demands = cfg.resource_demands()  # before the warm start: a run that can't fit fails now
-    trainer.started_ray = start_ray(
-        cfg.ray.address, cfg.ray.num_cpus, sum(d.count * d.cpus for d in demands)
-    )
-    # Joining an autoscaling cluster: its node types may not be published yet.
-    wait_for_autoscaler(
-        lambda: check_resources(demands), cfg.ray.autoscaler_wait_s if cfg.ray.address else 0.0
-    )
-    trainer.model_path = model_path = resolve_model(cfg, trainer.emit)
-    trainer.tokenizer = load_tokenizer(model_path)
-    trainer.spans = SpanExtractor(ChatFormatter(trainer.tokenizer))
-    trainer.tracker = trainer.responder.tracker = open_tracker(
-        cfg,
-        trainer.output_dir,
-        model_path,
-        trainer.emit,
-        trainer.parent_run_id,
-        trainer.run_tags,
-        trainer.resume_run_id,
-    )
-    pool = trainer.actor_pool
-    trainer.fleet.workers, trainer.learner = pool.checkout(
+def checkout_actors(pool: ActorPool, cfg: TetherConfig, model_path: str, tracker: Tracker):
+    """The rollout workers and the learner group from the pool (reused where equal to
+    what this run asks for, else new); the ``tether.actors_reused`` tag says which."""
+    workers, learner = pool.checkout(
         worker_request(cfg, model_path), learner_request(cfg, model_path)
     )
     reused = [kind for kind, again in pool.reused.items() if again]
-    trainer.tracker.set_tags({"tether.actors_reused": ",".join(reused) or "none"})
-    # This run's own state, on new and reused actors alike: nothing of an earlier run
-    # (weights, optimiser, settings, seed, counters) carries over.
-    start_learner(trainer)
-    stops = trainer.fleet.start_run()
-    trainer.sampling = SamplingParams(**{**trainer.sampling.__dict__, "stop_token_ids": stops})
-    trainer.tracker.set_tags(dtype_tags(trainer.learner, trainer.fleet))
+    tracker.set_tags({"tether.actors_reused": ",".join(reused) or "none"})
+    return workers, learner
 
 
-def start_learner(trainer: Trainer) -> None:
+def start_learner(learner, settings: UpdateSettings, cfg: TetherConfig) -> None:
     """The learner's run state: update settings in force, learning rates, seed."""
-    a = trainer.cfg.algo
-    trainer.learner.start_run(
-        trainer.responder.settings, lr=a.lr, critic_lr=a.critic_lr, seed=trainer.cfg.experiment.seed
+    a = cfg.algo
+    learner.start_run(settings, lr=a.lr, critic_lr=a.critic_lr, seed=cfg.experiment.seed)
+
+
+def close_tracker(tracker: Tracker, status: str, iterations_done: int, stop_reason) -> None:
+    """The MLflow run's last tags (status, iterations done, why it stopped) and its end."""
+    tracker.set_tags(
+        {
+            "tether.status": status,
+            "tether.iterations_done": iterations_done,
+            "tether.stop_reason": stop_reason or "completed"
+            if status == "FINISHED"
+            else status.lower(),
+        }
     )
-
-
-def end_run(trainer: Trainer, status: str) -> None:
-    """Tag and end the MLflow run, hand the actors back to the pool (a keeping pool holds
-    them for the next run if this one finished; otherwise they end, a worker's
-    environment pool with it) and stop a Ray this run started."""
-    if trainer.tracker is not None:
-        stop_reason = trainer.responder.stop_reason
-        trainer.tracker.set_tags(
-            {
-                "tether.status": status,
-                "tether.iterations_done": trainer.iteration_done,
-                "tether.stop_reason": stop_reason or "completed"
-                if status == "FINISHED"
-                else status.lower(),
-            }
-        )
-        trainer.tracker.finish(status)
-    trainer.actor_pool.checkin(healthy=status == "FINISHED")
-    trainer.fleet.workers, trainer.learner = [], None
-    stop_ray(trainer.started_ray)
+    tracker.finish(status)

@@ -7,68 +7,85 @@ business (``fleet.py``)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from ..actors.learner_group import LearnerDied, LearnerGroup
+from ..actors.learner_group import LearnerDied
+from .alarm_responder import AlarmResponder
 from .checkpoint import CheckpointError, latest_checkpoint
-from .launch import learner_request, start_learner
+from .config import TrainerConfig
 from .tracking import Tracker
 
-if TYPE_CHECKING:
-    from .trainer import Trainer
+
+class LearnerRecovery:
+    """Rebuilds a learner group a rank of which died, from the run's last checkpoint,
+    up to ``trainer.max_learner_restarts`` times a run (counted in ``restarts``)."""
+
+    def __init__(self, cfg: TrainerConfig, emit: Callable[[str, dict], None]) -> None:
+        self.cfg, self.emit = cfg, emit
+        #: learner groups rebuilt after a rank died (this process)
+        self.restarts = 0
+
+    def recover(
+        self,
+        died: LearnerDied,
+        directory: Path,
+        tracker: Tracker,
+        iteration_done: int,
+        shutdown: Callable[[], None],
+        rebuild: Callable[[Path], int],
+    ) -> int:
+        """End the broken group (``shutdown``), wait a backoff, ``rebuild`` a new one at
+        the last checkpoint in ``directory`` (same seeds, same MLflow run) and return the
+        checkpoint's iteration; a rank that dies during the rebuild counts as another."""
+        t = self.cfg
+        while True:
+            self.restarts += 1
+            path = latest_checkpoint(directory) if directory.is_dir() else None
+            if path is None:
+                raise RuntimeError(
+                    f"{died}; not rebuilt: no checkpoint yet "
+                    f"(trainer.checkpoint_every = {t.checkpoint_every})"
+                ) from died
+            if self.restarts > t.max_learner_restarts:
+                raise RuntimeError(
+                    f"{died}; not rebuilt: trainer.max_learner_restarts = "
+                    f"{t.max_learner_restarts} used up"
+                ) from died
+            self.emit(
+                "learner_failed",
+                {"error": str(died), "restart": self.restarts, "checkpoint": str(path)},
+            )
+            tracker.set_tags(
+                {
+                    "tether.learner_restarts": self.restarts,
+                    f"tether.learner_restart_{self.restarts}": f"after iteration "
+                    f"{iteration_done}: {died}; rebuilt from {path}",
+                }
+            )
+            shutdown()  # the survivors of a broken process group
+            time.sleep(t.learner_restart_backoff_s * 2 ** (self.restarts - 1))
+            try:
+                return rebuild(path)
+            except LearnerDied as again:
+                died = again
 
 
-def recover_learner(trainer: Trainer, died: LearnerDied) -> int:
-    """A learner rank died: end the group, start a new one (after a backoff) and load
-    the last checkpoint into it and the driver (same seeds, same MLflow run); return
-    the checkpoint's iteration. Up to ``trainer.max_learner_restarts`` times a run."""
-    t, tracker = trainer.cfg.trainer, trainer.tracker
-    directory = trainer.checkpoint_dir()
-    while True:
-        trainer.learner_restarts += 1
-        restarts = trainer.learner_restarts
-        path = latest_checkpoint(directory) if directory.is_dir() else None
-        if path is None:
-            raise RuntimeError(
-                f"{died}; not rebuilt: no checkpoint yet "
-                f"(trainer.checkpoint_every = {t.checkpoint_every})"
-            ) from died
-        if restarts > t.max_learner_restarts:
-            raise RuntimeError(
-                f"{died}; not rebuilt: trainer.max_learner_restarts = "
-                f"{t.max_learner_restarts} used up"
-            ) from died
-        trainer.emit(
-            "learner_failed", {"error": str(died), "restart": restarts, "checkpoint": str(path)}
-        )
-        tracker.set_tags(
-            {
-                "tether.learner_restarts": restarts,
-                f"tether.learner_restart_{restarts}": f"after iteration "
-                f"{trainer.iteration_done}: {died}; rebuilt from {path}",
-            }
-        )
-        LearnerGroup.shutdown(trainer.learner)  # the survivors of a broken process group
-        time.sleep(t.learner_restart_backoff_s * 2 ** (restarts - 1))
-        try:
-            trainer.learner = learner_request(trainer.cfg, trainer.model_path).create()
-            trainer.actor_pool.replace("learner", trainer.learner)
-            start_learner(trainer)
-            return trainer.restore(path, resumed=False)
-        except LearnerDied as again:
-            died = again
-
-
-def checkpoint_failed(exc: CheckpointError, trainer: Trainer) -> None:
+def checkpoint_failed(
+    exc: CheckpointError,
+    cfg: TrainerConfig,
+    responder: AlarmResponder,
+    tracker: Tracker,
+    emit: Callable[[str, dict], None],
+) -> None:
     """A checkpoint not written (disk full, ...): the last good one stays; per
     ``trainer.checkpoint_errors`` training goes on with a warning, or the run stops
     (CheckpointError ends it FAILED, with one line naming both)."""
-    trainer.responder.forget_unwritten()
-    trainer.tracker.set_tags({"tether.checkpoint_error": str(exc)})
-    if trainer.cfg.trainer.checkpoint_errors == "stop":
+    responder.forget_unwritten()
+    tracker.set_tags({"tether.checkpoint_error": str(exc)})
+    if cfg.checkpoint_errors == "stop":
         raise exc
-    trainer.emit(
+    emit(
         "checkpoint_failed",
         {"message": f"{exc}; training goes on (trainer.checkpoint_errors = warn)"},
     )

@@ -5,25 +5,18 @@ A checkpoint file is ``{"learner": <the learner's full state>, "driver": <RunSta
 ``driver`` part and ``RunState.from_checkpoint()`` reads it back; a field added here is
 saved and restored by the same two lines, so a resumed run cannot silently lose it.
 Checkpoints written before a field existed load with that field's default.
-``write_checkpoint`` gathers a RunState from the trainer's parts and
-``read_checkpoint`` hands it back to them.
+``Trainer.checkpoint`` gathers a RunState from the run's parts and ``Trainer.restore``
+hands it back to them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
-
-from . import recovery
-from .checkpoint import CheckpointError, checkpoint_path, load_checkpoint, save_checkpoint
-
-if TYPE_CHECKING:
-    from .trainer import Trainer
 
 
 @dataclass
@@ -76,58 +69,3 @@ class RunState:
         """Put the driver's random generators back where they were at the checkpoint."""
         np.random.set_state(self.numpy_rng)
         torch.set_rng_state(self.torch_rng)
-
-
-def write_checkpoint(trainer: Trainer, it: int) -> Path | None:
-    """The learner's full state and the run's ``RunState`` into ``iter_<it>.pt`` (none
-    when ``trainer.checkpoint_every`` is 0); a failed write goes to ``recovery``."""
-    if not trainer.cfg.trainer.checkpoint_every:  # 0: this run keeps no checkpoints
-        return None
-    learner_state = trainer.learner.full_state()
-    directory = trainer.checkpoint_dir()
-    responder = trainer.responder
-    responder.note_checkpoint(
-        it, checkpoint_path(directory, it), trainer.last_metrics, trainer.last_diagnostics
-    )
-    state = RunState(
-        iteration=it,
-        run_id=trainer.tracker.run_id,
-        config=trainer.cfg.model_dump(mode="json"),
-        sampler_position=trainer.sampler.position,
-        mi_ema_state=trainer.diagnosis.ema_state,
-        alarms=responder.alarms.state_dict(),
-        worker_failures=trainer.fleet.failures,
-        val_history=trainer.val_history,
-        val_intervals=trainer.val_intervals,
-        control=responder.control_state(),
-    )
-    try:
-        path = save_checkpoint(
-            directory,
-            it,
-            {"learner": learner_state, "driver": state.to_checkpoint()},
-            protect=responder.protected(),
-        )
-    except CheckpointError as exc:
-        return recovery.checkpoint_failed(exc, trainer)
-    trainer.tracker.set_tags({"tether.last_checkpoint": str(path)})
-    return path
-
-
-def read_checkpoint(trainer: Trainer, path: Path, resumed: bool) -> int:
-    """Checkpoint ``path`` back into the learner, the workers (its weights) and the
-    driver's parts; its iteration.  ``resumed``: a new driver process (``--resume``)."""
-    saved = load_checkpoint(path)
-    state = RunState.from_checkpoint(saved["driver"])
-    trainer.learner.load_full_state(saved["learner"])
-    trainer.sampler.position = state.sampler_position
-    trainer.diagnosis.ema_state = state.mi_ema_state
-    trainer.responder.load(state.alarms, state.control, trainer.learner)
-    trainer.fleet.failures = state.worker_failures
-    trainer.val_history, trainer.val_intervals = state.val_history, state.val_intervals
-    state.restore_rng()
-    trainer.fleet.sync_weights(trainer.learner, state.iteration)
-    trainer.iteration_done = state.iteration
-    if resumed:
-        recovery.record_resume(trainer.tracker, state.iteration, path)
-    return state.iteration

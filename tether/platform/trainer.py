@@ -22,20 +22,34 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import seeds
-from ..actors.learner_group import LearnerDied
+from ..actors.learner_group import LearnerDied, LearnerGroup
+from ..agent.chat import ChatFormatter
 from ..agent.metrics import rollout_metrics
+from ..agent.pairs import SpanExtractor
 from ..algos.batch import collate
+from ..policy.load import load_tokenizer
 from ..rollout.base import SamplingParams
-from . import recovery
 from .actor_pool import ActorPool
 from .alarm_responder import AlarmResponder
 from .cadence import due
+from .checkpoint import CheckpointError, checkpoint_path, load_checkpoint, save_checkpoint
 from .config import TetherConfig
 from .diagnosis import Diagnosis
 from .environment import check_installed
 from .fleet import RolloutFleet
-from .launch import end_run, setup_run
-from .run_state import read_checkpoint, write_checkpoint
+from .launch import (
+    checkout_actors,
+    close_tracker,
+    dtype_tags,
+    learner_request,
+    open_tracker,
+    refuse_early,
+    resolve_model,
+    start_learner,
+)
+from .recovery import LearnerRecovery, checkpoint_failed, record_resume
+from .run_state import RunState
+from .session import check_resources, start_ray, stop_ray, wait_for_autoscaler
 from .stages import (
     RESAMPLE_GROUP_IDS,
     VALIDATION_METRICS,
@@ -110,13 +124,13 @@ class Trainer:
         self.fleet = RolloutFleet(cfg.rollout, self.emit)
         self.responder = AlarmResponder(cfg, self.emit)
         self.diagnosis = Diagnosis(cfg.diagnostics, cfg.experiment.seed)
+        self.recovery = LearnerRecovery(cfg.trainer, self.emit)
         # Built by setup(): Ray, the policy, the MLflow run, the learner.
         self.started_ray = False
         self.model_path: str | None = None
         self.tokenizer, self.spans, self.learner = None, None, None
         self.tracker = None
         self.iteration_done = 0
-        self.learner_restarts = 0  # learner groups rebuilt after a rank died (this process)
         self.val_history: dict[int, float] = {}
         self.val_intervals: dict[int, tuple[float, float]] = {}
         self.last_metrics: dict[str, float] = {}
@@ -151,7 +165,7 @@ class Trainer:
             status = "KILLED"  # (its report() calls sys.exit(0))
             raise
         finally:
-            end_run(self, status)
+            self.close(status)
         return self.summary(status, time.perf_counter() - started)
 
     def train(self, first: int) -> None:
@@ -164,8 +178,15 @@ class Trainer:
                 if self.after_iteration(it, metrics):
                     break
                 it += 1
-            except LearnerDied as died:
-                it = recovery.recover_learner(self, died) + 1
+            except LearnerDied as died:  # rebuilt from the last checkpoint: re-run from there
+                it = 1 + self.recovery.recover(
+                    died,
+                    self.checkpoint_dir(),
+                    self.tracker,
+                    self.iteration_done,
+                    shutdown=lambda: LearnerGroup.shutdown(self.learner),
+                    rebuild=self.rebuild_learner,
+                )
 
     def iteration(self, it: int) -> dict[str, float]:
         timers, cfg = Timers(), self.cfg
@@ -206,7 +227,7 @@ class Trainer:
         metrics["filter/update_skipped"] = float(not kept)
         metrics.update(self.responder.metrics())
         metrics["rollout/worker_failures"] = float(self.fleet.failures)
-        metrics["tether.learner_restarts"] = float(self.learner_restarts)
+        metrics["tether.learner_restarts"] = float(self.recovery.restarts)
         metrics.update(memory_metrics(self.learner, self.fleet))
         metrics.update(timers)
         metrics["timing/iteration"] = sum(timers.values())
@@ -288,22 +309,112 @@ class Trainer:
             self.tracker.log_metrics(val, step=0)
 
     # -- checkpoints ------------------------------------------------------------------
+    def checkpoint_dir(self) -> Path:
+        return self.output_dir / "checkpoints" / self.tracker.run_id
+
     def checkpoint(self, it: int) -> Path | None:
-        """Learner and ``RunState`` into ``iter_<it>.pt`` (none when checkpoint_every is 0)."""
-        return write_checkpoint(self, it)
+        """The learner's full state and the parts' ``RunState`` into ``iter_<it>.pt`` (none
+        when ``trainer.checkpoint_every`` is 0); a failed write: ``recovery``."""
+        if not self.cfg.trainer.checkpoint_every:  # 0: this run keeps no checkpoints
+            return None
+        learner_state = self.learner.full_state()
+        directory = self.checkpoint_dir()
+        self.responder.note_checkpoint(
+            it, checkpoint_path(directory, it), self.last_metrics, self.last_diagnostics
+        )
+        state = RunState(
+            iteration=it,
+            run_id=self.tracker.run_id,
+            config=self.cfg.model_dump(mode="json"),
+            sampler_position=self.sampler.position,
+            mi_ema_state=self.diagnosis.ema_state,
+            alarms=self.responder.alarms.state_dict(),
+            worker_failures=self.fleet.failures,
+            val_history=self.val_history,
+            val_intervals=self.val_intervals,
+            control=self.responder.control_state(),
+        )
+        learner_and_driver = {"learner": learner_state, "driver": state.to_checkpoint()}
+        try:
+            path = save_checkpoint(
+                directory, it, learner_and_driver, protect=self.responder.protected()
+            )
+        except CheckpointError as exc:
+            return checkpoint_failed(exc, self.cfg.trainer, self.responder, self.tracker, self.emit)
+        self.tracker.set_tags({"tether.last_checkpoint": str(path)})
+        return path
 
     def restore(self, path: Path, resumed: bool = True) -> int:
         """Load a checkpoint into the learner, workers and driver; return its iteration.
         ``resumed``: a new driver process (``--resume``), counted in the resume tags."""
-        return read_checkpoint(self, path, resumed)
+        saved = load_checkpoint(path)
+        state = RunState.from_checkpoint(saved["driver"])
+        self.learner.load_full_state(saved["learner"])
+        self.sampler.position = state.sampler_position
+        self.diagnosis.ema_state = state.mi_ema_state
+        self.responder.load(state.alarms, state.control, self.learner)
+        self.fleet.failures = state.worker_failures
+        self.val_history, self.val_intervals = state.val_history, state.val_intervals
+        state.restore_rng()
+        self.fleet.sync_weights(self.learner, state.iteration)
+        self.iteration_done = state.iteration
+        if resumed:
+            record_resume(self.tracker, state.iteration, path)
+        return state.iteration
 
-    def checkpoint_dir(self) -> Path:
-        return self.output_dir / "checkpoints" / self.tracker.run_id
+    def rebuild_learner(self, path: Path) -> int:
+        """A new learner group in place of a dead one, at checkpoint ``path``."""
+        self.learner = learner_request(self.cfg, self.model_path).create()
+        self.actor_pool.replace("learner", self.learner)
+        start_learner(self.learner, self.responder.settings, self.cfg)
+        return self.restore(path, resumed=False)
 
     # -- start and end ----------------------------------------------------------------
     def setup(self) -> None:
-        """Ray, the policy, the MLflow run and the actors, this run's state on them."""
-        setup_run(self)
+        """Everything before iteration 1, cheapest refusal first: Ray (joined or started),
+        the policy, the MLflow run, the actors and this run's state on them."""
+        cfg = self.cfg
+        refuse_early(cfg, self.output_dir)
+        demands = cfg.resource_demands()  # before the warm start: a run that can't fit fails now
+        self.started_ray = start_ray(
+            cfg.ray.address, cfg.ray.num_cpus, sum(d.count * d.cpus for d in demands)
+        )
+        # Joining an autoscaling cluster: its node types may not be published yet.
+        wait_for_autoscaler(
+            lambda: check_resources(demands), cfg.ray.autoscaler_wait_s if cfg.ray.address else 0.0
+        )
+        self.model_path = resolve_model(cfg, self.emit)
+        self.tokenizer = load_tokenizer(self.model_path)
+        self.spans = SpanExtractor(ChatFormatter(self.tokenizer))
+        self.tracker = self.responder.tracker = open_tracker(
+            cfg,
+            self.output_dir,
+            self.model_path,
+            self.emit,
+            self.parent_run_id,
+            self.run_tags,
+            self.resume_run_id,
+        )
+        self.fleet.workers, self.learner = checkout_actors(
+            self.actor_pool, cfg, self.model_path, self.tracker
+        )
+        # This run's own state, on new and reused actors alike: nothing of an earlier run
+        # (weights, optimiser, settings, seed, counters) carries over.
+        start_learner(self.learner, self.responder.settings, cfg)
+        stops = self.fleet.start_run()
+        self.sampling = SamplingParams(**{**self.sampling.__dict__, "stop_token_ids": stops})
+        self.tracker.set_tags(dtype_tags(self.learner, self.fleet))
+
+    def close(self, status: str) -> None:
+        """End the MLflow run and hand the actors back to the pool: a keeping pool holds
+        them for the next run if this one finished; otherwise they end (a worker's
+        environment pool goes with it), so a Ray that outlives the run gets their
+        resources back. Stop Ray if this run started it."""
+        if self.tracker is not None:
+            close_tracker(self.tracker, status, self.iteration_done, self.responder.stop_reason)
+        self.actor_pool.checkin(healthy=status == "FINISHED")
+        self.fleet.workers, self.learner = [], None
+        stop_ray(self.started_ray)
 
     def summary(self, status: str, seconds: float) -> RunSummary:
         return RunSummary(
