@@ -64,13 +64,16 @@ def _cpu_delta(before: dict[int, float], after: dict[int, float]) -> float:
 
 
 def schedule(d, it: int) -> tuple[bool, ...]:
-    """What the diagnostics run at iteration ``it`` (driver.diagnose / iteration cadences)."""
-    xz = it == 1 or it % d.every == 0
+    """What the diagnostics run at iteration ``it`` (the cadences of
+    ``tether/platform/diagnosis.py``)."""
+    from tether.platform.cadence import due
+
+    xz = due(it, d.every, first=True)
     return (
         xz,
-        xz and d.information_chain and (it == 1 or it % d.chain_every == 0),
-        xz and (it == 1 or it % d.heatmap_every == 0),
-        bool(d.grad_snr_every) and it % d.grad_snr_every == 0,
+        xz and d.information_chain and due(it, d.chain_every, first=True),
+        xz and due(it, d.heatmap_every, first=True),
+        due(it, d.grad_snr_every),
     )
 
 
@@ -95,7 +98,7 @@ def main() -> None:
 
     import tether
     from tether.platform.config import load_config
-    from tether.platform.driver import Trainer
+    from tether.platform.trainer import Trainer
 
     out = Path(args.out)
     # Both trainers' actors live in one local Ray; only one trainer works at a time.

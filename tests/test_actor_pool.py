@@ -113,8 +113,8 @@ def _handles(trainer) -> dict[str, list]:
     import ray
 
     return {
-        "workers": list(trainer.workers),
-        "env_pools": ray.get([w.env_pool_handle.remote() for w in trainer.workers]),
+        "workers": list(trainer.fleet.workers),
+        "env_pools": ray.get([w.env_pool_handle.remote() for w in trainer.fleet.workers]),
         "learner": list(trainer.learner.ranks),
     }
 

@@ -50,7 +50,7 @@ class FaultInjector:
                     (t.group_id, t.sample_index) for t in self.trainer.last_collected
                 )
             if self.target == "env_pool":
-                self.pool = ray.get(self.trainer.workers[0].env_pool_handle.remote())
+                self.pool = ray.get(self.trainer.fleet.workers[0].env_pool_handle.remote())
                 self.pool_resets = ray.get(self.pool.stats.remote())["resets"]
         elif kind == "worker_failed":
             self.failures.append(data)
@@ -62,7 +62,7 @@ class FaultInjector:
         ):
             self.kills += 1
             if self.target == "rollout_worker":  # its collect task is in flight: it fails
-                ray.kill(self.trainer.workers[1], no_restart=False)
+                ray.kill(self.trainer.fleet.workers[1], no_restart=False)
             else:  # once the pool holds this collection's episodes, mid-episode
                 self.thread = threading.Thread(target=self.kill_pool_mid_episode, daemon=True)
                 self.thread.start()

@@ -248,3 +248,27 @@ def test_a_resume_target_may_be_the_checkpoint_the_run_dir_checkpoints_or_the_ou
     (tmp_path / "empty").mkdir()
     with pytest.raises(ResumeError, match="no checkpoint"):
         resolve_resume(str(tmp_path / "empty"), "sqlite:///unused.db")
+
+
+def test_a_resumed_run_keeps_the_validation_intervals_of_before_the_resume(
+    micro_policy, models_dir, ray_local, tmp_path
+):
+    """The checkpoint keeps each validation's Wilson interval beside its success rate,
+    so a resumed run's summary shows the intervals of the validations before the resume
+    (not ``[v, v]``, the CLI's stand-in for an interval it does not have)."""
+    from tests.conftest import checkpointed_run_config
+    from tether.platform.driver import Trainer
+
+    first = Trainer(checkpointed_run_config(tmp_path, models_dir, 2, {"val_every": 1})).run()
+    assert sorted(first.val_intervals) == [0, 1, 2]
+    cfg = checkpointed_run_config(tmp_path, models_dir, 3, {"val_every": 1})
+    checkpoint = cfg.experiment.output_dir / "checkpoints" / first.run_id / "iter_000002.pt"
+    resumed = Trainer(cfg, resume_from=checkpoint, resume_run_id=first.run_id).run()
+    assert resumed.status == "FINISHED" and resumed.run_id == first.run_id
+    assert sorted(resumed.val_history) == sorted(resumed.val_intervals) == [0, 1, 2, 3]
+    for step in (0, 1, 2):
+        assert resumed.val_history[step] == first.val_history[step]
+        assert resumed.val_intervals[step] == first.val_intervals[step], step
+    for step, (low, high) in resumed.val_intervals.items():
+        # two held-out episodes: a Wilson interval that is wide, around the rate
+        assert low <= resumed.val_history[step] <= high and high - low > 0.3, step

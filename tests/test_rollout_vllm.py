@@ -125,7 +125,7 @@ def probed_run(micro_policy, models_dir, ray_local, tmp_path_factory):
                     w.__ray_call__.remote(
                         lambda worker, s: worker.engine.sequence_logprobs(s), [seq]
                     )
-                    for w in self.workers
+                    for w in self.fleet.workers
                 ]
             )
             fixed = collate([self.fixed], self.tokenizer.pad_token_id)

@@ -133,9 +133,9 @@ def run(
         _check_cluster(cfg.ray.address)
     prepare_process(cfg.ray.address)
     from .config import ConfigError
-    from .driver import Trainer
     from .progress import bars
     from .tracking import TrackingError
+    from .trainer import Trainer
 
     progress = bars(console)
     tasks: dict[str, int] = {}

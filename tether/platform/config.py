@@ -262,13 +262,17 @@ class DiagnosticsConfig(Section):
         "multi_prefix, many contexts per forward, when the model's attention allows it).",
     )
     heatmap_every: int = Field(
-        10, ge=1, description="Log the cross-score matrix as a heatmap every N iterations."
+        10,
+        ge=1,
+        description="Log the cross-score matrix as a heatmap every N iterations (and at "
+        "iteration 1), on diagnostic iterations.",
     )
     grad_snr_every: int = Field(
         10,
         ge=0,
         description="Gradient SNR by reward-variance bucket "
-        "every N iterations (0 = off; docs/methods.md, section 10): one forward and two "
+        "every N iterations, not at iteration 1 (0 = off; docs/methods.md, section 10): "
+        "one forward and two "
         "gradient passes over every collected trajectory (before "
         "filtering), about 1-2 updates' worth of compute; every 10 gives "
         "a 400-iteration run 40 analyses.",
@@ -358,7 +362,8 @@ class TrainerConfig(Section):
         5,
         ge=1,
         description="Log sample transcripts and the per-prompt rewards "
-        "(prompts/iter_N.json, for the report's heatmaps) every N iterations.",
+        "(prompts/iter_N.json, for the report's heatmaps) every N iterations and at "
+        "iteration 1 (the per-prompt rewards also at the last).",
     )
     samples_per_log: int = Field(4, ge=0, description="Transcripts per sample artifact.")
 

@@ -189,7 +189,7 @@ def run_trial(config: dict[str, Any], spec_json: str, parent_run_id: str) -> Non
     from ray import tune
 
     from .actor_pool import process_pool
-    from .driver import Trainer
+    from .trainer import Trainer
 
     spec = SweepSpec.from_json(spec_json)
     values = decode(spec, config)

@@ -1,0 +1,179 @@
+"""The run's alarms and what answers them: events, act-mode responses, the settings
+those responses change (the knobs), and the grounded checkpoints a rollback returns to.
+
+    responder = AlarmResponder(cfg, emit)
+    responder.tracker = tracker                     # once the MLflow run is open
+    stop = responder.respond(it, metrics, learner, fleet)   # after every iteration
+    responder.filter_cfg, responder.settings        # the filter and update settings in force
+
+The controller that decides a response is ``tether/diagnostics/control.py``; this part
+applies it (learner, filter, weights) and records it (console, MLflow tags, alarms.json).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+
+from ..algos.settings import FilterConfig
+from ..algos.update import UpdateSettings
+from ..diagnostics.alarms import AlarmMonitor
+from ..diagnostics.control import GroundedCheckpoint, Knobs
+from .checkpoint import load_checkpoint
+from .config import TetherConfig
+from .fleet import RolloutFleet
+from .tracking import Tracker
+
+#: grounded checkpoints kept as rollback targets (the newest; protected from pruning)
+GROUNDED_KEPT = 3
+
+
+class AlarmResponder:
+    def __init__(self, cfg: TetherConfig, emit: Callable[[str, dict], None]) -> None:
+        self.cfg, self.emit = cfg.alarms, emit
+        self.tracker: Tracker | None = None
+        self.alarms = AlarmMonitor(cfg.alarms)
+        #: act-mode alarms' responses (None when no alarm acts)
+        self.controller = cfg.alarms.controller()
+        #: the settings a response may change, as the run uses them now
+        self.knobs = Knobs(
+            cfg.filter.strategy,
+            cfg.filter.value,
+            cfg.algo.kl_coef,
+            cfg.algo.entropy_coef,
+            cfg.algo.lr,
+        )
+        #: the filter in force: the config's, tightened by act-mode responses
+        self.filter_cfg: FilterConfig = cfg.filter
+        self.settings = UpdateSettings.from_config(cfg.algo, cfg.rollout.temperature)
+        #: checkpoints saved while MI was significantly above its null
+        self.grounded: list[GroundedCheckpoint] = []
+        self.stop_reason: str | None = None
+
+    # -- after every iteration ----------------------------------------------------------
+    def respond(self, it: int, metrics: dict[str, float], learner, fleet: RolloutFleet) -> bool:
+        """Record the alarms ``metrics`` raise, take an act-mode response while one is in
+        breach; True when a stop-mode alarm ends the run (``stop_reason`` says which)."""
+        for event in self.alarms.update(it, metrics):
+            self.record_alarm(event)
+        if self.controller is not None:
+            self.act(it, learner, fleet)
+        if not self.alarms.stop_requested:
+            return False
+        stop = next(e for e in self.alarms.events if e.mode == "stop")
+        self.stop_reason = f"alarm {stop.name} at iteration {stop.iteration}"
+        return True
+
+    def metrics(self) -> dict[str, float]:
+        """``control/…``: the knobs in force and the responses taken (when an alarm acts)."""
+        if self.controller is None:
+            return {}
+        return {**self.knobs.metrics(), "control/actions": float(len(self.controller.actions))}
+
+    def record_alarm(self, event) -> None:
+        """Console line, MLflow tag ``alarm.<name>`` = iteration, and the alarms.json artifact."""
+        self.emit(
+            "alarm",
+            {
+                "name": event.name,
+                "iteration": event.iteration,
+                "mode": event.mode,
+                "message": event.message,
+            },
+        )
+        self.tracker.set_tags({f"alarm.{event.name}": event.iteration})
+        self.log_alarms()
+
+    def log_alarms(self) -> None:
+        """alarms.json: the alarms' events and the responses taken, in order."""
+        actions = [a.to_dict() for a in self.controller.actions] if self.controller else []
+        entries = sorted(
+            [e.to_dict() for e in self.alarms.events] + actions,
+            key=lambda e: (e["iteration"], e["mode"] == "act"),
+        )
+        self.tracker.log_json(entries, "alarms.json")
+
+    def act(self, it: int, learner, fleet: RolloutFleet) -> None:
+        """While an act-mode alarm is in breach, take its next response (the controller
+        decides), apply it and record it."""
+        taken = self.controller.step(it, self.alarms.in_breach("act"), self.knobs, self.grounded)
+        if taken is None:
+            return
+        action, knobs = taken
+        if action.rollback_to is not None:
+            learner.load_full_state(load_checkpoint(Path(action.rollback_to["path"]))["learner"])
+        self.apply_knobs(knobs, learner)
+        if action.rollback_to is not None:
+            fleet.sync_weights(learner, it)
+        self.emit(
+            "action",
+            {
+                "iteration": it,
+                "alarm": action.alarm,
+                "kind": action.kind,
+                "message": action.message,
+                "rollback_to": action.rollback_to,
+            },
+        )
+        self.tracker.set_tags(
+            {f"control.{len(self.controller.actions)}": f"iteration {it}: {action.message}"}
+        )
+        self.log_alarms()
+
+    def apply_knobs(self, knobs: Knobs, learner) -> None:
+        """The controller's settings into the filter, the update settings and the learner."""
+        self.knobs = knobs
+        self.filter_cfg = FilterConfig.model_validate(
+            {
+                **self.filter_cfg.model_dump(),
+                "strategy": knobs.filter_strategy,
+                "value": knobs.filter_value,
+            }
+        )
+        self.settings = dataclasses.replace(
+            self.settings, kl_coef=knobs.kl_coef, entropy_coef=knobs.entropy_coef
+        )
+        learner.adjust(self.settings, knobs.lr)
+
+    # -- grounded checkpoints -------------------------------------------------------------
+    def grounded_now(self, metrics: dict[str, float], diagnostics: dict[str, float]) -> bool:
+        """MI at the latest diagnostic point (this iteration's ``metrics``, else the last
+        ``diagnostics``) passed the test a template-collapse reference passes
+        (p < alpha / window): a checkpoint now is a rollback target."""
+        c = self.cfg.template_collapse
+        p = metrics.get(c.p_metric, diagnostics.get(c.p_metric))
+        return p is not None and p < c.alpha / c.window
+
+    def note_checkpoint(self, it: int, path: Path, metrics, diagnostics) -> None:
+        """Before checkpoint ``path`` of iteration ``it`` is written: keep it as a rollback
+        target when the run is grounded now (only when an alarm acts)."""
+        if self.controller is not None and self.grounded_now(metrics, diagnostics):
+            self.grounded = [*self.grounded, GroundedCheckpoint(it, str(path))][-GROUNDED_KEPT:]
+
+    def protected(self) -> tuple[Path, ...]:
+        """Checkpoints that pruning must keep: the rollback targets."""
+        return tuple(Path(c.path) for c in self.grounded)
+
+    def forget_unwritten(self) -> None:
+        """After a checkpoint failed to write: no rollback target without its file."""
+        self.grounded = [c for c in self.grounded if Path(c.path).is_file()]
+
+    # -- what a checkpoint keeps -----------------------------------------------------------
+    def control_state(self) -> dict | None:
+        """The controller, knobs and grounded checkpoints (None when no alarm acts)."""
+        if self.controller is None:
+            return None
+        return {
+            "controller": self.controller.state_dict(),
+            "knobs": dataclasses.asdict(self.knobs),
+            "grounded": [dataclasses.asdict(c) for c in self.grounded],
+        }
+
+    def load(self, alarms: dict, control: dict | None, learner) -> None:
+        """Back to a checkpoint's alarms and (when an alarm acts) control state."""
+        self.alarms.load_state_dict(alarms)
+        if self.controller is not None and control is not None:
+            self.controller.load_state_dict(control["controller"])
+            self.grounded = [GroundedCheckpoint(**c) for c in control["grounded"]]
+            self.apply_knobs(Knobs(**control["knobs"]), learner)

@@ -1,0 +1,434 @@
+"""The single-controller driver: one iteration reads top to bottom.
+
+    collect -> filter -> [dynamic sampling] -> diagnose -> prepare (old/ref log-probs)
+            -> advantages -> [gradient SNR] -> update -> sync weights
+            -> validate, log, alarms, checkpoint
+
+The Trainer conducts; its parts hold the state: the ``RolloutFleet`` (workers,
+collection, weight sync), the learner group, ``Diagnosis`` (MI running averages),
+the ``AlarmResponder`` (alarms, act-mode knobs, grounded checkpoints) and the
+``LevelSampler``.  ``RunState`` is what a checkpoint keeps of them; ``recovery`` handles a
+dead learner and a checkpoint that cannot be written; ``cadence.due`` decides every
+"every N iterations".  Every computation is a call into the pure core
+(``tether.agent``, ``tether.algos``) or an actor.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .. import seeds
+from ..actors.learner_group import LearnerDied, LearnerGroup
+from ..agent.chat import ChatFormatter
+from ..agent.metrics import rollout_metrics
+from ..agent.pairs import SpanExtractor
+from ..algos.batch import collate
+from ..policy.load import load_tokenizer
+from ..rollout.base import SamplingParams
+from .actor_pool import ActorPool
+from .alarm_responder import AlarmResponder
+from .cadence import due
+from .checkpoint import CheckpointError, checkpoint_path, load_checkpoint, save_checkpoint
+from .config import TetherConfig
+from .diagnosis import Diagnosis
+from .environment import check_installed
+from .fleet import RolloutFleet
+from .launch import (
+    checkout_actors,
+    close_tracker,
+    dtype_tags,
+    learner_request,
+    open_tracker,
+    refuse_early,
+    resolve_model,
+    start_learner,
+)
+from .recovery import LearnerRecovery, checkpoint_failed, record_resume
+from .run_state import RunState
+from .session import check_resources, start_ray, stop_ray, wait_for_autoscaler
+from .stages import (
+    RESAMPLE_GROUP_IDS,
+    VALIDATION_METRICS,
+    LevelSampler,
+    Timers,
+    advantages,
+    dynamic_sampling,
+    filter_groups,
+    log_samples,
+    memory_metrics,
+    validation_episodes,
+)
+
+
+@dataclass
+class RunSummary:
+    run_id: str
+    tracking_uri: str
+    ui_command: str
+    iterations: int
+    status: str
+    seconds: float
+    model_path: str
+    val_history: dict[int, float] = field(default_factory=dict)
+    stop_reason: str | None = None
+    alarms: list[dict] = field(default_factory=list)
+    last_metrics: dict[str, float] = field(default_factory=dict)
+    #: validation step -> (low, high) of val/success (95 % Wilson interval)
+    val_intervals: dict[int, tuple[float, float]] = field(default_factory=dict)
+    #: the metrics of the last iteration that ran the collapse diagnostics
+    last_diagnostics: dict[str, float] = field(default_factory=dict)
+
+
+def _warn(kind: str, data: dict) -> None:
+    """Without an event hook, the tracking spool's and a failed checkpoint's messages
+    still reach the user."""
+    if kind in ("tracking", "checkpoint_failed"):
+        logging.getLogger(f"tether.{kind}").warning(data["message"])
+
+
+class Trainer:
+    def __init__(
+        self,
+        cfg: TetherConfig,
+        on_event: Callable[[str, dict], None] | None = None,
+        parent_run_id: str | None = None,
+        run_tags: dict[str, str] | None = None,
+        resume_from: Path | None = None,
+        resume_run_id: str | None = None,
+        actor_pool: ActorPool | None = None,
+    ):
+        """``on_event(kind, data)`` receives progress ("warm_start", "started", "validation",
+        "iteration" with the iteration's metrics, "alarm", "worker_failed", "tracking" with
+        the tracking spool's one-line messages); a sweep
+        passes ``parent_run_id`` (the MLflow run is nested under it), ``run_tags`` and a
+        keeping ``actor_pool`` (its trial process's: the next trial reuses the actors).
+        Without one, the run's actors end with the run."""
+        check_installed("transformers")  # before any actor: an older one fails mid-run
+        self.cfg = cfg
+        self.actor_pool = actor_pool or ActorPool(keep=False)
+        self.parent_run_id, self.run_tags = parent_run_id, dict(run_tags or {})
+        #: A checkpoint to continue from, and the MLflow run it belongs to (same run, same steps).
+        self.resume_from, self.resume_run_id = resume_from, resume_run_id
+        self.emit = on_event or _warn
+        self.output_dir = Path(cfg.experiment.output_dir).expanduser().resolve()
+        self.sampler = LevelSampler(cfg.experiment.seed, cfg.env.val_seed_offset)
+        self.sampling = SamplingParams(
+            max_new_tokens=cfg.rollout.max_reply_tokens,
+            temperature=cfg.rollout.temperature,
+            top_p=cfg.rollout.top_p,
+        )
+        self.fleet = RolloutFleet(cfg.rollout, self.emit)
+        self.responder = AlarmResponder(cfg, self.emit)
+        self.diagnosis = Diagnosis(cfg.diagnostics, cfg.experiment.seed)
+        self.recovery = LearnerRecovery(cfg.trainer, self.emit)
+        # Built by setup(): Ray, the policy, the MLflow run, the learner.
+        self.started_ray = False
+        self.model_path: str | None = None
+        self.tokenizer, self.spans, self.learner = None, None, None
+        self.tracker = None
+        self.iteration_done = 0
+        self.val_history: dict[int, float] = {}
+        self.val_intervals: dict[int, tuple[float, float]] = {}
+        self.last_metrics: dict[str, float] = {}
+        self.last_diagnostics: dict[str, float] = {}
+        self.last_collected: list = []
+
+    # -- the loop ---------------------------------------------------------------------
+    def run(self) -> RunSummary:
+        started = time.perf_counter()
+        status = "FAILED"
+        try:
+            self.setup()
+            first = self.restore(self.resume_from) + 1 if self.resume_from else 1
+            self.emit(
+                "started",
+                {
+                    "run_id": self.tracker.run_id,
+                    "model_path": self.model_path,
+                    "first_iteration": first,
+                },
+            )
+            if first == 1:
+                self.log_validation(0, {})
+                self.emit("validation", {"iteration": 0, "val/success": self.val_history[0]})
+            self.train(first)
+            if self.cfg.tracking.log_model:
+                final_dir = self.output_dir / "models" / self.tracker.run_id
+                self.learner.save(str(final_dir))
+                self.tracker.log_artifacts(final_dir, "model")
+            status = "FINISHED"
+        except (KeyboardInterrupt, SystemExit):  # Ctrl-C or SIGTERM, or Tune ending a trial
+            status = "KILLED"  # (its report() calls sys.exit(0))
+            raise
+        finally:
+            self.close(status)
+        return self.summary(status, time.perf_counter() - started)
+
+    def train(self, first: int) -> None:
+        """Iterations ``first`` .. ``trainer.iterations``, or until an alarm stops the run;
+        a dead learner is rebuilt and the iterations since its checkpoint run again."""
+        it = first
+        while it <= self.cfg.trainer.iterations:
+            try:
+                metrics = self.iteration(it)
+                if self.after_iteration(it, metrics):
+                    break
+                it += 1
+            except LearnerDied as died:  # rebuilt from the last checkpoint: re-run from there
+                it = 1 + self.recovery.recover(
+                    died,
+                    self.checkpoint_dir(),
+                    self.tracker,
+                    self.iteration_done,
+                    shutdown=lambda: LearnerGroup.shutdown(self.learner),
+                    rebuild=self.rebuild_learner,
+                )
+
+    def iteration(self, it: int) -> dict[str, float]:
+        timers, cfg = Timers(), self.cfg
+        with timers("collect"):
+            collected = self.collect(
+                self.sampler.specs(cfg.rollout.groups, cfg.rollout.group_size, 0),
+                self.sampling,
+                seeds.collection(cfg.experiment.seed, it),
+            )
+        metrics = rollout_metrics(collected, reasoning_tokens=self.count_tokens)
+        metrics["rollout/tokens_per_s"] = (
+            metrics["rollout/generated_tokens"] / timers["timing/collect"]
+        )
+        with timers("filter"):
+            filtered, kept = filter_groups(collected, self.responder.filter_cfg)
+        metrics.update(filtered.metrics)
+        pool = collected
+        if cfg.algo.dynamic_sampling:
+            with timers("dynamic_sampling"):
+                pool, kept, resampled = self.resample(it, collected, kept)
+            metrics.update(resampled)
+        with timers("diagnose"):
+            metrics.update(self.diagnosis.run(it, collected, self.learner, self.tracker))
+        if kept:
+            with timers("prepare"):
+                batch = self.prepare(pool)
+            with timers("advantages"):
+                batch = advantages(batch, cfg.algo)
+            if self.diagnosis.grad_snr_due(it):
+                with timers("grad_snr"):
+                    metrics.update(self.learner.grad_snr(batch, cfg.diagnostics.grad_snr_buckets))
+            train = batch.select([i for i, t in enumerate(pool) if t.group_id in kept])
+            train.advantages = train.advantages * filtered.loss_scale
+            with timers("update"):
+                metrics.update(self.learner.update(train))
+            with timers("sync"):
+                self.fleet.sync_weights(self.learner, it)
+        metrics["filter/update_skipped"] = float(not kept)
+        metrics.update(self.responder.metrics())
+        metrics["rollout/worker_failures"] = float(self.fleet.failures)
+        metrics["tether.learner_restarts"] = float(self.recovery.restarts)
+        metrics.update(memory_metrics(self.learner, self.fleet))
+        metrics.update(timers)
+        metrics["timing/iteration"] = sum(timers.values())
+        self.last_collected = collected
+        return metrics
+
+    def after_iteration(self, it: int, metrics: dict[str, float]) -> bool:
+        """Validate, log, keep samples, check alarms, checkpoint; True ends the run."""
+        t = self.cfg.trainer
+        if due(it, t.val_every, last=t.iterations):
+            self.log_validation(it, metrics)
+        logging_started = time.perf_counter()
+        self.tracker.log_metrics(metrics, step=it)
+        log_samples(self.tracker, self.cfg.trainer, it, self.last_collected, self.tokenizer.decode)
+        # The logging's own time cannot be in the dict it logs: it follows on its own.
+        metrics["timing/log"] = time.perf_counter() - logging_started
+        self.tracker.log_metrics({"timing/log": metrics["timing/log"]}, step=it)
+        self.iteration_done, self.last_metrics = it, metrics
+        if any(key.startswith("collapse/") for key in metrics):
+            self.last_diagnostics = {
+                "iteration": float(it),
+                **{k: v for k, v in metrics.items() if k.startswith("collapse/")},
+            }
+        self.emit("iteration", {"iteration": it, "total": t.iterations, **metrics})
+        if self.responder.respond(it, metrics, self.learner, self.fleet):
+            self.checkpoint(it)  # a stop-mode alarm: the run ends resumable
+            return True
+        if due(it, t.checkpoint_every, last=t.iterations):
+            self.checkpoint(it)
+        return False
+
+    # -- the stages' calls ------------------------------------------------------------
+    def collect(self, specs, sampling: SamplingParams, seed: int):
+        """Episodes from the fleet (one place a subclass may wrap every collection)."""
+        return self.fleet.collect(specs, sampling, seed)
+
+    def resample(self, it: int, collected, kept: set[int]):
+        """Dynamic sampling: round r collects fresh groups with ids from r * 1000."""
+        r = self.cfg.rollout
+        return dynamic_sampling(
+            collected,
+            kept,
+            lambda round_: self.collect(
+                self.sampler.specs(r.groups, r.group_size, RESAMPLE_GROUP_IDS * round_),
+                self.sampling,
+                seeds.collection(self.cfg.experiment.seed, it, round_),
+            ),
+            self.responder.filter_cfg,
+            r.groups,
+            self.cfg.algo.max_resample_rounds,
+        )
+
+    def prepare(self, trajectories):
+        """Padded batch with old-policy (and reference) log-probs and critic values."""
+        batch = collate(
+            trajectories,
+            self.tokenizer.pad_token_id,
+            reasoning_masks=[self.spans.reasoning_mask(t) for t in trajectories],
+        )
+        return self.learner.prepare(batch, self.cfg.algo.recompute_old_logprobs)
+
+    def count_tokens(self, text: str) -> int:
+        return len(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def validate(self) -> dict[str, float]:
+        specs, sampling = validation_episodes(self.cfg, self.sampling)
+        trajectories = self.collect(
+            specs, sampling, seed=seeds.validation(self.cfg.experiment.seed)
+        )
+        m = rollout_metrics(trajectories, prefix="val", reasoning_tokens=self.count_tokens)
+        return {k: v for k, v in m.items() if k in VALIDATION_METRICS}
+
+    def log_validation(self, it: int, metrics: dict[str, float]) -> None:
+        val = self.validate()
+        self.val_history[it] = val["val/success"]
+        self.val_intervals[it] = (val["val/success_ci_low"], val["val/success_ci_high"])
+        metrics.update(val)
+        if it == 0:
+            self.tracker.log_metrics(val, step=0)
+
+    # -- checkpoints ------------------------------------------------------------------
+    def checkpoint_dir(self) -> Path:
+        return self.output_dir / "checkpoints" / self.tracker.run_id
+
+    def checkpoint(self, it: int) -> Path | None:
+        """The learner's full state and the parts' ``RunState`` into ``iter_<it>.pt`` (none
+        when ``trainer.checkpoint_every`` is 0); a failed write: ``recovery``."""
+        if not self.cfg.trainer.checkpoint_every:  # 0: this run keeps no checkpoints
+            return None
+        learner_state = self.learner.full_state()
+        directory = self.checkpoint_dir()
+        self.responder.note_checkpoint(
+            it, checkpoint_path(directory, it), self.last_metrics, self.last_diagnostics
+        )
+        state = RunState(
+            iteration=it,
+            run_id=self.tracker.run_id,
+            config=self.cfg.model_dump(mode="json"),
+            sampler_position=self.sampler.position,
+            mi_ema_state=self.diagnosis.ema_state,
+            alarms=self.responder.alarms.state_dict(),
+            worker_failures=self.fleet.failures,
+            val_history=self.val_history,
+            val_intervals=self.val_intervals,
+            control=self.responder.control_state(),
+        )
+        learner_and_driver = {"learner": learner_state, "driver": state.to_checkpoint()}
+        try:
+            path = save_checkpoint(
+                directory, it, learner_and_driver, protect=self.responder.protected()
+            )
+        except CheckpointError as exc:
+            return checkpoint_failed(exc, self.cfg.trainer, self.responder, self.tracker, self.emit)
+        self.tracker.set_tags({"tether.last_checkpoint": str(path)})
+        return path
+
+    def restore(self, path: Path, resumed: bool = True) -> int:
+        """Load a checkpoint into the learner, workers and driver; return its iteration.
+        ``resumed``: a new driver process (``--resume``), counted in the resume tags."""
+        saved = load_checkpoint(path)
+        state = RunState.from_checkpoint(saved["driver"])
+        self.learner.load_full_state(saved["learner"])
+        self.sampler.position = state.sampler_position
+        self.diagnosis.ema_state = state.mi_ema_state
+        self.responder.load(state.alarms, state.control, self.learner)
+        self.fleet.failures = state.worker_failures
+        self.val_history, self.val_intervals = state.val_history, state.val_intervals
+        state.restore_rng()
+        self.fleet.sync_weights(self.learner, state.iteration)
+        self.iteration_done = state.iteration
+        if resumed:
+            record_resume(self.tracker, state.iteration, path)
+        return state.iteration
+
+    def rebuild_learner(self, path: Path) -> int:
+        """A new learner group in place of a dead one, at checkpoint ``path``."""
+        self.learner = learner_request(self.cfg, self.model_path).create()
+        self.actor_pool.replace("learner", self.learner)
+        start_learner(self.learner, self.responder.settings, self.cfg)
+        return self.restore(path, resumed=False)
+
+    # -- start and end ----------------------------------------------------------------
+    def setup(self) -> None:
+        """Everything before iteration 1, cheapest refusal first: Ray (joined or started),
+        the policy, the MLflow run, the actors and this run's state on them."""
+        cfg = self.cfg
+        refuse_early(cfg, self.output_dir)
+        demands = cfg.resource_demands()  # before the warm start: a run that can't fit fails now
+        self.started_ray = start_ray(
+            cfg.ray.address, cfg.ray.num_cpus, sum(d.count * d.cpus for d in demands)
+        )
+        # Joining an autoscaling cluster: its node types may not be published yet.
+        wait_for_autoscaler(
+            lambda: check_resources(demands), cfg.ray.autoscaler_wait_s if cfg.ray.address else 0.0
+        )
+        self.model_path = resolve_model(cfg, self.emit)
+        self.tokenizer = load_tokenizer(self.model_path)
+        self.spans = SpanExtractor(ChatFormatter(self.tokenizer))
+        self.tracker = self.responder.tracker = open_tracker(
+            cfg,
+            self.output_dir,
+            self.model_path,
+            self.emit,
+            self.parent_run_id,
+            self.run_tags,
+            self.resume_run_id,
+        )
+        self.fleet.workers, self.learner = checkout_actors(
+            self.actor_pool, cfg, self.model_path, self.tracker
+        )
+        # This run's own state, on new and reused actors alike: nothing of an earlier run
+        # (weights, optimiser, settings, seed, counters) carries over.
+        start_learner(self.learner, self.responder.settings, cfg)
+        stops = self.fleet.start_run()
+        self.sampling = SamplingParams(**{**self.sampling.__dict__, "stop_token_ids": stops})
+        self.tracker.set_tags(dtype_tags(self.learner, self.fleet))
+
+    def close(self, status: str) -> None:
+        """End the MLflow run and hand the actors back to the pool: a keeping pool holds
+        them for the next run if this one finished; otherwise they end (a worker's
+        environment pool goes with it), so a Ray that outlives the run gets their
+        resources back. Stop Ray if this run started it."""
+        if self.tracker is not None:
+            close_tracker(self.tracker, status, self.iteration_done, self.responder.stop_reason)
+        self.actor_pool.checkin(healthy=status == "FINISHED")
+        self.fleet.workers, self.learner = [], None
+        stop_ray(self.started_ray)
+
+    def summary(self, status: str, seconds: float) -> RunSummary:
+        return RunSummary(
+            run_id=self.tracker.run_id,
+            tracking_uri=self.tracker.uri,
+            ui_command=self.tracker.ui_command(),
+            iterations=self.iteration_done,
+            status=status,
+            seconds=seconds,
+            model_path=self.model_path,
+            val_history=self.val_history,
+            last_metrics=self.last_metrics,
+            val_intervals=self.val_intervals,
+            last_diagnostics=self.last_diagnostics,
+            stop_reason=self.responder.stop_reason,
+            alarms=[e.to_dict() for e in self.responder.alarms.events],
+        )
