@@ -51,14 +51,12 @@ def test_every_algorithm_learns_on_every_seed(task, preset, seed, tmp_path, mode
 def test_breakages_are_undone(tmp_path):
     """A breakage lasts only inside its block (the tests above share one process)."""
     from tether.algos import advantages
-    from tether.platform.driver import Trainer
+    from tether.platform.trainer import Trainer
 
     estimators, collect = dict(advantages.ADVANTAGE_ESTIMATORS), Trainer.collect
     for kind in ("advantage_sign", "turn_mask", "old_logprobs"):
         with broken(kind):
-            assert (
-                advantages.ADVANTAGE_ESTIMATORS != estimators or Trainer.collect is not collect
-            )
+            assert advantages.ADVANTAGE_ESTIMATORS != estimators or Trainer.collect is not collect
         assert advantages.ADVANTAGE_ESTIMATORS == estimators and Trainer.collect is collect
     with pytest.raises(ValueError, match="unknown breakage"):
         with broken("nothing"):

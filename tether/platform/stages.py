@@ -13,7 +13,7 @@ import numpy as np
 from .. import seeds
 from ..actors.memory import peak_rss_gb
 from ..agent.episode import EpisodeSpec
-from ..agent.metrics import group_rewards, group_trajectories, transcript
+from ..agent.metrics import EPISODE_ENDS, group_rewards, group_trajectories, transcript
 from ..algos.advantages import AdvantageInputs, compute_advantages
 from ..algos.filters import snr_filter
 from ..algos.settings import AlgoConfig, FilterConfig
@@ -35,6 +35,8 @@ VALIDATION_METRICS = (
     "val/reward_mean",
     "val/format_ok_rate",
     "val/turns",
+    # How held-out episodes end (agent.metrics.EPISODE_ENDS): where the policy fails.
+    *(f"val/end/{kind}" for kind in EPISODE_ENDS),
 )
 
 

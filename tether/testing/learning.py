@@ -134,7 +134,7 @@ def run_known_answer(cfg) -> KnownAnswerResult:
     before and after and the per-iteration training success."""
     from mlflow.tracking import MlflowClient
 
-    from ..platform.driver import Trainer
+    from ..platform.trainer import Trainer
 
     summary = Trainer(cfg).run()
     history = MlflowClient(summary.tracking_uri).get_metric_history(
@@ -179,7 +179,7 @@ def broken(kind: str) -> Iterator[None]:
     if kind not in BREAKAGES:
         raise ValueError(f"unknown breakage {kind!r}; valid: {BREAKAGES}")
     from ..algos import advantages
-    from ..platform.driver import Trainer
+    from ..platform.trainer import Trainer
 
     saved_estimators = dict(advantages.ADVANTAGE_ESTIMATORS)
     saved_collect = Trainer.collect
