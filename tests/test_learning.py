@@ -8,7 +8,13 @@ from __future__ import annotations
 
 import pytest
 
-from tether.testing.learning import TASKS, broken, known_answer_config, run_known_answer
+from tether.testing.learning import (
+    TASKS,
+    broken,
+    known_answer_config,
+    passes,
+    run_known_answer,
+)
 
 
 def _run(task, preset, seed, tmp_path, models_dir, breakage=None):
@@ -21,22 +27,27 @@ def _run(task, preset, seed, tmp_path, models_dir, breakage=None):
 
 @pytest.mark.parametrize("task", ["choice", "doors"])
 def test_grpo_learns_the_known_answer(task, tmp_path, models_dir, ray_local):
-    spec = TASKS[task]
     result = _run(task, "grpo", 0, tmp_path, models_dir)
-    assert result.status == "FINISHED" and len(result.success) == spec.iterations
-    # The end reaches the target, well above where it started.
-    assert result.val_after >= spec.target, result
-    assert result.val_after >= result.val_before + 0.2, result
+    assert len(result.success) == TASKS[task].iterations
+    ok, why = passes(result, task)
+    assert ok, why
 
 
-@pytest.mark.parametrize(
-    "task,breakage",
-    [("choice", "advantage_sign"), ("doors", "turn_mask"), ("choice", "old_logprobs")],
-)
-def test_a_broken_loop_does_not_learn(task, breakage, tmp_path, models_dir, ray_local):
+# Each breakage makes the test above fail: the advantage sign and a later turn's mask stop
+# the learning, misaligned old log-probs break the on-policy ratio (benchmarks/RESULTS.md).
+BREAKAGE_CASES = [
+    ("choice", "advantage_sign"),
+    pytest.param("doors", "turn_mask", marks=pytest.mark.slow),
+    pytest.param("choice", "old_logprobs", marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize("task,breakage", BREAKAGE_CASES)
+def test_a_broken_loop_fails_the_test(task, breakage, tmp_path, models_dir, ray_local):
     result = _run(task, "grpo", 0, tmp_path, models_dir, breakage)
     assert result.status == "FINISHED"
-    assert result.val_after < TASKS[task].target - 0.2, result
+    ok, why = passes(result, task)
+    assert not ok, why
 
 
 @pytest.mark.slow
@@ -44,8 +55,8 @@ def test_a_broken_loop_does_not_learn(task, breakage, tmp_path, models_dir, ray_
 @pytest.mark.parametrize("preset", ["grpo", "drgrpo", "dapo", "ppo"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_every_algorithm_learns_on_every_seed(task, preset, seed, tmp_path, models_dir, ray_local):
-    result = _run(task, preset, seed, tmp_path, models_dir)
-    assert result.val_after >= TASKS[task].target, result
+    ok, why = passes(_run(task, preset, seed, tmp_path, models_dir), task)
+    assert ok, why
 
 
 def test_breakages_are_undone(tmp_path):
