@@ -336,6 +336,14 @@ def plot(results: dict, summary: dict, start: float, out: Path, window: int) -> 
     fig.savefig(out, dpi=110)
 
 
+def run_key(args) -> str:
+    """What a run depends on (not the seeds, frameworks, plotting or paths)."""
+    from tether.policy.load import recipe_key
+
+    skip = {"seeds", "frameworks", "window", "out", "work", "threads"}
+    return recipe_key({k: v for k, v in vars(args).items() if k not in skip})
+
+
 def machine() -> dict:
     def run(cmd):
         try:
@@ -399,11 +407,17 @@ def main() -> None:
     results: dict[str, dict[str, dict]] = {f: {} for f in args.frameworks}
     for seed in args.seeds:
         for name in args.frameworks:
-            run = (
-                run_tether(path, args, seed)
-                if name == "tether"
-                else run_trl(path, args, seed, work)
-            )
+            # A run already made with these arguments (in ``--work``) is read back.
+            cached = work / f"run-{name}-{seed}-{run_key(args)}.json"
+            if cached.exists():
+                run = json.loads(cached.read_text())
+            else:
+                run = (
+                    run_tether(path, args, seed)
+                    if name == "tether"
+                    else run_trl(path, args, seed, work)
+                )
+                cached.write_text(json.dumps(run, default=str))
             results[name][str(seed)] = run
             print(
                 f"== {name} seed {seed}: held-out {run['held_out']:.3f}, last-5 training "
