@@ -37,8 +37,8 @@ holding the final weights, the sampler seeded alike (common random numbers).
 Final success is that held-out success; Tether minus TRL is paired by seed, with a
 Student-t 95 % interval over seeds (``tether.analysis.paper.t_interval``).
 
-    .venv-bench/bin/python benchmarks/learning_vs_trl.py                      # 3 seeds x 40 steps
-    .venv-bench/bin/python benchmarks/learning_vs_trl.py --seeds 0 1 2 3 4 --steps 60
+    .venv-bench/bin/python benchmarks/learning_vs_trl.py                      # 5 seeds x 40 steps
+    .venv-bench/bin/python benchmarks/learning_vs_trl.py --seeds 0 1 2 --steps 60
     .venv-bench/bin/python benchmarks/learning_vs_trl.py --frameworks trl --seeds 0 --steps 10
 
 Writes ``--out`` (default benchmarks/learning_vs_trl/): ``results.json`` (per-step success
@@ -169,9 +169,13 @@ def run_tether(path: Path, args, seed: int) -> dict:
         settings={"clip_low": args.clip_low, "clip_high": args.clip_high, "loss_agg": "token-mean"},
     )
     success, metrics, started = [], [], time.perf_counter()
+    rows = args.prompts * args.group
     for _ in range(args.steps):
-        success.append(tether()["success"])
-        metrics.append(tether.last_metrics)
+        step = tether()
+        success.append(step["success"])
+        metrics.append(
+            tether.last_metrics | {"completion_length": step["completion_tokens"] / rows}
+        )
         log_step("tether", seed, len(success), success[-1], metrics[-1])
     elapsed = time.perf_counter() - started
     return {
@@ -184,16 +188,27 @@ def run_tether(path: Path, args, seed: int) -> dict:
     }
 
 
-TRL_LOGGED = ("reward", "clip_ratio/region_mean", "entropy", "grad_norm", "frac_reward_zero_std")
+TRL_LOGGED = (
+    "reward",
+    "clip_ratio/region_mean",
+    "entropy",
+    "grad_norm",
+    "frac_reward_zero_std",
+    "completions/mean_length",
+)
 
 
 def run_trl(path: Path, args, seed: int, work: Path) -> dict:
     from tether.agent.chat import ChatFormatter
     from tether.policy.load import load_tokenizer
 
-    formatter = ChatFormatter(load_tokenizer(path))
+    tokenizer = load_tokenizer(path)
+    formatter = ChatFormatter(tokenizer)
     seeds = [s for k in range(args.steps + 1) for s in levels(seed, k, args.prompts)]
-    texts = [formatter.decode(prompt_ids(formatter, s, args.max_new, ENV_ID)) for s in seeds]
+    ids = [prompt_ids(formatter, s, args.max_new, ENV_ID) for s in seeds]
+    texts = [formatter.decode(p) for p in ids]
+    # TRL tokenizes the rendered text again: it must give Tether's prompt ids.
+    same_ids = all(tokenizer(t)["input_ids"] == p for t, p in zip(texts, ids))
     success: list[float] = []
 
     def on_rewards(rewards):
@@ -254,6 +269,7 @@ def run_trl(path: Path, args, seed: int, work: Path) -> dict:
         "seconds": elapsed,
         "held_out": held_out_success(path, trainer.model.state_dict(), args),
         "optimizer_steps": trainer.state.global_step,
+        "same_prompt_ids": same_ids,
         "config": {k: getattr(config, k) for k in sorted(keys) if hasattr(config, k)}
         | {"ignored_fields": ignored},
     }
@@ -365,7 +381,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
     ap.add_argument("--steps", type=int, default=40, help="optimiser steps per run")
     ap.add_argument("--frameworks", nargs="+", default=["trl", "tether"], choices=["trl", "tether"])
     ap.add_argument("--model", default="small", choices=["micro", "small", "tiny"])
