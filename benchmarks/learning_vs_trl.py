@@ -178,6 +178,7 @@ def run_tether(path: Path, args, seed: int) -> dict:
         )
         log_step("tether", seed, len(success), success[-1], metrics[-1])
     elapsed = time.perf_counter() - started
+    final_weights[0] = tether.model.state_dict()
     return {
         "success": success,
         "metrics": metrics,
@@ -187,6 +188,9 @@ def run_tether(path: Path, args, seed: int) -> dict:
         | {"optimizer": repr(tether.optimizer.defaults), "temperature_sampling": 1.0},
     }
 
+
+#: The last run's final weights (saved next to its cached results).
+final_weights: list[dict | None] = [None]
 
 TRL_LOGGED = (
     "reward",
@@ -263,6 +267,7 @@ def run_trl(path: Path, args, seed: int, work: Path) -> dict:
         "weight_decay",
         "max_steps",
     }
+    final_weights[0] = trainer.model.state_dict()
     return {
         "success": success,
         "metrics": [{k: h.get(k) for k in TRL_LOGGED if k in h} for h in logged],
@@ -311,7 +316,7 @@ def plot(results: dict, summary: dict, start: float, out: Path, window: int) -> 
 
     colours = {"tether": "tab:blue", "trl": "tab:orange"}
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    for name, runs in results.items():
+    for offset, (name, runs) in enumerate(results.items()):
         curves = np.array([runs[s]["success"] for s in sorted(runs, key=int)])  # [seeds, steps]
         kernel = np.ones(window) / window
         smooth = np.array([np.convolve(c, kernel, mode="valid") for c in curves])
@@ -319,7 +324,9 @@ def plot(results: dict, summary: dict, start: float, out: Path, window: int) -> 
         mean = smooth.mean(0)
         n = len(smooth)
         label = f"{name} ({n} seeds)"
-        ax.plot(x, mean, color=colours.get(name), label=label)
+        ax.plot(x, mean, color=colours.get(name), label=label, lw=2)
+        for one in smooth:  # each seed, thin
+            ax.plot(x, one, color=colours.get(name), lw=0.6, alpha=0.35)
         if n > 1:
             half = stats.t.ppf(0.975, n - 1) * smooth.std(0, ddof=1) / np.sqrt(n)
             ax.fill_between(x, mean - half, mean + half, color=colours.get(name), alpha=0.2)
@@ -327,7 +334,7 @@ def plot(results: dict, summary: dict, start: float, out: Path, window: int) -> 
         if final:
             err = [[final["mean"] - final["ci_low"]], [final["ci_high"] - final["mean"]]]
             ax.errorbar(
-                [curves.shape[1] + 1.5],
+                [curves.shape[1] + 1.5 + 1.5 * offset],
                 [final["mean"]],
                 yerr=err if n > 1 else None,
                 fmt="s",
@@ -336,18 +343,15 @@ def plot(results: dict, summary: dict, start: float, out: Path, window: int) -> 
             )
     ax.plot([0], [start], "k*", markersize=10, label="warm start (held-out)")
     ax.axhline(0.25, color="grey", lw=0.8, ls=":", label="chance (0.25)")
-    ax.set_xlabel("optimiser step")
-    ax.set_ylabel(f"success (training batch, {window}-step mean)")
-    ax.set_title("Choice-v0: Tether vs TRL GRPO, same start and hyperparameters")
-    ax.set_ylim(0, 1.02)
-    ax.legend(loc="lower right", fontsize=8)
-    ax.text(
-        0.01,
-        0.02,
-        "bands: 95 % t-interval over seeds; squares: held-out success of the final policy",
-        transform=ax.transAxes,
-        fontsize=7,
+    ax.set_xlabel(
+        "optimiser step\n(bands: 95 % t-interval over seeds; thin lines: each seed; "
+        "squares: held-out success of the final policy)",
+        fontsize=8,
     )
+    ax.set_ylabel(f"success (training batch, {window}-step mean)")
+    fig.suptitle("Choice-v0: Tether vs TRL GRPO, same start and hyperparameters", fontsize=11)
+    ax.set_ylim(0, 1.02)
+    ax.legend(loc="lower left", fontsize=8, ncol=2)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
 
@@ -434,6 +438,7 @@ def main() -> None:
                     else run_trl(path, args, seed, work)
                 )
                 cached.write_text(json.dumps(run, default=str))
+                torch.save(final_weights[0], cached.with_suffix(".pt"))
             results[name][str(seed)] = run
             print(
                 f"== {name} seed {seed}: held-out {run['held_out']:.3f}, last-5 training "
