@@ -280,6 +280,85 @@ def run_trl(path: Path, args, seed: int, work: Path) -> dict:
     }
 
 
+def gradient_check(path: Path, args, work: Path) -> dict:
+    """One batch sampled by Tether from the warm start; its gradient under Tether's update
+    (``policy_update``, no clipping of the norm, learning rate 0) and under TRL's
+    ``compute_loss`` on the same prompts, completions and advantages.  Equal gradients
+    mean the same log-probs, masks, ratio, clip and aggregation."""
+    from tether.agent.episode import EpisodeSpec, run_episodes
+    from tether.algos.advantages import AdvantageInputs, compute_advantages
+    from tether.algos.batch import collate
+    from tether.algos.update import policy_update, prepare_batch
+
+    tether = TetherStep(
+        path,
+        step_args(args),
+        0.0,
+        env_id=ENV_ID,
+        settings={"clip_low": args.clip_low, "clip_high": args.clip_high, "max_grad_norm": 1e9},
+    )
+    P, G = args.prompts, args.group
+    specs = [EpisodeSpec(g, lv, i) for g, lv in enumerate(levels(0, 0, P)) for i in range(G)]
+    trajectories = run_episodes(
+        tether.engine, tether.formatter, tether.envs, specs, tether.sampling, seed=0
+    )
+    pad = tether.tokenizer.pad_token_id
+    batch = prepare_batch(collate(trajectories, pad), tether.model, tether.settings, False)
+    inputs = AdvantageInputs(batch.scores, batch.group_index, batch.response_mask)
+    batch.advantages, batch.returns = compute_advantages("grpo", inputs)
+    policy_update(
+        tether.model, torch.optim.SGD(tether.model.parameters(), lr=0.0), batch, tether.settings
+    )
+    grads = {"tether": {n: p.grad.clone() for n, p in tether.model.named_parameters()}}
+
+    trainer, _, _ = trl_trainer(
+        path,
+        step_args(args),
+        0.0,
+        str(work / "trl-check"),
+        ["x"],
+        [0],
+        lambda: None,
+        env_id=ENV_ID,
+        overrides={"epsilon": args.clip_low, "epsilon_high": args.clip_high, "loss_type": "dapo"},
+    )
+    prompts = [t.token_ids[: t.turns[0].prompt_end] for t in trajectories]
+    replies = [t.token_ids[t.turns[0].prompt_end :] for t in trajectories]
+    wp, wc = max(map(len, prompts)), max(map(len, replies))
+    prompt_ids = torch.tensor([[pad] * (wp - len(p)) + p for p in prompts])  # left-padded
+    completion_ids = torch.tensor([c + [pad] * (wc - len(c)) for c in replies])  # right-padded
+    completion_mask = torch.tensor([[1] * len(c) + [0] * (wc - len(c)) for c in replies])
+    rows = batch.response_mask.argmax(1)  # each row's first reply token
+    trl_inputs = {
+        "prompt_ids": prompt_ids,
+        "prompt_mask": (
+            torch.arange(wp) >= torch.tensor([wp - len(p) for p in prompts])[:, None]
+        ).long(),
+        "completion_ids": completion_ids,
+        "completion_mask": completion_mask,
+        "advantages": batch.advantages[torch.arange(batch.size), rows].float(),
+        "num_items_in_batch": completion_mask.sum(),
+    }
+    model = trainer.model.eval()  # eval: one call is the whole batch (no accumulation window)
+    model.zero_grad()
+    trainer.compute_loss(model, trl_inputs).backward()
+    grads["trl"] = {n: p.grad.clone() for n, p in model.named_parameters()}
+    flat = {k: torch.cat([g.flatten() for g in v.values()]) for k, v in grads.items()}
+    rewards = batch.scores.view(P, G).double()
+    trl_adv = (rewards - rewards.mean(1, keepdim=True)) / (rewards.std(1, keepdim=True) + 1e-4)
+    return {
+        "grad_norm_tether": float(flat["tether"].norm()),
+        "grad_norm_trl": float(flat["trl"].norm()),
+        "cosine": float(torch.nn.functional.cosine_similarity(flat["tether"], flat["trl"], dim=0)),
+        "relative_difference": float((flat["tether"] - flat["trl"]).norm() / flat["trl"].norm()),
+        "advantage_max_abs_difference": float(
+            (trl_adv.flatten() - trl_inputs["advantages"].double()).abs().max()
+        ),
+        "rows": batch.size,
+        "success": float(np.mean([t.success for t in trajectories])),
+    }
+
+
 def log_step(name: str, seed: int, step: int, success: float, metrics: dict | None) -> None:
     extra = ""
     if metrics:
@@ -405,6 +484,11 @@ def main() -> None:
     ap.add_argument("--window", type=int, default=5, help="moving mean of the plotted curves")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default="benchmarks/learning_vs_trl")
+    ap.add_argument(
+        "--gradient-check",
+        action="store_true",
+        help="only compare one batch's gradient under Tether's update and TRL's loss",
+    )
     ap.add_argument("--work", default=None, help="models and TRL output (default: a temp dir)")
     args = ap.parse_args()
     if (args.prompts * args.group) % 16:
@@ -418,6 +502,9 @@ def main() -> None:
     info = {"machine_start": machine(), "args": vars(args)}
     path, recipe = warm_start(args, work)
     info["warm_start"] = recipe
+    if args.gradient_check:
+        print(json.dumps(gradient_check(path, args, work), indent=1))
+        return
     info["warm_start_held_out"] = held_out_success(path, None, args)
     print(
         f"warm start {path.name}: held-out success {info['warm_start_held_out']:.3f} "
