@@ -21,7 +21,7 @@ Matched setup (one step = one generation batch = one optimiser step):
 |---|---|---|
 | prompts x group | ``--prompts`` x ``--group`` (`EpisodeSpec`) | ``num_generations`` = group, generation batch = prompts x group |
 | levels of step k | seed s: 1e6 (s+1) + k P + g, g < P | the same, in the same order (``shuffle_dataset`` False) |
-| sampling | T 1, top-p 1, top-k 0, ``--max-new`` tokens, stop at EOS | ``temperature`` 1, ``top_p`` 1, ``top_k`` 0, ``max_completion_length`` |
+| sampling | T 1, top-p 1, top-k 0, ``--max-new`` tokens, stop at ``--stop`` | ``temperature`` 1, ``top_p`` 1, ``top_k`` 0, ``max_completion_length``, the same stop ids (``generation_config.eos_token_id``) |
 | advantage | ``grpo``: (r - mean) / (std + 1e-6), std n-1 | ``scale_rewards`` group: (r - mean) / (std + 1e-4), std n-1 |
 | loss | PPO clip, ``clip_low`` 0.2 / ``clip_high`` 0.28, ``loss_agg`` token-mean | ``epsilon`` 0.2 / ``epsilon_high`` 0.28, ``loss_type`` dapo (token mean over the batch) |
 | old log-probs | the sampler's (ratio 1 up to numerics) | ``per_token_logps.detach()`` (ratio exactly 1) |
@@ -40,6 +40,14 @@ Student-t 95 % interval over seeds (``tether.analysis.paper.t_interval``).
     .venv-bench/bin/python benchmarks/learning_vs_trl.py                      # 5 seeds x 40 steps
     .venv-bench/bin/python benchmarks/learning_vs_trl.py --seeds 0 1 2 --steps 60
     .venv-bench/bin/python benchmarks/learning_vs_trl.py --frameworks trl --seeds 0 --steps 10
+    .venv-bench/bin/python benchmarks/learning_vs_trl.py --stop answer --out benchmarks/learning_vs_trl/stop-answer
+    .venv-bench/bin/python benchmarks/learning_vs_trl.py --gradient-check    # one batch, both losses' gradients
+
+``--stop eos`` (default, ``vs_trl``'s setup): a reply ends at EOS only; the warm start
+never trains EOS (the demonstrations' replies end at ``</answer>``), so every reply runs
+to ``--max-new`` tokens and both frameworks train on the tokens after ``</answer>``.
+``--stop answer``: ``</answer>`` ends a reply too, as in a Tether run (the driver samples
+with ``ChatFormatter.stop_token_ids``); TRL stops and masks at the same ids.
 
 Writes ``--out`` (default benchmarks/learning_vs_trl/): ``results.json`` (per-step success
 per seed per framework, held-out success, both configs) and ``learning_vs_trl.png``.
@@ -112,6 +120,16 @@ def warm_start(args, work: Path) -> tuple[Path, dict]:
     return path, json.loads((path / "recipe.json").read_text())
 
 
+def stop_ids(tokenizer, args) -> tuple[int, ...]:
+    """Token ids that end a reply: EOS (``--stop eos``, as ``vs_trl``), or also
+    ``</answer>`` (``--stop answer``, as a Tether run: ``ChatFormatter.stop_token_ids``)."""
+    from tether.agent.chat import ChatFormatter
+
+    if args.stop == "answer":
+        return ChatFormatter(tokenizer).stop_token_ids()
+    return (tokenizer.eos_token_id,)
+
+
 def held_out_success(path: Path, state_dict: dict | None, args) -> float:
     """Success of the policy at ``path`` (with ``state_dict`` loaded, if given) on the
     held-out levels, one reply each at T 1 through Tether's rollout code."""
@@ -126,7 +144,7 @@ def held_out_success(path: Path, state_dict: dict | None, args) -> float:
     if state_dict is not None:
         engine.load_state_dict({k: v.detach().clone() for k, v in state_dict.items()})
     sampling = SamplingParams(
-        max_new_tokens=args.max_new, temperature=1.0, stop_token_ids=(tokenizer.eos_token_id,)
+        max_new_tokens=args.max_new, temperature=1.0, stop_token_ids=stop_ids(tokenizer, args)
     )
     specs = [EpisodeSpec(i, EVAL_LEVELS + i, 0) for i in range(args.eval_prompts)]
     trajectories = run_episodes(
@@ -168,6 +186,8 @@ def run_tether(path: Path, args, seed: int) -> dict:
         sampling_seed=10_000 * seed,
         settings={"clip_low": args.clip_low, "clip_high": args.clip_high, "loss_agg": "token-mean"},
     )
+    stops = stop_ids(tether.tokenizer, args)
+    tether.sampling = dataclasses.replace(tether.sampling, stop_token_ids=stops)
     success, metrics, started = [], [], time.perf_counter()
     rows = args.prompts * args.group
     for _ in range(args.steps):
@@ -247,6 +267,7 @@ def run_trl(path: Path, args, seed: int, work: Path) -> dict:
         env_id=ENV_ID,
         overrides=overrides,
         on_rewards=on_rewards,
+        stop_token_ids=list(stop_ids(tokenizer, args)),
     )
     trainer.train()
     elapsed = time.perf_counter() - started
@@ -475,6 +496,12 @@ def main() -> None:
     ap.add_argument("--clip-low", type=float, default=0.2)
     ap.add_argument("--clip-high", type=float, default=0.28)
     ap.add_argument("--kl", type=float, default=0.0)
+    ap.add_argument(
+        "--stop",
+        default="eos",
+        choices=["eos", "answer"],
+        help="what ends a reply in both: EOS only (vs_trl's setup) or also </answer> (a Tether run's)",
+    )
     ap.add_argument("--eval-prompts", type=int, default=128)
     ap.add_argument("--ws-episodes", type=int, default=512)
     ap.add_argument("--ws-noise", type=float, default=0.5)

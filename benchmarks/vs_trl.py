@@ -234,10 +234,11 @@ def trl_trainer(
     env_id: str = ENV_ID,
     overrides: dict | None = None,
     on_rewards=None,
+    stop_token_ids: list[int] | None = None,
 ):
     """TRL's ``GRPOTrainer`` on the saved policy; ``overrides`` replace ``GRPOConfig``
     fields of the matched setup below, ``on_rewards(rewards)`` sees each generation
-    batch's rewards."""
+    batch's rewards, ``stop_token_ids`` (default: EOS) end a completion and its mask."""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -287,6 +288,8 @@ def trl_trainer(
     config = GRPOConfig(**{k: v for k, v in wanted.items() if k in fields})
     ignored = sorted(set(wanted) - fields)
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+    if stop_token_ids is not None:  # TRL stops and masks at every id the model declares
+        model.generation_config.eos_token_id = list(stop_token_ids)
     tokenizer = load_tokenizer(path)  # Tether's own tokenizer as saved (not Qwen2's)
 
     class Alternate(TrainerCallback):
