@@ -41,6 +41,7 @@ Student-t 95 % interval over seeds (``tether.analysis.paper.t_interval``).
     .venv-bench/bin/python benchmarks/learning_vs_trl.py --seeds 0 1 2 --steps 60
     .venv-bench/bin/python benchmarks/learning_vs_trl.py --frameworks trl --seeds 0 --steps 10
     .venv-bench/bin/python benchmarks/learning_vs_trl.py --stop answer --out benchmarks/learning_vs_trl/stop-answer
+    .venv-bench/bin/python benchmarks/learning_vs_trl.py --stop answer --lr 3e-4 --out benchmarks/learning_vs_trl/stop-answer-lr3e-4   # headline
     .venv-bench/bin/python benchmarks/learning_vs_trl.py --gradient-check    # one batch, both losses' gradients
 
 ``--stop eos`` (default, ``vs_trl``'s setup): a reply ends at EOS only; the warm start
@@ -51,6 +52,7 @@ with ``ChatFormatter.stop_token_ids``); TRL stops and masks at the same ids.
 
 Writes ``--out`` (default benchmarks/learning_vs_trl/): ``results.json`` (per-step success
 per seed per framework, held-out success, both configs) and ``learning_vs_trl.png``.
+Results and verdict: benchmarks/learning_vs_trl.md.
 """
 
 from __future__ import annotations
