@@ -41,6 +41,7 @@ Tether's step runs inside that callback, so the two alternate A B A B.  The firs
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import platform
 import statistics
@@ -81,22 +82,22 @@ def build_policy(size: str, out: Path, seed: int = 0) -> Path:
     return out
 
 
-def prompt_ids(formatter, env_seed: int, max_new: int) -> list[int]:
+def prompt_ids(formatter, env_seed: int, max_new: int, env_id: str = ENV_ID) -> list[int]:
     from tether.agent.episode import LocalEnvBatch
     from tether.agent.format import system_prompt, user_prompt
 
-    obs = LocalEnvBatch(ENV_ID).reset([env_seed])[0]
+    obs = LocalEnvBatch(env_id).reset([env_seed])[0]
     return formatter.first_prompt_ids(
         system_prompt(obs.rules), user_prompt(1, obs.state, obs.actions_left, max_new)
     )
 
 
-def countdown_rewards(completions: list[str], env_seeds: list[int]) -> list[float]:
+def env_rewards(completions: list[str], env_seeds: list[int], env_id: str = ENV_ID) -> list[float]:
     """The reward run_episodes gives a single-turn reply: parse, then env.step (or penalty)."""
     from tether.agent.episode import LocalEnvBatch
     from tether.agent.format import THINK_OPEN, parse_reply
 
-    envs = LocalEnvBatch(ENV_ID)
+    envs = LocalEnvBatch(env_id)
     envs.reset(list(env_seeds))
     answers = []
     for i, text in enumerate(completions):
@@ -109,9 +110,22 @@ def countdown_rewards(completions: list[str], env_seeds: list[int]) -> list[floa
 
 
 class TetherStep:
-    """One Tether GRPO step on in-process learner + rollout engine (no Ray)."""
+    """One Tether GRPO step on in-process learner + rollout engine (no Ray).
 
-    def __init__(self, path: Path, args, kl: float):
+    ``env_seeds(k)`` gives step k's levels (default: 1000 k + g for prompt g),
+    ``sampling_seed`` offsets the sampler's seeds, ``settings`` overrides fields of the
+    update settings below (clip, loss aggregation, ...)."""
+
+    def __init__(
+        self,
+        path: Path,
+        args,
+        kl: float,
+        env_id: str = ENV_ID,
+        env_seeds=None,
+        sampling_seed: int = 0,
+        settings: dict | None = None,
+    ):
         from tether.agent.chat import ChatFormatter
         from tether.agent.episode import LocalEnvBatch
         from tether.algos.update import UpdateSettings
@@ -132,7 +146,9 @@ class TetherStep:
             grouped_prompts=args.grouped_prompts,
         )
         self.formatter = ChatFormatter(self.tokenizer)
-        self.envs = LocalEnvBatch(ENV_ID)
+        self.envs = LocalEnvBatch(env_id)
+        self.env_seeds = env_seeds or (lambda k: [1_000 * k + g for g in range(args.prompts)])
+        self.sampling_seed = sampling_seed
         self.sampling = SamplingParams(
             max_new_tokens=args.max_new,
             temperature=1.0,
@@ -148,6 +164,7 @@ class TetherStep:
             max_grad_norm=1.0,
             shared_prefix=args.shared_prefix,
         )
+        self.settings = dataclasses.replace(self.settings, **(settings or {}))
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=args.lr, weight_decay=0.0)
         self.step_index = 0
 
@@ -159,10 +176,16 @@ class TetherStep:
 
         a, k = self.args, self.step_index
         self.step_index += 1
-        specs = [EpisodeSpec(g, 1_000 * k + g, i) for g in range(a.prompts) for i in range(a.group)]
+        levels = self.env_seeds(k)
+        specs = [EpisodeSpec(g, levels[g], i) for g in range(a.prompts) for i in range(a.group)]
         t0, c0 = time.perf_counter(), time.process_time()
         trajectories = run_episodes(
-            self.engine, self.formatter, self.envs, specs, self.sampling, seed=k
+            self.engine,
+            self.formatter,
+            self.envs,
+            specs,
+            self.sampling,
+            seed=self.sampling_seed + k,
         )
         t1 = time.perf_counter()
         batch = collate(trajectories, self.tokenizer.pad_token_id)
@@ -177,7 +200,7 @@ class TetherStep:
         )
         batch.advantages, batch.returns = compute_advantages("grpo", inputs)
         t2 = time.perf_counter()
-        policy_update(self.model, self.optimizer, batch, self.settings, seed=k)
+        self.last_metrics = policy_update(self.model, self.optimizer, batch, self.settings, seed=k)
         t3 = time.perf_counter()
         self.engine.load_state_dict(
             {n: p.detach().clone() for n, p in self.model.state_dict().items()}
@@ -192,6 +215,8 @@ class TetherStep:
             "sync": t4 - t3,
             "completion_tokens": float(batch.response_mask.sum()),
             "prompt_tokens": float(batch.attention_mask.sum() - batch.response_mask.sum()),
+            "success": sum(t.success for t in trajectories) / len(trajectories),
+            "reward": float(batch.scores.mean()),
         }
 
 
@@ -199,16 +224,32 @@ class TetherStep:
 
 
 def trl_trainer(
-    path: Path, args, kl: float, out_dir: str, prompts: list[str], seeds: list[int], on_step_end
+    path: Path,
+    args,
+    kl: float,
+    out_dir: str,
+    prompts: list[str],
+    seeds: list[int],
+    on_step_end,
+    env_id: str = ENV_ID,
+    overrides: dict | None = None,
+    on_rewards=None,
+    stop_token_ids: list[int] | None = None,
 ):
+    """TRL's ``GRPOTrainer`` on the saved policy; ``overrides`` replace ``GRPOConfig``
+    fields of the matched setup below, ``on_rewards(rewards)`` sees each generation
+    batch's rewards, ``stop_token_ids`` (default: EOS) end a completion and its mask."""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     from tether.policy.load import load_tokenizer
 
-    def reward_countdown(prompts, completions, env_seed, **kwargs):
-        return countdown_rewards(list(completions), list(env_seed))
+    def reward_env(prompts, completions, env_seed, **kwargs):
+        rewards = env_rewards(list(completions), list(env_seed), env_id)
+        if on_rewards is not None:
+            on_rewards(rewards)
+        return rewards
 
     batch = args.prompts * args.group
     wanted = dict(
@@ -242,10 +283,13 @@ def trl_trainer(
         shuffle_dataset=True,
         max_prompt_length=None,
     )
+    wanted.update(overrides or {})
     fields = set(GRPOConfig.__dataclass_fields__)
     config = GRPOConfig(**{k: v for k, v in wanted.items() if k in fields})
     ignored = sorted(set(wanted) - fields)
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+    if stop_token_ids is not None:  # TRL stops and masks at every id the model declares
+        model.generation_config.eos_token_id = list(stop_token_ids)
     tokenizer = load_tokenizer(path)  # Tether's own tokenizer as saved (not Qwen2's)
 
     class Alternate(TrainerCallback):
@@ -255,7 +299,7 @@ def trl_trainer(
     dataset = Dataset.from_dict({"prompt": prompts, "env_seed": seeds})
     trainer = GRPOTrainer(
         model=model,
-        reward_funcs=reward_countdown,
+        reward_funcs=reward_env,
         args=config,
         train_dataset=dataset,
         processing_class=tokenizer,
