@@ -52,7 +52,7 @@ with ``ChatFormatter.stop_token_ids``); TRL stops and masks at the same ids.
 
 Writes ``--out`` (default benchmarks/learning_vs_trl/): ``results.json`` (per-step success
 per seed per framework, held-out success, both configs) and ``learning_vs_trl.png``.
-Results and verdict: benchmarks/learning_vs_trl.md.
+Results and verdict: benchmarks/RESULTS.md, "Learning against TRL" (and history/2026-11-25.md).
 """
 
 from __future__ import annotations
