@@ -24,6 +24,10 @@ SITE_PATHS = {
     "benchmarks/RESULTS.md": "benchmarks/RESULTS.md",
     "benchmarks/scaling.png": "benchmarks/scaling.png",
     **{
+        str(p.relative_to(ROOT)): str(p.relative_to(ROOT))
+        for p in sorted((ROOT / "benchmarks" / "learning_vs_trl").rglob("*.png"))
+    },
+    **{
         f"benchmarks/history/{p.name}": f"benchmarks/history/{p.name}"
         for p in sorted((ROOT / "benchmarks" / "history").glob("*.md"))
     },
