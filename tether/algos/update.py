@@ -439,14 +439,19 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
 
+def _sharded_trainable(model) -> list[torch.Tensor]:
+    """This rank's trainable weights, each as its shard.  An FSDP2 module left unsharded
+    by a forward (the root keeps its weights gathered) is resharded first, so the same
+    parameter has the same shape before and after the update."""
+    if callable(getattr(model, "reshard", None)):
+        model.reshard()
+    return [_local(p.detach()) for p in model.parameters() if p.requires_grad]
+
+
 def _trainable_snapshot(model) -> list[torch.Tensor]:
     """A CPU float32 copy of this rank's trainable weights (LoRA: the adapters)."""
     with torch.no_grad():
-        return [
-            _local(p.detach()).to("cpu", torch.float32, copy=True)
-            for p in model.parameters()
-            if p.requires_grad
-        ]
+        return [p.to("cpu", torch.float32, copy=True) for p in _sharded_trainable(model)]
 
 
 def _update_squares(model, start: list[torch.Tensor]) -> list[float]:
@@ -454,9 +459,8 @@ def _update_squares(model, start: list[torch.Tensor]) -> list[float]:
     ranks, their ratio's root is ``actor/update_ratio``, the update's relative size."""
     delta = total = 0.0
     with torch.no_grad():
-        trainable = [p for p in model.parameters() if p.requires_grad]
-        for p, p0 in zip(trainable, start):
-            now = _local(p.detach()).to("cpu", torch.float32)
+        for p, p0 in zip(_sharded_trainable(model), start):
+            now = p.to("cpu", torch.float32)
             delta += float((now - p0).double().square().sum())
             total += float(p0.double().square().sum())
     return [delta, total]
