@@ -8,8 +8,10 @@ from __future__ import annotations
 import copy
 import gzip
 import json
+import os
 import re
 import shlex
+import sys
 from pathlib import Path
 
 import jsonschema
@@ -214,17 +216,118 @@ def test_everything_runs_the_dockerfiles_image_with_cluster_yamls_setup():
         assert wanted in dockerfile, f"deploy/Dockerfile lacks cluster.yaml's {wanted}"
 
 
-def test_schema_files_are_what_the_regeneration_script_writes():
+#: Where the stored schemas come from: KubeRay's CRDs at this release, through
+#: schemas/regenerate.py (README.md there says the same).  Each stored file's sha256 was
+#: recorded after regenerating it from a clone at the tag and getting the same bytes; the
+#: CRD files' git blob ids let anyone check the source itself (`git ls-tree v1.7.0 ...`).
+KUBERAY_SOURCE = {
+    "repository": "https://github.com/ray-project/kuberay",
+    "release": "v1.7.0",
+    "commit": "59d663aeec13760646da3db9c1cf8cfe883e30b7",
+}
+KUBERAY_V1_7_0_SHA256 = {  # stored file -> (source file at the release, its blob, sha256)
+    "raycluster.v1.json.gz": (
+        "ray-operator/config/crd/bases/ray.io_rayclusters.yaml",
+        "ff0be58ada3bd457605eff1f258c16df21e61e21",
+        "ba7b8513756991be575a40a308a398123eed852fc2bb2bce3d9f091576013829",
+    ),
+    "rayjob.v1.json.gz": (
+        "ray-operator/config/crd/bases/ray.io_rayjobs.yaml",
+        "c7d3f081af8cf08c256a8c33a0c3b6ea28b816a0",
+        "6b79074ef4a76a42d432a0b778b79da5ba5e6862bd3e31898db3ceda59a52e29",
+    ),
+    "LICENSE": (  # copied unchanged
+        "LICENSE",
+        "1dcfa84a3fb6aae76a0fb0890ba330d3296c913d",
+        "24a918b9cf6d1d0aa84f17384038bedbccdd51e815afdd9d1b49b13d4a7dd6d9",
+    ),
+}
+
+
+def _regenerate_module():
     import importlib.util
 
     path = SCHEMAS / "regenerate.py"
     spec = importlib.util.spec_from_file_location("kuberay_regenerate", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+def test_stored_schemas_are_kuberays_at_the_recorded_release():
+    """An edited schema (or one regenerated from another release without updating the
+    table above and README.md) fails here: its checksum is not the recorded one."""
+    import hashlib
+
+    assert {p.name for p in SCHEMAS.iterdir() if p.name != "__pycache__"} == {
+        *KUBERAY_V1_7_0_SHA256,
+        "README.md",
+        "regenerate.py",
+    }
+    for name, (source, blob, sha256) in KUBERAY_V1_7_0_SHA256.items():
+        got = hashlib.sha256((SCHEMAS / name).read_bytes()).hexdigest()
+        assert got == sha256, f"{name} is not KubeRay {KUBERAY_SOURCE['release']}'s {source}"
+    module = _regenerate_module()
+    for kind, filename in module.CRDS.items():  # the script reads the files named above
+        assert KUBERAY_V1_7_0_SHA256[f"{kind}.v1.json.gz"][0] == f"{module.CRD_DIR}/{filename}"
+    readme = (SCHEMAS / "README.md").read_text()
+    for value in (
+        *KUBERAY_SOURCE.values(),
+        *(blob for _, blob, _ in KUBERAY_V1_7_0_SHA256.values()),
+    ):
+        assert value in readme, f"schemas/README.md does not name {value}"
+    assert f"--ref {KUBERAY_SOURCE['release']}" in readme
+    assert f'default="{KUBERAY_SOURCE["release"]}"' in (SCHEMAS / "regenerate.py").read_text()
     for kind, file in SCHEMA_FILES.items():
         schema = load_schema(kind)
         assert set(schema["properties"]) >= {"apiVersion", "kind", "metadata", "spec"}
         assert module.encode(schema) == file.read_bytes()  # sorted, compact, mtime 0
-    readme = (SCHEMAS / "README.md").read_text()
-    assert "Apache" in readme and "v1.7.0" in readme
-    assert "Apache License" in (SCHEMAS / "LICENSE").read_text()
+    assert "Apache" in readme and "Apache License" in (SCHEMAS / "LICENSE").read_text()
+
+
+@pytest.mark.skipif(
+    not os.environ.get("TETHER_KUBERAY_CLONE"),
+    reason="set TETHER_KUBERAY_CLONE to a clone of ray-project/kuberay to compare with it",
+)
+def test_stored_schemas_regenerate_from_the_kuberay_source(tmp_path):
+    """The recorded checksums, checked against the source itself: the CRDs at the recorded
+    commit of a KubeRay clone, through regenerate.py, give the stored files byte for byte."""
+    import subprocess
+
+    clone = os.environ["TETHER_KUBERAY_CLONE"]
+    subprocess.run(
+        [
+            sys.executable,
+            str(SCHEMAS / "regenerate.py"),
+            clone,
+            "--ref",
+            KUBERAY_SOURCE["commit"],
+            "--out",
+            str(tmp_path),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    tags = subprocess.run(
+        ["git", "-C", clone, "tag", "--points-at", KUBERAY_SOURCE["commit"]],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    assert KUBERAY_SOURCE["release"] in tags
+    (tmp_path / "LICENSE").write_bytes(
+        subprocess.run(
+            ["git", "-C", clone, "show", f"{KUBERAY_SOURCE['commit']}:LICENSE"],
+            check=True,
+            capture_output=True,
+        ).stdout
+    )
+    for name, (source, blob, _) in KUBERAY_V1_7_0_SHA256.items():
+        assert (tmp_path / name).read_bytes() == (SCHEMAS / name).read_bytes(), name
+        at = f"{KUBERAY_SOURCE['commit']}:{source}"
+        assert (
+            subprocess.run(
+                ["git", "-C", clone, "rev-parse", at], check=True, capture_output=True, text=True
+            ).stdout.strip()
+            == blob
+        ), at

@@ -20,6 +20,10 @@ from tests.test_sweep import micro_sweep_sections, write_spec
 from tether.platform.sweep import run_sweep
 from tether.platform.sweep_spec import load_sweep_spec
 
+#: How long a check waits for the page to show what it looks for (the UI renders after its
+#: API calls answer, slower on a loaded machine); a check passes as soon as it holds.
+UI_TIMEOUT_MS = 60_000
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -59,7 +63,7 @@ def _serve_ui(uri: str, port: int, log: Path) -> subprocess.Popen:
 def test_mlflow_ui_opens_a_sweep_on_its_runs_and_compares_the_swept_params(
     micro_policy, models_dir, ray_local, tmp_path
 ):
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import expect, sync_playwright
 
     path = write_spec(
         tmp_path,
@@ -90,7 +94,8 @@ def test_mlflow_ui_opens_a_sweep_on_its_runs_and_compares_the_swept_params(
             page.goto(f"http://127.0.0.1:{port}/{link}", timeout=120_000)
             page.wait_for_selector("text=ui-sweep", timeout=120_000)  # the runs table
             page.click(".ag-row button")  # expand the sweep
-            page.wait_for_timeout(3000)
+            for name in sorted(names):  # wait for the trials' rows (or fail at the timeout)
+                expect(page.locator(".ag-root")).to_contain_text(name, timeout=UI_TIMEOUT_MS)
             table = page.inner_text(".ag-root")
             assert all(name in table for name in names), table[:2000]
             assert "Token Usage" not in page.inner_text("body")  # not the GenAI overview
@@ -104,15 +109,16 @@ def test_mlflow_ui_opens_a_sweep_on_its_runs_and_compares_the_swept_params(
             )
             page.goto(f"http://127.0.0.1:{port}/{compare}", timeout=120_000)
             page.wait_for_selector("text=Parallel Coordinates Plot", timeout=120_000)
-            page.wait_for_timeout(3000)
             # The plot's axes: the one param the trials varied (the run name is no param).
+            expect(page.locator("body")).to_contain_text("algo.entropy_coef", timeout=UI_TIMEOUT_MS)
             plot = page.inner_text("body")
             assert "algo.entropy_coef" in plot and "experiment.run_name" not in plot
             # The metric is offered: type it into the plot's metric picker.
             page.click("text=val/success >> nth=0")
             page.keyboard.type("rollout/succ")
-            page.wait_for_timeout(3000)
-            assert page.get_by_role("option", name="rollout/success", exact=True).count() >= 1
+            option = page.get_by_role("option", name="rollout/success", exact=True)
+            option.first.wait_for(state="attached", timeout=UI_TIMEOUT_MS)  # in the list
+            assert option.count() >= 1
             page.screenshot(path=screenshot_path(tmp_path, "mlflow_ui_compare.png"), full_page=True)
             browser.close()
     finally:

@@ -1,9 +1,11 @@
 """Tracking never stops training: a real ``mlflow server`` killed (SIGKILL) for longer
 than the client's retry budget, then started again on the same port and store.
 
-The budget is shortened through MLflow's own environment variables (one retry, 2 s
-timeout, backoff factor 1: a few seconds), as a user would; the outages below last
-several times that. Read back from the server afterwards, every step, param and
+The budget is shortened through MLflow's own environment variables (one retry, backoff
+factor 1: with the server killed a connection is refused at once, so a few seconds), as
+a user would; the outages below last several times that.  The request timeout stays
+long (30 s): it bounds only a request to a server that is up, and a loaded machine's
+server can take more than a few seconds to answer one. Read back from the server afterwards, every step, param and
 artifact is there exactly once and the run's final status is set.
 """
 
@@ -26,13 +28,13 @@ from tether.platform.cli import app
 from tether.platform.config import TrackingConfig
 from tether.platform.tracking import SPOOL_DIRNAME, Tracker
 
-BUDGET_S = 6.0  # 2 attempts x 2 s timeout + backoff (1 s) + jitter (<= 1 s)
+BUDGET_S = 6.0  # 2 refused attempts + backoff (<= 1 s) + jitter (<= 1 s), with margin
 
 
 @pytest.fixture
 def short_retries(monkeypatch):
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
-    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
 
 
@@ -75,6 +77,18 @@ def test_outage_spools_then_sync_replays_exactly_once(server, short_retries, tmp
     tracker.log_metrics({"loss": 0.9}, step=1)  # pays the (shortened) retry budget once
     first = time.monotonic() - down
     assert len(messages) == 1 and "spooling" in messages[0]
+    # Spooled writes must not pay the retry budget: they do not reach MLflow's client at
+    # all (only the cheap /health probe may run).  Counted, not timed, so a loaded machine
+    # cannot fail it; benchmarks/tracking_spool.py times them.
+    client_calls = []
+    real_client = tracker.client
+
+    class CountingClient:
+        def __getattr__(self, name):
+            client_calls.append(name)
+            return getattr(real_client, name)
+
+    tracker.client = CountingClient()
     started = time.monotonic()
     for step in (2, 3):
         tracker.log_metrics({"loss": 1.0 - step / 10}, step=step)
@@ -86,8 +100,10 @@ def test_outage_spools_then_sync_replays_exactly_once(server, short_retries, tmp
     tracker.log_artifact(artifact)
     artifact.write_text("changed after logging\n")  # the spool kept its own copy
     spooled = time.monotonic() - started
+    tracker.client = real_client
     print(f"first failed write {first:.1f} s; 6 spooled writes {spooled * 1000:.0f} ms")
-    assert spooled < 3.0, "spooled writes must not pay the retry budget"
+    assert client_calls == [], "spooled writes went to the MLflow client"
+    assert tracker.spool.pending == 7  # the failed write and these 6
     assert not tracker.finish("FINISHED")  # drain_timeout_s 0: left on disk, said so
     assert "tether sync-tracking" in messages[-1]
     spool_dir = tmp_path / "spool" / tracker.run_id
