@@ -3,7 +3,7 @@ and does each deliberate breakage fail the test?  (issue 32; `tether.testing.lea
 
 Every run goes through the trainer with local Ray (rollout worker, env pool, learner,
 filter, update).  A run **passes** (`tether.testing.learning.passes`) when held-out
-success (128 levels) reaches the task's target (Choice 0.9 in 30 iterations, Doors 0.85
+success (128 levels) reaches the task's target (Choice 0.9 in 40 iterations, Doors 0.85
 in 40; optimum 1.0), at least 0.2 above its start, with every update on-policy.  A
 breakage is **caught** when the broken run does not pass.
 

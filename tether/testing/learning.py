@@ -67,7 +67,7 @@ class KnownAnswerTask:
 
 
 TASKS: dict[str, KnownAnswerTask] = {
-    "choice": KnownAnswerTask("tether/Choice-v0", {"n_options": 4}, COPYING, 0.5, 0.9, 30, 0.25),
+    "choice": KnownAnswerTask("tether/Choice-v0", {"n_options": 4}, COPYING, 0.5, 0.9, 40, 0.25),
     "doors": KnownAnswerTask(
         "tether/Doors-v0", {"n_doors": 3, "n_keys": 2}, COPYING, 0.5, 0.85, 40, 0.125
     ),
