@@ -44,6 +44,7 @@ def one_run(task, preset, seed, out: Path, breakage: str | None = None) -> dict:
     started = time.perf_counter()
     with broken(breakage) if breakage else contextlib.nullcontext():
         result = run_known_answer(cfg)
+    verdict = passes(result, task)
     row = {
         "task": task,
         "preset": preset,
@@ -51,8 +52,8 @@ def one_run(task, preset, seed, out: Path, breakage: str | None = None) -> dict:
         "breakage": breakage,
         "val_before": result.val_before,
         "val_after": result.val_after,
-        "passes": passes(result, task)[0],
-        "why": passes(result, task)[1],
+        "passes": verdict[0],
+        "why": verdict[1],
         "success": result.success,
         "max_clipfrac": max(result.clipfrac or [float("nan")]),
         "seconds": round(time.perf_counter() - started, 1),
