@@ -8,6 +8,9 @@ HF engine, the way a run does, and checks the reasoning against the true state:
 - ``player_right`` / ``goal_right``: "At (r,c), goal (r,c)." names the true positions;
 - ``first_move_optimal``: the answer's first move is the first move of a shortest path;
 - ``answer_follows_reasoning``: the answer's moves are the moves the reasoning names;
+- ``first_clause_true``: the first clause ("Right to (1,2) is safe") names the cell the
+  move leads to and says truly whether it is a hole, the goal or safe;
+- ``first_move_into_hole``: the answer's first move steps into a hole;
 then plays whole episodes on the same levels for ``success`` (as validation does).
 Every rate comes with its 95 % Wilson interval.
 
@@ -24,7 +27,12 @@ import re
 import torch
 from scipy import stats
 
+from tether.envs.frozenlake import MOVES, move
+
 CLAUSE = re.compile(r"(Left|Down|Right|Up) (?:to|hits)")
+FIRST_CLAUSE = re.compile(
+    r"(Left|Down|Right|Up) to \((\d+),(\d+)\) (is a hole|is the goal|is safe)"
+)
 POSITIONS = re.compile(r"At \((\d+),(\d+)\), goal \((\d+),(\d+)\)")
 
 
@@ -45,12 +53,20 @@ def check_first_turn(env, reasoning: str | None, answer: str | None) -> dict[str
     named = [int(x) for x in found.groups()] if found else None
     moves = [m.strip() for m in (answer or "").split("||") if m.strip()]
     plan = env.solve() or []
+    clause = FIRST_CLAUSE.search(reasoning)
+    cell = (int(clause[2]), int(clause[3])) if clause else None
+    truth = "is a hole" if cell in env.holes else "is the goal" if cell == env.goal else "is safe"
+    first = move(env.board_size, env.player, moves[0]) if moves and moves[0] in MOVES else None
     return {
         "map_exact": restated == grid,
         "player_right": named is not None and tuple(named[:2]) == env.player,
         "goal_right": named is not None and tuple(named[2:]) == env.goal,
         "first_move_optimal": bool(moves) and bool(plan) and moves[0] == plan[0],
         "answer_follows_reasoning": bool(moves) and CLAUSE.findall(reasoning) == moves,
+        "first_clause_true": clause is not None
+        and cell == move(env.board_size, env.player, clause[1])
+        and clause[4] == truth,
+        "first_move_into_hole": first in env.holes,
     }
 
 

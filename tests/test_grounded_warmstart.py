@@ -31,6 +31,24 @@ def test_coordinate_numerals_make_each_position_one_token():
         build_tokenizer(demos[:4], 512, numerals="roman")
 
 
+@pytest.mark.parametrize("numerals", ["digits", "coordinates", "numbers"])
+def test_a_map_row_is_one_token_per_cell_and_other_text_is_cut_as_before(numerals):
+    """A line made only of map symbols is cut into one token per cell (so the cell at
+    column c is the row's c-th token), whatever BPE merged; prose, coordinates and
+    numbers on other lines are cut as before, and every text round-trips."""
+    from tether.policy.tokenizer import pre_tokenizer
+
+    demos = demonstration_episodes(*FROZENLAKE, 200, 0.3, seed=0, max_reply_tokens=48)
+    tokenizer = build_tokenizer(demos, 512, numerals=numerals)
+    for row in ["_HHH", "____", "P__G", "#_PX#", "H"]:
+        ids = tokenizer.encode(f"{row}\n", add_special_tokens=False)
+        assert [tokenizer.decode([i]) for i in ids] == [*row, "\n"]
+    cut = [p for p, _ in pre_tokenizer(numerals).pre_tokenize_str("Say RED. Goal (2,2).\nAB1")]
+    assert "ĠRED" in cut and "A" not in cut  # a capital word, a line with a digit: not a row
+    text = "_HH_\nP__G\nPlayer (0,0). Goal (1,3). Holes (0,1) (0,2).\n"
+    assert tokenizer.decode(tokenizer.encode(text, add_special_tokens=False)) == text
+
+
 def test_restating_demonstrations_open_with_the_observed_map():
     demos = demonstration_episodes(*FROZENLAKE, 40, 0.3, seed=5, max_reply_tokens=48, restate=True)
     for demo in demos:
@@ -79,14 +97,15 @@ def test_state_turns_hold_each_observed_state_and_its_reply_in_a_short_sequence(
 
 
 def test_quickstart_grounded_demonstrations_fit_the_reply_cap():
-    """experiments/quickstart.yaml restates the map: its replies still fit the reply cap,
-    every position in them is one token, and the noise keeps success moderate."""
+    """experiments/quickstart.yaml's demonstrations: the replies fit the reply cap, every
+    position in them is one token, and the noise keeps success moderate (RL has random
+    moves to unlearn)."""
     from tether.agent.chat import ChatFormatter
     from tether.platform.config import load_config
 
     cfg = load_config(Path(__file__).parent.parent / "experiments" / "quickstart.yaml")
     ws = cfg.model.warm_start
-    assert ws.restate and ws.numerals == "coordinates" and ws.state_turn_epochs > 0
+    assert ws.numerals == "coordinates" and ws.state_turn_epochs > 0
     demos = demonstration_episodes(
         cfg.env.id,
         cfg.env.kwargs,
@@ -94,7 +113,7 @@ def test_quickstart_grounded_demonstrations_fit_the_reply_cap():
         ws.noise,
         seed=10_000_000,
         max_reply_tokens=cfg.rollout.max_reply_tokens,
-        restate=True,
+        restate=ws.restate,
     )
     tokenizer = build_tokenizer(demos, ws.vocab_size, ws.numerals)
     formatter = ChatFormatter(tokenizer)
@@ -104,7 +123,7 @@ def test_quickstart_grounded_demonstrations_fit_the_reply_cap():
     )
     positions = {p for d in demos for r in d.replies for p in re.findall(r" \(\d,\d\)", r)}
     assert len(positions) == 16 and all(len(formatter.encode(p)) == 1 for p in positions)
-    assert 0.6 <= np.mean([d.success for d in demos]) < 0.95
+    assert 0.5 <= np.mean([d.success for d in demos]) < 0.95
 
 
 def test_a_cached_warm_start_is_loaded_with_the_tokenizer_it_was_trained_with(tmp_path):
@@ -177,4 +196,4 @@ def test_grounded_specs_make_what_the_reasoning_restates_one_token(name, pattern
     restated = [m for r in replies for m in re.findall(pattern, r.split("</think>")[0])]
     assert len(restated) >= len(replies)
     assert np.mean([len(formatter.encode(m)) == 1 for m in restated]) >= 0.95
-    assert 0.6 <= np.mean([d.success for d in demos]) < 0.95
+    assert 0.5 <= np.mean([d.success for d in demos]) < 0.95

@@ -12,7 +12,8 @@ FrozenLake's slip generalised.  Reward +1 on reaching the goal (success, the
 episode ends); stepping on a hole ends the episode with 0; every other move 0.
 A move off the board leaves the player in place.
 
-Grid symbols: ``P`` player, ``G`` goal, ``H`` hole, ``_`` frozen.  Coordinates
+Grid symbols: ``P`` player, ``G`` goal, ``H`` hole, ``_`` frozen; a last line names the
+player, the goal and the holes by coordinate (as Sokoban lists boxes and targets).  Coordinates
 are (row,col), 0-based from the top-left corner.
 """
 
@@ -208,7 +209,10 @@ class FrozenLakeEnv(MultiTurnTextEnv):
             status = " Fell in a hole."
         elif self.player == self.goal:
             status = " Reached the goal."
-        lines.append(f"Player {fmt_pos(self.player)}. Goal {fmt_pos(self.goal)}.{status}")
+        holes = " ".join(fmt_pos(h) for h in sorted(self.holes)) or "none"
+        lines.append(
+            f"Player {fmt_pos(self.player)}. Goal {fmt_pos(self.goal)}. Holes {holes}.{status}"
+        )
         return "\n".join(lines)
 
     def _describe(self, pos: Pos, action: str) -> tuple[Pos, str]:

@@ -29,7 +29,7 @@ from .warmstart import (
 # needs the tokenizer (the driver, a sweep's trial) starts without it.
 
 #: Bump when the recipe changes so stale caches are not reused.
-RECIPE_VERSION = 1
+RECIPE_VERSION = 3
 
 
 def recipe(model_cfg, env_cfg, seed: int, max_reply_tokens: int) -> dict:

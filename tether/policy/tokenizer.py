@@ -41,12 +41,20 @@ NUMERALS: tuple[str, ...] = ("digits", "coordinates", "numbers")
 # GPT-2's split, with a coordinate (and optionally a digit run) kept whole; an opening
 # parenthesis never glues onto the punctuation before it, so "),(1,2)" keeps "(1,2)".
 _SPLIT = r" ?\(\d+,\d+\)| ?\p{{L}}+| ?\p{{N}}{digits}| ?[^\s\p{{L}}\p{{N}}(]+| ?\(|\s+(?!\S)|\s+"
+#: One symbol of a map row: a character that is neither space, lower-case letter nor
+#: digit, on a line whose rest holds none of those either ("_HHH", "#_PX#").  Each such
+#: symbol is its own pre-token, so a row is as many tokens as cells and never one of
+#: BPE's merges ("_", "HHH"): the cell at column c is the row's c-th token, which
+#: copying a row, or finding what is at (r,c), needs (benchmarks/history/2026-11-25.md).
+GRID_CELL = r"(?:^|\G)[^\s\p{Ll}\p{N}](?=[^\s\p{Ll}\p{N}]*$)"
 
 
 def pre_tokenizer(numerals: Numerals = "digits"):
+    cells = pre_tokenizers.Split(Regex(GRID_CELL), behavior="isolated")
     if numerals == "digits":
         return pre_tokenizers.Sequence(
             [
+                cells,
                 pre_tokenizers.Digits(individual_digits=True),
                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
             ]
@@ -56,6 +64,7 @@ def pre_tokenizer(numerals: Numerals = "digits"):
     pattern = _SPLIT.format(digits="+" if numerals == "numbers" else "")
     return pre_tokenizers.Sequence(
         [
+            cells,
             pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]
