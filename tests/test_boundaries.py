@@ -74,11 +74,12 @@ ALL = "everything"
 LAYER_MAP: dict[str, set[str] | str] = {
     "tether": {"envs"},  # ``import tether`` registers the environments
     "seeds": set(),
-    "envs": set(),
-    "algos": set(),
+    "sections": set(),
+    "envs": {"sections"},
+    "algos": {"sections"},
     "agent": {"envs", "rollout.base", "seeds"},
-    "diagnostics": {"algos", "agent"},
-    "policy": {"agent", "envs", "seeds"},
+    "diagnostics": {"algos", "agent", "sections"},
+    "policy": {"agent", "envs", "seeds", "sections"},
     "rollout": {"algos", "seeds"},
     "testing": {"algos", "diagnostics", "policy", "platform"},
     "analysis": {"platform.tracking", "platform.sweep_spec"},

@@ -19,7 +19,8 @@ from pathlib import Path
 from ..algos.settings import FilterConfig
 from ..algos.update import UpdateSettings
 from ..diagnostics.alarms import AlarmMonitor
-from ..diagnostics.control import GroundedCheckpoint, Knobs
+from ..diagnostics.control import Controller
+from ..diagnostics.settings import GroundedCheckpoint, Knobs
 from .checkpoint import load_checkpoint
 from .config import TetherConfig
 from .fleet import RolloutFleet
@@ -35,7 +36,7 @@ class AlarmResponder:
         self.tracker: Tracker | None = None
         self.alarms = AlarmMonitor(cfg.alarms)
         #: act-mode alarms' responses (None when no alarm acts)
-        self.controller = cfg.alarms.controller()
+        self.controller = Controller.from_config(cfg.alarms)
         #: the settings a response may change, as the run uses them now
         self.knobs = Knobs(
             cfg.filter.strategy,
