@@ -23,6 +23,7 @@ from ..diagnostics.control import Controller
 from ..diagnostics.settings import GroundedCheckpoint, Knobs
 from .checkpoint import load_checkpoint
 from .config import TetherConfig
+from .events import Event
 from .fleet import RolloutFleet
 from .tracking import Tracker
 
@@ -75,7 +76,7 @@ class AlarmResponder:
     def record_alarm(self, event) -> None:
         """Console line, MLflow tag ``alarm.<name>`` = iteration, and the alarms.json artifact."""
         self.emit(
-            "alarm",
+            Event.ALARM,
             {
                 "name": event.name,
                 "iteration": event.iteration,
@@ -108,7 +109,7 @@ class AlarmResponder:
         if action.rollback_to is not None:
             fleet.sync_weights(learner, it)
         self.emit(
-            "action",
+            Event.ACTION,
             {
                 "iteration": it,
                 "alarm": action.alarm,

@@ -20,18 +20,22 @@ from pydantic import BaseModel, Field, ValidationError, field_validator, model_v
 from ..algos.settings import AlgoConfig, FilterConfig
 from ..diagnostics.settings import AlarmsConfig, DiagnosticsConfig
 from ..envs.sandbox.isolation import SandboxConfig
+from ..envs.settings import EnvConfig
 from ..policy.settings import ModelConfig, WarmStartConfig
 from ..sections import StrictSection
 
 __all__ = [
     "ConfigError",
     "DiagnosticsConfig",
+    "EnvConfig",
     "ModelConfig",
     "TetherConfig",
     "WarmStartConfig",
     "build_config",
+    "default_tracking_uri",
     "describe_fields",
     "load_config",
+    "tracking_uri",
 ]
 
 
@@ -42,35 +46,6 @@ class ExperimentConfig(StrictSection):
     output_dir: Path = Field(
         Path("tether_runs"),
         description="Where checkpoints, the default MLflow database and artifacts are written.",
-    )
-
-
-class EnvConfig(StrictSection):
-    id: str = Field(
-        "tether/FrozenLake-v0",
-        description="Environment id, e.g. tether/Sokoban-v0, "
-        "tether/FrozenLake-v0, tether/Countdown-v0 (short names work too).",
-    )
-    stochasticity: float = Field(
-        0.0,
-        ge=0.0,
-        le=1.0,
-        description="Noise p in [0, 1]: "
-        "random action replacement (multi-turn) or reward replacement "
-        "(single-turn).",
-    )
-    format_penalty: float = Field(
-        -0.1, le=0.0, description="Reward for an unparseable or invalid reply (no env step)."
-    )
-    kwargs: dict[str, Any] = Field(
-        default_factory=dict,
-        description="Extra constructor arguments of the env (e.g. size, frozen_fraction, dim).",
-    )
-    val_seed_offset: int = Field(
-        1_000_000,
-        ge=1,
-        description="Held-out validation levels use "
-        "seeds from this offset on; training seeds stay below it.",
     )
 
 
@@ -182,6 +157,19 @@ class TrainerConfig(StrictSection):
     samples_per_log: int = Field(4, ge=0, description="Transcripts per sample artifact.")
 
 
+def default_tracking_uri(output_dir: Path) -> str:
+    """The SQLite MLflow store of an output directory (absolute)."""
+    return f"sqlite:///{(Path(output_dir).expanduser().resolve() / 'mlflow.db').as_posix()}"
+
+
+def tracking_uri(uri: str | None, output_dir: Path | None = None) -> str:
+    """The one default rule of the tracking URI: ``uri`` when given, else the SQLite store
+    in ``output_dir`` (default: ``experiment.output_dir``'s default)."""
+    if uri:
+        return uri
+    return default_tracking_uri(ExperimentConfig().output_dir if output_dir is None else output_dir)
+
+
 class TrackingConfig(StrictSection):
     uri: str | None = Field(
         None, description="MLflow tracking URI (default: a SQLite file in experiment.output_dir)."
@@ -276,6 +264,19 @@ class TetherConfig(StrictSection):
                 "log-probs differ numerically from the learner's)"
             )
         return self
+
+    def tracking_uri(self) -> str:
+        """``tracking.uri``, else the SQLite store in ``experiment.output_dir``."""
+        return tracking_uri(self.tracking.uri, self.experiment.output_dir)
+
+    def actor_resources(self) -> dict[str, float]:
+        """CPUs and GPUs of all the run's actors together (the sum of ``resource_demands``):
+        what a local Ray must have, and a sweep trial's actor bundle."""
+        demands = self.resource_demands()
+        return {
+            "CPU": sum(d.count * d.cpus for d in demands),
+            "GPU": sum(d.count * d.gpus for d in demands),
+        }
 
     def resource_demands(self) -> list:
         """The Ray actors the run starts and the CPUs/GPUs each asks for."""

@@ -390,7 +390,7 @@ def run_sweep(
     from ..policy.load import resolve_policy
     from .environment import environment_tags
     from .session import cluster_capacity, wait_for_autoscaler
-    from .tracking import SPOOL_DIRNAME, Tracker, default_tracking_uri
+    from .tracking import SPOOL_DIRNAME, Tracker
 
     started = time.perf_counter()
     sweep, base = spec.sweep, spec.base
@@ -444,7 +444,7 @@ def run_sweep(
             isolation=base.sandbox.isolation,
         )
 
-    uri = base.tracking.uri or default_tracking_uri(base.experiment.output_dir)
+    uri = base.tracking_uri()
     artifacts = Path(base.experiment.output_dir) / "artifacts"
     # The parent's writes the server does not take wait in the sweep's directory (the
     # children spool into their own output directories, as any run does).
