@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 from rich.console import Console
 
-from tether.platform import sweep
+from tether.platform import sweep, sweep_progress
 from tether.platform.progress import SweepDisplay
 from tether.platform.sweep_spec import load_sweep_spec
 
@@ -34,7 +34,7 @@ def trial(trial_id, status, iteration=0, success=None):
 
 @pytest.fixture
 def callback(monkeypatch):
-    monkeypatch.setattr(sweep, "finalize_child", lambda *a: None)  # no MLflow here
+    monkeypatch.setattr(sweep_progress, "finalize_child", lambda *a: None)  # no MLflow here
     spec = load_sweep_spec(ROOT / "experiments" / "filters_smoke.yaml")
     return sweep.SweepProgress("sqlite:///unused.db", "0", "parent", spec.to_json())
 

@@ -239,14 +239,19 @@ class SweepDisplay:
         self.progress.update(
             self._overall, description=description, total=work_total, completed=work_done, info=info
         )
+        self._trial_bars(trials, status, progress, metric)
+
+    def _trial_bars(self, trials: list, status: dict, progress, metric: str | None) -> None:
+        """One bar per running trial (``progress(t)``: its iterations done); a trial that
+        stopped running loses its bar."""
         for t in trials:
             task = self._trial_tasks.get(t.trial_id)
             if status[t.trial_id] == "RUNNING":
-                result = seen.get(t.trial_id, {})
+                result = self._results.get(t.trial_id, {})
                 info = "" if metric not in result else f"{metric} {result[metric]:.3f}"
                 if task is None:
                     task = self._trial_tasks[t.trial_id] = self.progress.add_task(
-                        f"  trial {t.trial_id}", total=iterations[t.trial_id], info=""
+                        f"  trial {t.trial_id}", total=self._iterations[t.trial_id], info=""
                     )
                 self.progress.update(task, completed=progress(t), info=info)
             elif task is not None:
