@@ -3,8 +3,10 @@ config, and the act-mode responses an alarm may take, as ``algos/settings.py`` h
 ``algo`` and ``filter`` sections.
 
 One pydantic model per group, nested into the run config (``tether.platform.config``).
-``Knobs`` is the one object of live settings a response changes (the filter, the KL and
-entropy coefficients, the learning rate); each response's ``apply`` returns new knobs.
+``Knobs`` is the controller's view of the settings a response changes (the filter's
+strategy and value, the KL and entropy coefficients, the learning rate: the driver's
+``LiveSettings``); each response's ``apply`` returns new knobs.  The controller that
+takes the responses is ``control.py`` (``Controller.from_config(alarms)``).
 This module imports neither torch nor Ray (the uncertainty settings' object is imported
 when asked for), so a config is validated without either.
 
