@@ -16,10 +16,11 @@ from tether.agent.chat import ChatFormatter
 from tether.agent.episode import EpisodeSpec, LocalEnvBatch, run_episodes
 from tether.algos.advantages import AdvantageInputs, compute_advantages
 from tether.algos.batch import collate, token_logprobs
-from tether.algos.update import UpdateSettings, policy_update
+from tether.algos.update import policy_update
 from tether.policy.load import load_model_and_tokenizer
 from tether.rollout.base import SamplingParams
 from tether.rollout.hf import HFRolloutEngine
+from tether.testing.settings import update_settings
 
 torch.manual_seed(0)
 path = sys.argv[1]
@@ -55,7 +56,7 @@ def entropy(m, b):
 
 
 print("start  held entropy/logp", entropy(model, held))
-s = UpdateSettings(loss_agg="seq-mean-token-mean", minibatches=4, micro_batch_size=16)
+s = update_settings(loss_agg="seq-mean-token-mean", minibatches=4, micro_batch_size=16)
 variants = {
     "adam_real": (dict(lr=3e-4), False),
     "adam_shuffled": (dict(lr=3e-4), True),

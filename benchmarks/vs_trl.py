@@ -128,10 +128,10 @@ class TetherStep:
     ):
         from tether.agent.chat import ChatFormatter
         from tether.agent.episode import LocalEnvBatch
-        from tether.algos.update import UpdateSettings
         from tether.policy.load import load_model_and_tokenizer
         from tether.rollout import make_engine
         from tether.rollout.base import SamplingParams
+        from tether.testing.settings import update_settings
 
         self.args = args
         self.model, self.tokenizer = load_model_and_tokenizer(path)
@@ -154,7 +154,7 @@ class TetherStep:
             temperature=1.0,
             stop_token_ids=(self.tokenizer.eos_token_id,),
         )
-        self.settings = UpdateSettings(
+        self.settings = update_settings(
             kl_coef=kl,
             kl_estimator="k3",
             loss_agg="token-mean",

@@ -6,9 +6,8 @@ import numpy as np
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from tether.diagnostics.alarms import (
-    ALARMS,
-    AlarmMonitor,
+from tether.diagnostics.alarms import ALARMS, AlarmMonitor
+from tether.diagnostics.settings import (
     AlarmsConfig,
     EmptyAfterFilterConfig,
     TemplateCollapseConfig,

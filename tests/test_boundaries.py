@@ -74,11 +74,12 @@ ALL = "everything"
 LAYER_MAP: dict[str, set[str] | str] = {
     "tether": {"envs"},  # ``import tether`` registers the environments
     "seeds": set(),
-    "envs": set(),
-    "algos": set(),
+    "sections": set(),
+    "envs": {"sections"},
+    "algos": {"sections"},
     "agent": {"envs", "rollout.base", "seeds"},
-    "diagnostics": {"algos", "agent"},
-    "policy": {"agent", "envs", "seeds"},
+    "diagnostics": {"algos", "agent", "sections"},
+    "policy": {"agent", "envs", "seeds", "sections"},
     "rollout": {"algos", "seeds"},
     "testing": {"algos", "diagnostics", "policy", "platform"},
     "analysis": {"platform.tracking", "platform.sweep_spec"},
@@ -255,3 +256,49 @@ def test_config_choices_are_the_registries():
     from tether.policy.tiny import TINY_SIZES
 
     assert _choices(ModelConfig, "size") == set(TINY_SIZES)
+
+
+def _section_classes(model: type, seen: set) -> set:
+    """Every pydantic model class nested in ``model``'s fields (unions, lists, optionals)."""
+    from pydantic import BaseModel
+
+    def walk(annotation) -> None:
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            if annotation not in seen:
+                seen.add(annotation)
+                for field in annotation.model_fields.values():
+                    walk(field.annotation)
+        for arg in typing.get_args(annotation):
+            walk(arg)
+
+    walk(model)
+    return seen
+
+
+def test_every_config_section_is_a_strict_section():
+    """One settings base (issue 31): every section of the run config and of a sweep spec,
+    down to each alarm and act-mode response, refuses unknown keys and validates
+    assignments the same way."""
+    from tether.platform.config import TetherConfig
+    from tether.platform.sweep_spec import SweepConfig
+    from tether.sections import StrictSection
+
+    classes = _section_classes(TetherConfig, set()) | _section_classes(SweepConfig, set())
+    assert len(classes) > 20
+    loose = sorted(c.__name__ for c in classes if not issubclass(c, StrictSection))
+    assert not loose, f"config sections not derived from StrictSection: {loose}"
+
+
+def test_platform_modules_and_functions_stay_small():
+    """No module of tether/platform over 450 lines, no function over 60 (issue 31)."""
+    long_files, long_functions = [], []
+    for path in sorted((ROOT / "platform").glob("*.py")):
+        text = path.read_text()
+        if len(text.splitlines()) > 450:
+            long_files.append(f"{path.name}: {len(text.splitlines())}")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > 60:
+                    long_functions.append(f"{path.name}:{node.lineno} {node.name} ({length})")
+    assert not long_files and not long_functions, (long_files, long_functions)

@@ -14,9 +14,9 @@ from pydantic import ValidationError
 
 from tests.conftest import micro_config_dict
 from tether.diagnostics.alarms import AlarmMonitor, AlarmsConfig
-from tether.diagnostics.control import (
+from tether.diagnostics.control import Controller
+from tether.diagnostics.settings import (
     ControlConfig,
-    Controller,
     GroundedCheckpoint,
     Knobs,
     RaiseEntropy,
@@ -100,9 +100,9 @@ def test_act_mode_needs_responses_and_builds_a_controller():
         AlarmsConfig.model_validate(
             {"template_collapse": {"mode": "act", "actions": [{"kind": "pray"}]}}
         )
-    assert AlarmsConfig().controller() is None
+    assert Controller.from_config(AlarmsConfig()) is None
     config = AlarmsConfig.model_validate({"template_collapse": {"mode": "act"}})
-    assert [r.kind for r in config.controller().responses["template_collapse"]] == [
+    assert [r.kind for r in Controller.from_config(config).responses["template_collapse"]] == [
         "tighten_filter",
         "raise_kl",
         "rollback",

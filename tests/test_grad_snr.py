@@ -136,8 +136,9 @@ def test_micro_batched_grad_snr_equals_one_forward_per_bucket(micro_policy, monk
     from tests.test_episode import _setup
     from tether.agent.episode import EpisodeSpec, LocalEnvBatch, run_episodes
     from tether.algos.batch import collate
-    from tether.algos.update import UpdateSettings, trimmed_rows
+    from tether.algos.update import trimmed_rows
     from tether.diagnostics.runner import gradient_snr
+    from tether.testing.settings import update_settings
 
     shared_calls = []
     real_shared = update.shared_prefix_token_logprobs
@@ -164,7 +165,7 @@ def test_micro_batched_grad_snr_equals_one_forward_per_bucket(micro_policy, monk
     assert short.advantages.shape == short.input_ids.shape and short.scores.shape == (short.size,)
     for agg in ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum"):
         for micro, shared in ((2, True), (4, True), (2, False)):
-            settings = UpdateSettings(
+            settings = update_settings(
                 kl_coef=0.05,
                 entropy_coef=0.01,
                 loss_agg=agg,
@@ -196,8 +197,8 @@ def test_grad_snr_with_all_rewards_equal_reports_zero_task_gradient(micro_policy
     from tests.test_episode import _setup
     from tether.agent.episode import EpisodeSpec, LocalEnvBatch, run_episodes
     from tether.algos.batch import collate
-    from tether.algos.update import UpdateSettings
     from tether.diagnostics.runner import gradient_snr
+    from tether.testing.settings import update_settings
 
     model, tok, formatter, engine, sampling = _setup(micro_policy)
     specs = [EpisodeSpec(g, 90 + g, k) for g in range(3) for k in range(2)]
@@ -209,7 +210,7 @@ def test_grad_snr_with_all_rewards_equal_reports_zero_task_gradient(micro_policy
     batch.old_logprobs = batch.sampling_logprobs.clone()
     batch.ref_logprobs = batch.sampling_logprobs - 0.05 * batch.response_mask
     batch.advantages = torch.zeros_like(batch.response_mask, dtype=torch.float32)
-    metrics = gradient_snr(model, batch, UpdateSettings(kl_coef=0.05), n_buckets=6)
+    metrics = gradient_snr(model, batch, update_settings(kl_coef=0.05), n_buckets=6)
     assert metrics and all(np.isfinite(v) for v in metrics.values() if v is not None)
     assert all(v == 0.0 for k, v in metrics.items() if k.endswith("task_grad_norm"))
     assert any(v > 0 for k, v in metrics.items() if k.endswith("reg_grad_norm"))

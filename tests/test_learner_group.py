@@ -11,9 +11,10 @@ from tests.test_episode import _setup
 from tether.actors.learner_group import LearnerGroup
 from tether.agent.episode import EpisodeSpec, LocalEnvBatch, run_episodes
 from tether.algos.batch import collate
-from tether.algos.update import UpdateSettings, rank_micro_batches
+from tether.algos.update import rank_micro_batches
 from tether.policy.load import load_model_and_tokenizer
 from tether.policy.lora import LoraConfig
+from tether.testing.settings import update_settings
 
 
 def test_rank_micro_batches_cover_rows_once_with_equal_pass_counts():
@@ -60,7 +61,7 @@ def _train(policy, batches, world_size, use_critic, lora=None):
     # world size 1 does too: this compares sharding, not the shared-prefix regrouping of
     # rows into micro-batches (equal to 1e-5 per step, tests/test_shared_prefix.py), whose
     # other summation order Adam at lr 5e-3 grows past 1e-5 over the updates.
-    settings = UpdateSettings(
+    settings = update_settings(
         kl_coef=0.05,
         entropy_coef=0.01,
         minibatches=2,

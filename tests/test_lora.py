@@ -17,7 +17,7 @@ from tests.test_episode import _setup
 from tether.actors.learner_group import LearnerGroup
 from tether.agent.episode import EpisodeSpec, LocalEnvBatch, run_episodes
 from tether.algos.batch import collate
-from tether.algos.update import UpdateSettings, batch_logprobs
+from tether.algos.update import batch_logprobs
 from tether.platform.config import ConfigError, build_config
 from tether.policy.load import load_model
 from tether.policy.lora import (
@@ -27,6 +27,7 @@ from tether.policy.lora import (
     merged_state_dict,
 )
 from tether.policy.tiny import build_tiny_model, tiny_config
+from tether.testing.settings import update_settings
 
 LORA = LoraConfig(r=4, alpha=8.0, dropout=0.1, target_modules=["q_proj", "v_proj", "down_proj"])
 
@@ -151,7 +152,7 @@ def _max_response_gap(batch) -> float:
     return float(gap.max())
 
 
-SETTINGS = UpdateSettings(kl_coef=0.05, micro_batch_size=4, minibatches=2, max_grad_norm=1.0)
+SETTINGS = update_settings(kl_coef=0.05, micro_batch_size=4, minibatches=2, max_grad_norm=1.0)
 
 
 def test_lora_learner_reference_sync_and_resume(micro_policy, ray_local, tmp_path):

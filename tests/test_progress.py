@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 from rich.console import Console
 
-from tether.platform import sweep
+from tether.platform import sweep, sweep_progress
 from tether.platform.progress import SweepDisplay
 from tether.platform.sweep_spec import load_sweep_spec
 
@@ -34,7 +34,7 @@ def trial(trial_id, status, iteration=0, success=None):
 
 @pytest.fixture
 def callback(monkeypatch):
-    monkeypatch.setattr(sweep, "finalize_child", lambda *a: None)  # no MLflow here
+    monkeypatch.setattr(sweep_progress, "finalize_child", lambda *a: None)  # no MLflow here
     spec = load_sweep_spec(ROOT / "experiments" / "filters_smoke.yaml")
     return sweep.SweepProgress("sqlite:///unused.db", "0", "parent", spec.to_json())
 
@@ -115,3 +115,55 @@ def test_terminal_shows_bars_and_the_callback_stays_picklable(callback):
     assert rows["warm start"].completed == 10
     text = out.getvalue()
     assert "trial a started" in text and "trial a iteration" not in text  # bars, not lines
+
+
+def test_run_display_shows_every_event_the_run_emits():
+    """`tether run`'s display has a line (or a bar) for every named event but the
+    collection attempts; kinds arrive as the named events or as their plain strings."""
+    from tether.platform.events import Event
+    from tether.platform.progress import RunDisplay
+
+    samples = {
+        Event.WARM_START: {"step": 10, "total": 10, "loss": 0.5},
+        Event.STARTED: {"run_id": "abc", "model_path": "/m", "first_iteration": 3},
+        Event.VALIDATION: {"iteration": 0, "val/success": 0.25},
+        Event.COLLECTING: {"attempt": 1, "workers": [0], "episodes": 4},
+        Event.WORKER_FAILED: {"worker": 1, "attempt": 1, "error": "boom"},
+        Event.ITERATION: {
+            "iteration": 1,
+            "total": 2,
+            "rollout/success": 0.5,
+            "timing/iteration": 1,
+        },
+        Event.ALARM: {"name": "a", "iteration": 1, "mode": "stop", "message": "mi fell"},
+        Event.ACTION: {"iteration": 1, "alarm": "a", "kind": "k", "message": "kl up"},
+        Event.LEARNER_FAILED: {"error": "dead", "restart": 1, "checkpoint": "/c"},
+        Event.CHECKPOINT_FAILED: {"message": "disk full"},
+        Event.TRACKING: {"message": "spooling"},
+    }
+    assert set(samples) == set(Event)
+    out = io.StringIO()
+    display = RunDisplay(Console(file=out, width=200))
+    assert display.plain
+    with display:
+        for kind, data in samples.items():
+            display(str(kind.value), data)
+    lines = [line for line in out.getvalue().splitlines() if line]  # the bars end with one
+    assert lines == [
+        "warm start 10/10 loss 0.500",
+        "MLflow run abc  model /m",
+        "resuming at iteration 3",
+        "validation before training: success 0.250",
+        "rollout worker 1 died (boom); re-collecting its share",
+        "iteration 1/2  success 0.500  (1.0 s)",
+        "ALARM mi fell",
+        "ACTION iteration 1: kl up",
+        "learner died (dead); restart 1: rebuilding from /c",
+        "disk full",
+        "spooling",
+    ]
+    bars = RunDisplay(Console(file=io.StringIO(), width=200), plain=False)
+    with bars:
+        bars(Event.WARM_START, samples[Event.WARM_START])
+        bars(Event.ITERATION, samples[Event.ITERATION])
+    assert set(bars.tasks) == {"warm", "train"}

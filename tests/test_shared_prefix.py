@@ -17,11 +17,12 @@ from tether.algos.shared_prefix import (
     shared_prefix_saving,
     shared_prefix_token_logprobs,
 )
-from tether.algos.update import UpdateSettings, policy_update, prepare_batch
+from tether.algos.update import policy_update, prepare_batch
 from tether.policy.tiny import build_tiny_model, tiny_config
 from tether.policy.warmstart import build_tokenizer, demonstration_episodes
 from tether.rollout import make_engine
 from tether.rollout.base import SamplingParams
+from tether.testing.settings import update_settings
 
 
 @pytest.fixture(scope="module")
@@ -175,11 +176,11 @@ def test_one_step_loss_and_gradients_match_the_unoptimised_path(
 
     monkeypatch.setattr(update_module, "shared_prefix_token_logprobs", counting)
     plain_metrics, plain_grad, plain_batch = _one_step(
-        model, reference, batch, UpdateSettings(shared_prefix=False, **common)
+        model, reference, batch, update_settings(shared_prefix=False, **common)
     )
     assert calls["shared"] == 0
     fast_metrics, fast_grad, fast_batch = _one_step(
-        model, reference, batch, UpdateSettings(shared_prefix=True, **common)
+        model, reference, batch, update_settings(shared_prefix=True, **common)
     )
     assert calls["shared"] > 0  # the optimised path really ran
 

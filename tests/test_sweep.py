@@ -18,8 +18,6 @@ from tests.processes import assert_actor_processes_ended
 from tether.platform.config import ConfigError
 from tether.platform.sweep import (
     SweepError,
-    _expected_trials,
-    _tune_config,
     check_trials_fit,
     decode,
     param_space,
@@ -29,6 +27,8 @@ from tether.platform.sweep import (
     trial_bundles,
     write_results_csv,
 )
+from tether.platform.sweep_search import expected_trials as _expected_trials
+from tether.platform.sweep_search import tune_config as _tune_config
 from tether.platform.sweep_spec import apply_values, load_sweep_spec
 
 REPO = Path(__file__).resolve().parents[1]

@@ -9,7 +9,8 @@ import torch
 from tests.test_episode import _setup
 from tether.agent.episode import EpisodeSpec, LocalEnvBatch, run_episodes
 from tether.algos.batch import collate, token_logprobs
-from tether.algos.update import UpdateSettings, policy_update
+from tether.algos.update import policy_update
+from tether.testing.settings import update_settings
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +41,7 @@ def test_update_raises_positive_and_lowers_negative_advantage_tokens(sampled):
     before = _mean_logprob(model, batch, pos), _mean_logprob(model, batch, neg)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     metrics = policy_update(
-        model, optimizer, batch, UpdateSettings(micro_batch_size=4, minibatches=1)
+        model, optimizer, batch, update_settings(micro_batch_size=4, minibatches=1)
     )
     after = _mean_logprob(model, batch, pos), _mean_logprob(model, batch, neg)
     assert after[0] > before[0] and after[1] < before[1]
@@ -58,7 +59,7 @@ def test_micro_batching_does_not_change_the_gradient(sampled, agg):
             m,
             optimizer,
             batch,
-            UpdateSettings(
+            update_settings(
                 micro_batch_size=micro, loss_agg=agg, entropy_coef=0.01, max_grad_norm=1e9
             ),
         )
@@ -90,7 +91,7 @@ def test_reasoning_token_entropy_is_the_policy_entropy_on_reasoning_tokens(sampl
     with_mask.old_logprobs, with_mask.advantages = batch.old_logprobs, batch.advantages
     m = copy.deepcopy(model)
     optimizer = torch.optim.SGD(m.parameters(), lr=0.0)  # weights stay: pre-update entropy
-    metrics = policy_update(m, optimizer, with_mask, UpdateSettings(micro_batch_size=4))
+    metrics = policy_update(m, optimizer, with_mask, update_settings(micro_batch_size=4))
     with torch.no_grad():
         _, entropy = token_logprobs(model, batch.input_ids, batch.attention_mask, with_entropy=True)
     reasoning = with_mask.reasoning_mask
@@ -100,7 +101,7 @@ def test_reasoning_token_entropy_is_the_policy_entropy_on_reasoning_tokens(sampl
     assert expected != pytest.approx(response, rel=1e-3)  # not the all-response entropy
     plain = copy.deepcopy(model)  # no reasoning mask: no metric
     assert "collapse/reasoning_token_entropy" not in policy_update(
-        plain, torch.optim.SGD(plain.parameters(), lr=0.0), batch, UpdateSettings()
+        plain, torch.optim.SGD(plain.parameters(), lr=0.0), batch, update_settings()
     )
 
 
@@ -112,7 +113,7 @@ def test_update_reports_its_size_and_the_advantages_it_learned_from(sampled):
         m = copy.deepcopy(model)
         before = torch.cat([p.detach().flatten() for p in m.parameters()])
         metrics = policy_update(
-            m, torch.optim.AdamW(m.parameters(), lr=lr), batch, UpdateSettings(micro_batch_size=6)
+            m, torch.optim.AdamW(m.parameters(), lr=lr), batch, update_settings(micro_batch_size=6)
         )
         after = torch.cat([p.detach().flatten() for p in m.parameters()])
         expected = float((after - before).norm() / before.norm())

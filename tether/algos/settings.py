@@ -16,8 +16,9 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
+from ..sections import StrictSection
 from .presets import PRESETS
 
 #: ``advantages.ADVANTAGE_ESTIMATORS``
@@ -34,11 +35,7 @@ LOSS_SCALING_NAMES = ("none", "linear", "sqrt")
 PRESET_NAMES = ("ppo", "grpo", "drgrpo", "dapo")
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-
-class AlgoConfig(_Section):
+class AlgoConfig(StrictSection):
     """Advantages, policy loss, regularisers, optimiser and learner resources."""
 
     preset: Literal[PRESET_NAMES] | None = Field(
@@ -149,7 +146,7 @@ class AlgoConfig(_Section):
         return self
 
 
-class FilterConfig(_Section):
+class FilterConfig(StrictSection):
     """The SNR-aware filter: which prompt groups train (docs/methods.md, section 5)."""
 
     strategy: Literal[FILTER_STRATEGY_NAMES] = Field(

@@ -48,27 +48,28 @@ SHARED_PREFIX_MAX_FRACTION = 0.8
 class UpdateSettings:
     """What one update (and the gradient-SNR analysis, which measures its losses) needs.
 
-    A run builds it from its config with ``from_config``, the only place the two meet;
-    the defaults here are a neutral baseline for direct callers (tests, benchmarks):
-    no regularisers, token-mean aggregation."""
+    No defaults of its own: built from the ``algo`` section by ``from_config``, the only
+    place the two meet, so a field's default is the config's (a direct caller, a test
+    or a benchmark, builds an ``AlgoConfig`` too: ``tether.testing.settings``)."""
 
-    clip_low: float = 0.2
-    clip_high: float = 0.28
-    kl_coef: float = 0.0
-    kl_estimator: str = "k3"
-    entropy_coef: float = 0.0
-    loss_agg: str = "token-mean"
-    ppo_epochs: int = 1
-    minibatches: int = 1
-    micro_batch_size: int = 16
-    max_grad_norm: float = 1.0
-    temperature: float = 1.0
+    clip_low: float
+    clip_high: float
+    kl_coef: float
+    kl_estimator: str
+    entropy_coef: float
+    loss_agg: str
+    ppo_epochs: int
+    minibatches: int
+    micro_batch_size: int
+    max_grad_norm: float
+    #: The sampling temperature the log-probs are taken at.
+    temperature: float
     #: Run each group's common prompt once per micro-batch (same math, fewer tokens).
-    shared_prefix: bool = True
+    shared_prefix: bool
     #: Dual-clip constant c > 1 (None = off), see ``losses.policy_loss``.
-    dual_clip: float | None = None
+    dual_clip: float | None
     #: Token positions per chunk of the head + log-softmax (`vocab.chunked_logprobs`; 0 = all).
-    logprob_chunk_tokens: int = DEFAULT_CHUNK_TOKENS
+    logprob_chunk_tokens: int
 
     @classmethod
     def from_config(cls, algo: AlgoConfig, rollout_temperature: float) -> UpdateSettings:

@@ -4,7 +4,7 @@ those responses change (the knobs), and the grounded checkpoints a rollback retu
     responder = AlarmResponder(cfg, emit)
     responder.tracker = tracker                     # once the MLflow run is open
     stop = responder.respond(it, metrics, learner, fleet)   # after every iteration
-    responder.filter_cfg, responder.settings        # the filter and update settings in force
+    responder.live                                  # the filter, update settings and lr in force
 
 The controller that decides a response is ``tether/diagnostics/control.py``; this part
 applies it (learner, filter, weights) and records it (console, MLflow tags, alarms.json).
@@ -14,19 +14,55 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..algos.settings import FilterConfig
 from ..algos.update import UpdateSettings
 from ..diagnostics.alarms import AlarmMonitor
-from ..diagnostics.control import GroundedCheckpoint, Knobs
+from ..diagnostics.control import Controller
+from ..diagnostics.settings import GroundedCheckpoint, Knobs
 from .checkpoint import load_checkpoint
 from .config import TetherConfig
+from .events import Event
 from .fleet import RolloutFleet
 from .tracking import Tracker
 
 #: grounded checkpoints kept as rollback targets (the newest; protected from pruning)
 GROUNDED_KEPT = 3
+
+
+@dataclass(frozen=True)
+class LiveSettings:
+    """The settings in force that an act-mode response may change, as one object: the
+    filter, the update settings and the learning rate.  ``knobs`` is the controller's
+    view of them; ``with_knobs`` the settings after a response."""
+
+    filter: FilterConfig
+    update: UpdateSettings
+    lr: float
+
+    @classmethod
+    def from_config(cls, cfg: TetherConfig) -> LiveSettings:
+        update = UpdateSettings.from_config(cfg.algo, cfg.rollout.temperature)
+        return cls(cfg.filter, update, cfg.algo.lr)
+
+    @property
+    def knobs(self) -> Knobs:
+        f, u = self.filter, self.update
+        return Knobs(f.strategy, f.value, u.kl_coef, u.entropy_coef, self.lr)
+
+    def with_knobs(self, knobs: Knobs) -> LiveSettings:
+        """The filter's strategy and value, the KL and entropy coefficients and the
+        learning rate of ``knobs``; everything else as it is."""
+        fields = {**self.filter.model_dump(), "strategy": knobs.filter_strategy}
+        return LiveSettings(
+            FilterConfig.model_validate({**fields, "value": knobs.filter_value}),
+            dataclasses.replace(
+                self.update, kl_coef=knobs.kl_coef, entropy_coef=knobs.entropy_coef
+            ),
+            knobs.lr,
+        )
 
 
 class AlarmResponder:
@@ -35,21 +71,26 @@ class AlarmResponder:
         self.tracker: Tracker | None = None
         self.alarms = AlarmMonitor(cfg.alarms)
         #: act-mode alarms' responses (None when no alarm acts)
-        self.controller = cfg.alarms.controller()
+        self.controller = Controller.from_config(cfg.alarms)
         #: the settings a response may change, as the run uses them now
-        self.knobs = Knobs(
-            cfg.filter.strategy,
-            cfg.filter.value,
-            cfg.algo.kl_coef,
-            cfg.algo.entropy_coef,
-            cfg.algo.lr,
-        )
-        #: the filter in force: the config's, tightened by act-mode responses
-        self.filter_cfg: FilterConfig = cfg.filter
-        self.settings = UpdateSettings.from_config(cfg.algo, cfg.rollout.temperature)
+        self.live = LiveSettings.from_config(cfg)
         #: checkpoints saved while MI was significantly above its null
         self.grounded: list[GroundedCheckpoint] = []
         self.stop_reason: str | None = None
+
+    @property
+    def knobs(self) -> Knobs:
+        return self.live.knobs
+
+    @property
+    def filter_cfg(self) -> FilterConfig:
+        """The filter in force: the config's, tightened by act-mode responses."""
+        return self.live.filter
+
+    @property
+    def settings(self) -> UpdateSettings:
+        """The update settings in force (coefficients raised by act-mode responses)."""
+        return self.live.update
 
     # -- after every iteration ----------------------------------------------------------
     def respond(self, it: int, metrics: dict[str, float], learner, fleet: RolloutFleet) -> bool:
@@ -74,7 +115,7 @@ class AlarmResponder:
     def record_alarm(self, event) -> None:
         """Console line, MLflow tag ``alarm.<name>`` = iteration, and the alarms.json artifact."""
         self.emit(
-            "alarm",
+            Event.ALARM,
             {
                 "name": event.name,
                 "iteration": event.iteration,
@@ -107,7 +148,7 @@ class AlarmResponder:
         if action.rollback_to is not None:
             fleet.sync_weights(learner, it)
         self.emit(
-            "action",
+            Event.ACTION,
             {
                 "iteration": it,
                 "alarm": action.alarm,
@@ -122,19 +163,9 @@ class AlarmResponder:
         self.log_alarms()
 
     def apply_knobs(self, knobs: Knobs, learner) -> None:
-        """The controller's settings into the filter, the update settings and the learner."""
-        self.knobs = knobs
-        self.filter_cfg = FilterConfig.model_validate(
-            {
-                **self.filter_cfg.model_dump(),
-                "strategy": knobs.filter_strategy,
-                "value": knobs.filter_value,
-            }
-        )
-        self.settings = dataclasses.replace(
-            self.settings, kl_coef=knobs.kl_coef, entropy_coef=knobs.entropy_coef
-        )
-        learner.adjust(self.settings, knobs.lr)
+        """The controller's settings into the live settings and the learner."""
+        self.live = self.live.with_knobs(knobs)
+        learner.adjust(self.live.update, self.live.lr)
 
     # -- grounded checkpoints -------------------------------------------------------------
     def grounded_now(self, metrics: dict[str, float], diagnostics: dict[str, float]) -> bool:

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import os
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import typer
 from rich.console import Console
 from rich.table import Table
+
+from .console import console, fail
+from .progress import KEY_METRICS
 
 app = typer.Typer(
     add_completion=False,
@@ -16,27 +20,12 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     help="Tether: multi-turn agent RL on Ray that detects and prevents template collapse.",
 )
-console = Console()
-err_console = Console(stderr=True)
-
-KEY_METRICS = [
-    ("rollout/success", "success"),
-    ("rollout/in_group_reward_std", "rv"),
-    ("filter/kept_ratio", "kept"),
-    ("actor/entropy", "entropy"),
-    ("val/success", "val"),
-]
 
 
 def _with_interval(metrics: dict, key: str) -> str:
     """``value [low, high]`` when the metric's interval was logged, else the value."""
     value, low, high = metrics[key], metrics.get(f"{key}_ci_low"), metrics.get(f"{key}_ci_high")
     return f"{value:.3f}" if low is None or high is None else f"{value:.3f} [{low:.3f}, {high:.3f}]"
-
-
-def fail(message: str, code: int = 2) -> None:
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
-    raise typer.Exit(code)
 
 
 def _check_cluster(address: str | None) -> None:
@@ -50,14 +39,45 @@ def _check_cluster(address: str | None) -> None:
             fail(str(exc))
 
 
-def _check_dependencies() -> None:
-    """One line and exit when transformers is outside Tether's declared range."""
-    from .environment import DependencyError, check_installed
+def _start_up(address: str | None) -> None:
+    """The start-up checks of ``tether run`` and ``tether sweep`` once the config is read
+    (``preflight.start_up``): one line and exit when one refuses."""
+    from .environment import DependencyError
+    from .preflight import start_up
+    from .session import ClusterError
 
     try:
-        check_installed("transformers")
-    except DependencyError as exc:
+        start_up(address)
+    except (DependencyError, ClusterError) as exc:
         fail(str(exc))
+
+
+@contextmanager
+def _failures(what: str, interrupted: str, refusals: tuple = ()):
+    """A run's or a sweep's errors as one line and an exit code: a refusal (its own
+    message), a config only the resolved model refutes, Ctrl-C (130), anything else (1;
+    ``TETHER_DEBUG=1`` raises it with its traceback)."""
+    from ..envs.sandbox import SandboxUnavailable
+    from .config import ConfigError
+    from .session import ClusterError
+    from .tracking import TrackingError
+
+    try:
+        yield
+    except (ClusterError, TrackingError, SandboxUnavailable, *refusals) as exc:
+        fail(str(exc))
+    except ConfigError as exc:  # a setting only the resolved model can refute (model.lora)
+        fail(f"config: {exc}")
+    except KeyboardInterrupt:
+        fail(interrupted, code=130)
+    except Exception as exc:  # an actor crash or a bug: one line here, details in the log
+        if os.environ.get("TETHER_DEBUG"):
+            raise
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        fail(
+            f"{what} failed: {type(exc).__name__}: {first} (set TETHER_DEBUG=1 for the traceback)",
+            code=1,
+        )
 
 
 def _config_and_overrides(
@@ -105,118 +125,45 @@ def run(
     """Train an agent: warm start (cached), Ray actors, MLflow tracking."""
     _check_cluster(address)  # first: an unreachable --address fails in seconds
     config, overrides = _config_and_overrides(config, overrides)
-    resume_from = resume_run_id = None
     if resume:
-        from .checkpoint import ResumeError, check_same_parameters, resolve_resume
-        from .config import ConfigError, build_config
-        from .tracking import default_tracking_uri
-
-        base = _load(config, overrides or [], address)
-        uri = base.tracking.uri or default_tracking_uri(base.experiment.output_dir)
-        try:
-            resume_from, resume_run_id, saved = resolve_resume(resume, uri)
-            # the run's own config, with this command's overrides on top
-            cfg = build_config(
-                saved, list(overrides or []) + ([f"ray.address={address}"] if address else [])
-            )
-            check_same_parameters(saved, cfg.model)
-        except ResumeError as exc:
-            fail(f"resume: {exc}")
-        except ConfigError as exc:
-            fail(f"config: {exc}")
+        cfg, resume_from, resume_run_id = _resumed_config(config, overrides, address, resume)
     else:
-        cfg = _load(config, overrides or [], address)
-    from .session import ClusterError, prepare_process
-
-    _check_dependencies()
-    if cfg.ray.address != address:  # ray.address from the YAML: before the warm start
-        _check_cluster(cfg.ray.address)
-    prepare_process(cfg.ray.address)
-    from .config import ConfigError
-    from .progress import bars
-    from .tracking import TrackingError
+        cfg, resume_from, resume_run_id = _load(config, overrides, address), None, None
+    _start_up(cfg.ray.address)  # ray.address from the YAML too: before the warm start
+    from .progress import RunDisplay
     from .trainer import Trainer
 
-    progress = bars(console)
-    tasks: dict[str, int] = {}
-
-    plain = not console.is_terminal  # logs (ray job logs, CI): one line per event instead of bars
-
-    def on_event(kind: str, data: dict) -> None:
-        if plain and kind == "warm_start":
-            if data["step"] % max(1, data["total"] // 10) == 0 or data["step"] == data["total"]:
-                console.print(f"warm start {data['step']}/{data['total']} loss {data['loss']:.3f}")
-        elif plain and kind == "iteration":
-            info = "  ".join(
-                f"{label} {data[key]:.3f}" for key, label in KEY_METRICS if key in data
-            )
-            console.print(
-                f"iteration {data['iteration']}/{data['total']}  {info}  "
-                f"({data.get('timing/iteration', 0):.1f} s)",
-                highlight=False,
-            )
-        elif kind == "warm_start":
-            if "warm" not in tasks:
-                tasks["warm"] = progress.add_task("warm start", total=data["total"], info="")
-            progress.update(tasks["warm"], completed=data["step"], info=f"loss {data['loss']:.3f}")
-        elif kind == "started":
-            console.print(f"MLflow run [cyan]{data['run_id']}[/]  model {data['model_path']}")
-            if data.get("first_iteration", 1) > 1:
-                console.print(f"resuming at iteration {data['first_iteration']}")
-        elif kind == "alarm":
-            style = "bold red" if data["mode"] == "stop" else "yellow"
-            console.print(f"[{style}]ALARM[/] {data['message']}", highlight=False)
-        elif kind == "action":
-            console.print(
-                f"[cyan]ACTION[/] iteration {data['iteration']}: {data['message']}", highlight=False
-            )
-        elif kind == "tracking":
-            console.print(f"[yellow]{data['message']}[/]", highlight=False)
-        elif kind == "learner_failed":
-            console.print(
-                f"[yellow]learner died ({data['error']}); restart {data['restart']}: "
-                f"rebuilding from {data['checkpoint']}[/]",
-                highlight=False,
-            )
-        elif kind == "checkpoint_failed":
-            console.print(f"[yellow]{data['message']}[/]", highlight=False)
-        elif kind == "worker_failed":
-            console.print(
-                f"[yellow]rollout worker {data['worker']} died "
-                f"({data['error']}); re-collecting its share[/]",
-                highlight=False,
-            )
-        elif kind == "validation":
-            console.print(f"validation before training: success {data['val/success']:.3f}")
-        elif kind == "iteration":
-            if "train" not in tasks:
-                tasks["train"] = progress.add_task("training", total=data["total"], info="")
-            info = "  ".join(
-                f"{label} {data[key]:.3f}" for key, label in KEY_METRICS if key in data
-            )
-            progress.update(tasks["train"], completed=data["iteration"], info=info)
-
-    from ..envs.sandbox import SandboxUnavailable
-
-    try:
-        with progress:
+    with _failures("run", "interrupted; the MLflow run is marked KILLED"):
+        with RunDisplay(console) as display:  # bars in a terminal, else a line per event
             summary = Trainer(
-                cfg, on_event, resume_from=resume_from, resume_run_id=resume_run_id
+                cfg, display, resume_from=resume_from, resume_run_id=resume_run_id
             ).run()
-    except (ClusterError, TrackingError, SandboxUnavailable) as exc:
-        fail(str(exc))
-    except ConfigError as exc:  # a setting only the resolved model can refute (model.lora)
+    console.print(_summary_table(summary))
+    console.print(f"MLflow run id: [cyan]{summary.run_id}[/]")
+    console.print(f"Look at it: [green]{summary.ui_command}[/]")
+
+
+def _resumed_config(config: Path | None, overrides: list[str], address: str | None, resume: str):
+    """``--resume``: (the run's own config with this command's overrides on top, the
+    checkpoint to continue from, the MLflow run it belongs to)."""
+    from .checkpoint import ResumeError, check_same_parameters, resolve_resume
+    from .config import ConfigError, build_config
+
+    base = _load(config, overrides, address)
+    try:
+        resume_from, resume_run_id, saved = resolve_resume(resume, base.tracking_uri())
+        cfg = build_config(saved, overrides + ([f"ray.address={address}"] if address else []))
+        check_same_parameters(saved, cfg.model)
+    except ResumeError as exc:
+        fail(f"resume: {exc}")
+    except ConfigError as exc:
         fail(f"config: {exc}")
-    except KeyboardInterrupt:
-        fail("interrupted; the MLflow run is marked KILLED", code=130)
-    except Exception as exc:  # an actor crash or a bug: one line here, details in the log
-        if os.environ.get("TETHER_DEBUG"):
-            raise
-        fail(
-            f"run failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''} "
-            f"(set TETHER_DEBUG=1 for the traceback)",
-            code=1,
-        )
+    return cfg, resume_from, resume_run_id
+
+
+def _summary_table(summary) -> Table:
+    """The run's summary: status, alarms, validation with intervals, last metrics, the
+    last diagnostic point's MI proxies and input-dependence test."""
     table = Table(title="Tether run summary")
     table.add_column("metric")
     table.add_column("value", justify="right")
@@ -244,9 +191,7 @@ def run(
             f"{'yes' if d.get('collapse/first_turn/grounded') else 'not shown'}"
             f" (permutation p = {p:.3g})",
         )
-    console.print(table)
-    console.print(f"MLflow run id: [cyan]{summary.run_id}[/]")
-    console.print(f"Look at it: [green]{summary.ui_command}[/]")
+    return table
 
 
 @app.command("config")
@@ -317,22 +262,19 @@ def sweep(
     """Ray Tune sweep: one training run per trial, nested under one MLflow parent run."""
     _check_cluster(address)
     from .config import ConfigError
-    from .session import prepare_process
     from .sweep_spec import load_sweep_spec
 
     try:
         sweep_spec = load_sweep_spec(spec, overrides or [])
     except ConfigError as exc:
         fail(f"sweep spec: {exc}")
-    _check_dependencies()
-    prepare_process(address or os.environ.get("RAY_ADDRESS") or sweep_spec.base.ray.address)
-    from ..envs.sandbox import SandboxUnavailable
+    _start_up(address or os.environ.get("RAY_ADDRESS") or sweep_spec.base.ray.address)
     from .progress import SweepDisplay
-    from .session import ClusterError
-    from .sweep import SweepError, results_table, run_sweep
-    from .tracking import TrackingError
+    from .sweep import SweepError, run_sweep
 
-    try:  # bars in a terminal (warm start, trials with an ETA), else one line per event
+    interrupted = "interrupted; continue with `tether sweep <sweep.yaml> --resume`"
+    with _failures("sweep", interrupted, (SweepError,)):
+        # bars in a terminal (warm start, trials with an ETA), else one line per event
         with SweepDisplay(console) as display:
             outcome = run_sweep(
                 sweep_spec,
@@ -341,23 +283,19 @@ def sweep(
                 echo=lambda line: console.print(line, highlight=False),
                 display=display,
             )
-    except (SweepError, ClusterError, TrackingError, SandboxUnavailable) as exc:
-        fail(str(exc))
-    except KeyboardInterrupt:
-        fail("interrupted; continue with `tether sweep <sweep.yaml> --resume`", code=130)
-    except Exception as exc:  # a bug or a dead cluster: one line here, details in the log
-        if os.environ.get("TETHER_DEBUG"):
-            raise
-        fail(
-            f"sweep failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-            f" (set TETHER_DEBUG=1 for the traceback)",
-            code=1,
-        )
-    table = results_table(
-        outcome.rows,
-        sweep_spec.sweep.metric,
-        f"Sweep {outcome.name}: trials ranked by {sweep_spec.sweep.metric}",
-    )
+    _print_sweep_outcome(outcome, sweep_spec.sweep.metric)
+    if outcome.status == "KILLED":
+        console.print(f"interrupted: continue with `tether sweep {spec} --resume`")
+        raise typer.Exit(130)
+    if outcome.status == "FAILED":
+        raise typer.Exit(1)
+
+
+def _print_sweep_outcome(outcome, metric: str) -> None:
+    """The trials ranked by the sweep's metric, the status and where the results are."""
+    from .sweep import results_table
+
+    table = results_table(outcome.rows, metric, f"Sweep {outcome.name}: trials ranked by {metric}")
     (console if console.is_terminal else Console(width=200)).print(table)  # job logs: no wrap
     console.print(
         f"{outcome.status}: {outcome.trials} trials in {outcome.seconds:.0f} s; "
@@ -366,30 +304,6 @@ def sweep(
         highlight=False,
     )
     console.print(f"Look at it: [green]{outcome.ui_command}[/]")
-    if outcome.status == "KILLED":
-        console.print(f"interrupted: continue with `tether sweep {spec} --resume`")
-        raise typer.Exit(130)
-    if outcome.status == "FAILED":
-        raise typer.Exit(1)
-
-
-def _tracking_uri(uri: str | None, output_dir: Path | None) -> str:
-    """The given URI, else output_dir's SQLite store (the embedded default of `tether run`);
-    a SQLite file that does not exist is an error here, not a new empty store."""
-    from .config import TetherConfig
-    from .tracking import default_tracking_uri
-
-    uri = (
-        uri
-        or os.environ.get("MLFLOW_TRACKING_URI")
-        or default_tracking_uri(output_dir or TetherConfig().experiment.output_dir)
-    )
-    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///") :]).is_file():
-        fail(
-            f"tracking: no MLflow store at {uri[len('sqlite:///') :]}; pass --tracking-uri "
-            f"(the tracking.uri of the runs) or --output-dir (their experiment.output_dir)"
-        )
-    return uri
 
 
 TRACKING_URI = typer.Option(
@@ -441,86 +355,15 @@ def report(
 ):
     """The paper's analyses (docs/methods.md, section 13) over MLflow runs: figures (PNG +
     HTML) and report.html."""
-    from ..analysis.report import ReportSettings, build_report, log_report
+    from ..analysis.report import ReportSettings
     from ..analysis.runs import DIAGNOSTICS, SAMPLINGS
-    from ..analysis.source import ReportError, load_target
+    from . import cli_tracking
 
-    if sampling not in SAMPLINGS:
-        fail(f"--sampling {sampling!r} is not one of {list(SAMPLINGS)}")
-    if mi_name not in DIAGNOSTICS:
-        fail(f"--mi {mi_name!r} is not one of {list(DIAGNOSTICS)}")
-    uri = _tracking_uri(tracking_uri, output_dir)
-    try:
-        resolved, runs = load_target(uri, target)
-    except ReportError as exc:
-        fail(f"report: {exc}")
-    if finished_only:
-        left_out = [f"{r.name} ({r.status})" for r in runs if r.status != "FINISHED"]
-        runs = [r for r in runs if r.status == "FINISHED"]
-        if left_out:
-            console.print(f"left out, not finished: {', '.join(left_out)}", highlight=False)
-        if not runs:
-            fail(f"report: no finished run in {target}")
-    out = out or Path("tether_report") / target.replace("/", "_")
+    cli_tracking.check_choice("--sampling", sampling, SAMPLINGS)
+    cli_tracking.check_choice("--mi", mi_name, DIAGNOSTICS)
+    uri = cli_tracking.tracking_uri(tracking_uri, output_dir)
     settings = ReportSettings(sampling=sampling, mi_name=mi_name)
-    result = build_report(
-        runs,
-        out,
-        f"Tether report: {resolved.kind} {resolved.label} ({len(runs)} runs)",
-        settings,
-        resolved.sweep_base,
-    )
-    for note in result.notes:
-        console.print(f"[yellow]note:[/] {note}", highlight=False)
-    for name, section in result.sections.items():
-        if section.rows:
-            table = Table(title=name)
-            for column in section.rows[0]:
-                if column != "run_id":
-                    table.add_column(column, justify="right")
-            for row in section.rows:
-                table.add_row(
-                    *[
-                        f"{v:.3g}" if isinstance(v, float) else str(v)
-                        for k, v in row.items()
-                        if k != "run_id"
-                    ]
-                )
-            console.print(table)
-    if log:
-        from mlflow.tracking import MlflowClient
-
-        from .config import TrackingConfig
-        from .tracking import SPOOL_DIRNAME, Tracker
-
-        # Through a Tracker with its spool beside the report's directory (not in it: the
-        # directory is what is uploaded): a server that goes away mid-upload leaves the
-        # rest there for `tether sync-tracking`, not a traceback.
-        tracker = Tracker(
-            uri,
-            MlflowClient(tracking_uri=uri).get_experiment(resolved.experiment_id).name,
-            run_name=f"report-{target}",
-            tags={"tether.kind": "report"},
-            run_id=resolved.log_to,
-            reopen=False,
-            spool_root=out.with_name(f"{out.name}_{SPOOL_DIRNAME}"),
-            settings=TrackingConfig(),
-            notify=lambda message: console.print(f"[yellow]{message}[/]", highlight=False),
-        )
-        log_report(tracker, out)
-        landed = tracker.finish() if resolved.log_to is None else tracker.flush()
-        if landed:
-            console.print(f"logged as artifacts report/ of run [cyan]{tracker.run_id}[/]")
-        elif resolved.log_to is not None:
-            console.print(
-                f"[yellow]report/ of run {tracker.run_id} waits in "
-                f"{tracker.spool.directory}: `tether sync-tracking "
-                f"{tracker.spool.directory}` uploads it[/]",
-                highlight=False,
-            )
-    console.print(
-        f"report: [green]{(out / 'report.html').resolve()}[/] ({len(result.figures)} figures)"
-    )
+    cli_tracking.report(target, uri, out, settings, log, finished_only)
 
 
 @app.command("sync-tracking")
@@ -576,51 +419,11 @@ def serve(
 ):
     """Live collapse monitor: a Ray Serve page of the MLflow runs, refreshing while they train."""
     from ..analysis.runs import SAMPLINGS
+    from . import cli_tracking
 
-    if sampling not in SAMPLINGS:
-        fail(f"--sampling {sampling!r} is not one of {list(SAMPLINGS)}")
-    uri = _tracking_uri(tracking_uri, output_dir)
-    from .session import ClusterError, prepare_process, start_ray, stop_ray
-
-    prepare_process(address)
-    from ..dashboards.monitor import MonitorError, is_loopback, start_monitor
-
-    if not is_loopback(host) and not token:
-        fail(
-            f"--host {host} is beyond localhost: pass --token (or TETHER_SERVE_TOKEN) so "
-            f"the page is not open to the network"
-        )
-    try:
-        started = start_ray(address, None, 1)
-    except ClusterError as exc:
-        fail(str(exc))
-    import time
-
-    from ray import serve as ray_serve
-
-    try:
-        url = start_monitor(
-            uri,
-            host,
-            port,
-            token,
-            experiment,
-            refresh,
-            sampling,
-            warn=lambda line: console.print(f"[yellow]warning:[/] {line}"),
-        )
-    except MonitorError as exc:  # e.g. a Serve already on 0.0.0.0: leave it as it was
-        stop_ray(started)
-        fail(str(exc))
-    try:
-        console.print(f"Tether monitor on [green]{url}[/]  (MLflow {uri}); Ctrl-C stops it")
-        while True:
-            time.sleep(3600)
-    except KeyboardInterrupt:
-        console.print("stopping the monitor")
-    finally:
-        ray_serve.shutdown()
-        stop_ray(started)
+    cli_tracking.check_choice("--sampling", sampling, SAMPLINGS)
+    uri = cli_tracking.tracking_uri(tracking_uri, output_dir)
+    cli_tracking.serve(uri, address, host, token, (port, experiment, refresh, sampling))
 
 
 def main() -> None:  # pragma: no cover - console entry point

@@ -12,25 +12,34 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from ..algos.settings import AlgoConfig, FilterConfig
-from ..diagnostics.alarms import AlarmsConfig
+from ..diagnostics.settings import AlarmsConfig, DiagnosticsConfig
 from ..envs.sandbox.isolation import SandboxConfig
-from ..policy.lora import LoraConfig
+from ..envs.settings import EnvConfig
+from ..policy.settings import ModelConfig, WarmStartConfig
+from ..sections import StrictSection
 
-if TYPE_CHECKING:
-    from ..diagnostics.uncertainty import Uncertainty
+__all__ = [
+    "ConfigError",
+    "DiagnosticsConfig",
+    "EnvConfig",
+    "ModelConfig",
+    "TetherConfig",
+    "WarmStartConfig",
+    "build_config",
+    "default_tracking_uri",
+    "describe_fields",
+    "load_config",
+    "tracking_uri",
+]
 
 
-class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-
-class ExperimentConfig(Section):
+class ExperimentConfig(StrictSection):
     name: str = Field("tether", description="MLflow experiment name.")
     run_name: str | None = Field(None, description="MLflow run name (default: env-algo-seed).")
     seed: int = Field(0, description="Global seed: env levels, sampling and init derive from it.")
@@ -40,126 +49,7 @@ class ExperimentConfig(Section):
     )
 
 
-class EnvConfig(Section):
-    id: str = Field(
-        "tether/FrozenLake-v0",
-        description="Environment id, e.g. tether/Sokoban-v0, "
-        "tether/FrozenLake-v0, tether/Countdown-v0 (short names work too).",
-    )
-    stochasticity: float = Field(
-        0.0,
-        ge=0.0,
-        le=1.0,
-        description="Noise p in [0, 1]: "
-        "random action replacement (multi-turn) or reward replacement "
-        "(single-turn).",
-    )
-    format_penalty: float = Field(
-        -0.1, le=0.0, description="Reward for an unparseable or invalid reply (no env step)."
-    )
-    kwargs: dict[str, Any] = Field(
-        default_factory=dict,
-        description="Extra constructor arguments of the env (e.g. size, frozen_fraction, dim).",
-    )
-    val_seed_offset: int = Field(
-        1_000_000,
-        ge=1,
-        description="Held-out validation levels use "
-        "seeds from this offset on; training seeds stay below it.",
-    )
-
-
-class WarmStartConfig(Section):
-    episodes: int = Field(
-        800,
-        ge=0,
-        description="Demonstration episodes written by the env's "
-        "solver for supervised warm start (0 = no warm start).",
-    )
-    noise: float = Field(
-        0.3,
-        ge=0.0,
-        le=1.0,
-        description="Share of imperfect demonstration "
-        "turns (random actions), so the warm policy succeeds only sometimes.",
-    )
-    epochs: int = Field(1, ge=1, description="Passes over the demonstrations.")
-    batch_size: int = Field(8, ge=1, description="Episodes per SFT step.")
-    lr: float = Field(2e-3, gt=0.0, description="AdamW learning rate of the warm start.")
-    vocab_size: int = Field(512, ge=300, description="BPE vocabulary of the project tokenizer.")
-    numerals: Literal["digits", "coordinates", "numbers"] = Field(
-        "digits",
-        description="Tokenizer numerals: digits (one a token), coordinates ((r,c) may "
-        "merge into one token: copying a position is one token), numbers (and digit runs).",
-    )
-    state_turn_epochs: int = Field(
-        0,
-        ge=0,
-        description="Curriculum: passes over every turn "
-        "alone (observed state, then reply) before the full episodes, "
-        "where copying the state is learned in few steps (0 = none).",
-    )
-    state_turn_batch_size: int = Field(32, ge=1, description="Turns per step of that stage.")
-    restate: bool = Field(
-        False,
-        description="Demonstration reasoning opens with the whole "
-        "observed state (FrozenLake: the map's rows), where the env supports it.",
-    )
-    seed: int | None = Field(
-        None,
-        description="Seed of the warm start (demonstrations, "
-        "tokenizer, init); None = experiment.seed. Fix it to share one "
-        "cached warm start across the seeds of a sweep.",
-    )
-
-
-class ModelConfig(Section):
-    path: str | None = Field(
-        None,
-        description="A Hugging Face causal LM directory or hub id "
-        "(None: the tiny CPU model that Tether builds and warm-starts).",
-    )
-    size: Literal["tiny", "small", "micro", "medium", "large", "qwen05b-shape"] = Field(
-        "tiny",
-        description="Built model size: tiny 4.3M, small 0.59M, micro 0.16M params; "
-        "medium 29.6M and large 113.7M (for cost scaling; vocabulary 512); "
-        "qwen05b-shape: Qwen2.5-0.5B's shape and 151,936-token vocabulary (494M params, "
-        "random init, the project tokenizer padded with filler tokens; for measuring "
-        "memory and time: set warm_start.episodes=0).",
-    )
-    max_context: int = Field(1024, ge=64, description="Model window in tokens (tiny model).")
-    cache_dir: Path = Field(
-        Path.home() / ".cache" / "tether" / "models",
-        description="Where the warm-started tiny model is saved and reused.",
-    )
-    warm_start: WarmStartConfig = Field(default_factory=WarmStartConfig)
-    dtype: Literal["float32", "bfloat16"] = Field(
-        "float32",
-        description="Parameter dtype of the learner (policy, reference; AdamW keeps its "
-        "state in it too, no float32 master copy), the rollout engine and the diagnostics; "
-        "log-softmax and entropy are always float32.  The run's tag "
-        "model.dtype_effective records what each process loaded.",
-    )
-    lora: LoraConfig | None = Field(
-        None,
-        description="LoRA adapters (peft) instead of full fine-tuning: null = train every "
-        "weight; set (e.g. model.lora.r=8) = train rank-r adapters only, the KL reference "
-        "is the same model with its adapters disabled (no second copy), and the rollout "
-        "engines get the merged weights.  Fields: r, alpha, dropout, target_modules.",
-    )
-
-    @model_validator(mode="after")
-    def _path_exists(self):
-        if self.path is not None and (
-            "/" not in self.path or self.path.startswith((".", "/", "~"))
-        ):
-            p = Path(self.path).expanduser()
-            if not p.exists():
-                raise ValueError(f"model path {self.path!r} does not exist")
-        return self
-
-
-class RolloutConfig(Section):
+class RolloutConfig(StrictSection):
     engine: Literal["hf", "vllm"] = Field(
         "hf",
         description="Sampler: hf (transformers, CPU) or vllm (GPU, or vLLM's CPU build "
@@ -221,108 +111,7 @@ class RolloutConfig(Section):
         return self.groups * self.group_size
 
 
-class DiagnosticsConfig(Section):
-    every: int = Field(
-        5,
-        ge=1,
-        description="Cross-score MI diagnostics every N iterations "
-        "(and at iteration 1); docs/methods.md, section 2.",
-    )
-    samplings: list[Literal["first_turn", "trajectory"]] = Field(
-        default_factory=lambda: ["first_turn", "trajectory"],
-        description="Pair samplings: first_turn (turn 1, prompts repeat within a group) and "
-        "trajectory (one random turn per trajectory).",
-    )
-    max_pairs: int = Field(
-        32,
-        ge=2,
-        description="Pairs M cross-scored per sampling (cost grows with M x distinct prompts).",
-    )
-    max_cells: int = Field(
-        256,
-        ge=4,
-        description="Cap on the cross-score matrix of a sampling, "
-        "M pairs x N distinct prompts: pairs are subsampled until it fits. "
-        "first_turn (8 prompts x 32 pairs) fits as is; trajectory sampling, "
-        "whose prompts are nearly all distinct, keeps ~16 pairs.",
-    )
-    information_chain: bool = Field(True, description="Also log I(Z;A) and I(X;A) beside I(X;Z).")
-    chain_every: int = Field(
-        10,
-        ge=1,
-        description="Score the information-chain links I(Z;A) "
-        "and I(X;A) every N iterations (and at iteration 1), on diagnostic "
-        "iterations (so it takes effect on multiples of `every`). I(Z;A) has "
-        "one context per pair (M x M scores); with multi_prefix scoring the "
-        "two links together cost about as much as I(X;Z).",
-    )
-    method: Literal["auto", "multi_prefix", "shared_prefix", "prefix", "naive"] = Field(
-        "auto",
-        description="Cross-scoring implementation (prefix KV reuse unless naive; auto = "
-        "multi_prefix, many contexts per forward, when the model's attention allows it).",
-    )
-    heatmap_every: int = Field(
-        10,
-        ge=1,
-        description="Log the cross-score matrix as a heatmap every N iterations (and at "
-        "iteration 1), on diagnostic iterations.",
-    )
-    grad_snr_every: int = Field(
-        10,
-        ge=0,
-        description="Gradient SNR by reward-variance bucket "
-        "every N iterations, not at iteration 1 (0 = off; docs/methods.md, section 10): "
-        "one forward and two "
-        "gradient passes over every collected trajectory (before "
-        "filtering), about 1-2 updates' worth of compute; every 10 gives "
-        "a 400-iteration run 40 analyses.",
-    )
-    grad_snr_buckets: int = Field(
-        6, ge=1, description="RV quantile buckets of the gradient-SNR analysis."
-    )
-    enabled: bool = Field(
-        True,
-        description="Run the collapse diagnostics at all (cross-scoring, "
-        "heatmaps and gradient SNR).",
-    )
-    bootstrap: int = Field(
-        1000,
-        ge=0,
-        description="Bootstrap resamples (by prompt) behind the "
-        "interval logged beside every MI proxy (<proxy>_ci_low / _ci_high); "
-        "reuses the cross-score matrix, no model calls. 0 = no intervals (the "
-        "template_collapse alarm then cannot judge).",
-    )
-    permutations: int = Field(
-        1000,
-        ge=0,
-        description="Permutations of the test 'reasoning "
-        "depends on the input' (which prompt each reasoning belongs to is "
-        "shuffled): p_grounded, <proxy>_null_q95. 0 = no test.",
-    )
-    confidence: float = Field(
-        0.95, gt=0.5, lt=1.0, description="Coverage of the bootstrap intervals."
-    )
-    alpha: float = Field(
-        0.05,
-        gt=0.0,
-        lt=0.5,
-        description="Significance level of the input-"
-        "dependence test: 'grounded' = 1 when p_grounded < alpha.",
-    )
-
-    def uncertainty(self) -> Uncertainty:
-        from ..diagnostics.uncertainty import Uncertainty
-
-        return Uncertainty(
-            bootstrap=self.bootstrap,
-            permutations=self.permutations,
-            confidence=self.confidence,
-            alpha=self.alpha,
-        )
-
-
-class TrainerConfig(Section):
+class TrainerConfig(StrictSection):
     iterations: int = Field(30, ge=1, description="Training iterations.")
     val_every: int = Field(
         10,
@@ -368,7 +157,20 @@ class TrainerConfig(Section):
     samples_per_log: int = Field(4, ge=0, description="Transcripts per sample artifact.")
 
 
-class TrackingConfig(Section):
+def default_tracking_uri(output_dir: Path) -> str:
+    """The SQLite MLflow store of an output directory (absolute)."""
+    return f"sqlite:///{(Path(output_dir).expanduser().resolve() / 'mlflow.db').as_posix()}"
+
+
+def tracking_uri(uri: str | None, output_dir: Path | None = None) -> str:
+    """The one default rule of the tracking URI: ``uri`` when given, else the SQLite store
+    in ``output_dir`` (default: ``experiment.output_dir``'s default)."""
+    if uri:
+        return uri
+    return default_tracking_uri(ExperimentConfig().output_dir if output_dir is None else output_dir)
+
+
+class TrackingConfig(StrictSection):
     uri: str | None = Field(
         None, description="MLflow tracking URI (default: a SQLite file in experiment.output_dir)."
     )
@@ -420,7 +222,7 @@ class TrackingConfig(Section):
     )
 
 
-class RayConfig(Section):
+class RayConfig(StrictSection):
     address: str | None = Field(
         None, description="Ray cluster address (None: start a local Ray on 127.0.0.1)."
     )
@@ -438,7 +240,7 @@ class RayConfig(Section):
     )
 
 
-class TetherConfig(Section):
+class TetherConfig(StrictSection):
     experiment: ExperimentConfig = Field(default_factory=ExperimentConfig)
     env: EnvConfig = Field(default_factory=EnvConfig)
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
@@ -462,6 +264,19 @@ class TetherConfig(Section):
                 "log-probs differ numerically from the learner's)"
             )
         return self
+
+    def tracking_uri(self) -> str:
+        """``tracking.uri``, else the SQLite store in ``experiment.output_dir``."""
+        return tracking_uri(self.tracking.uri, self.experiment.output_dir)
+
+    def actor_resources(self) -> dict[str, float]:
+        """CPUs and GPUs of all the run's actors together (the sum of ``resource_demands``):
+        what a local Ray must have, and a sweep trial's actor bundle."""
+        demands = self.resource_demands()
+        return {
+            "CPU": sum(d.count * d.cpus for d in demands),
+            "GPU": sum(d.count * d.gpus for d in demands),
+        }
 
     def resource_demands(self) -> list:
         """The Ray actors the run starts and the CPUs/GPUs each asks for."""

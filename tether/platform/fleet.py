@@ -25,6 +25,7 @@ from ..agent.episode import EpisodeSpec
 from ..rollout.base import SamplingParams
 from .actor_pool import ActorRequest
 from .config import RolloutConfig, TetherConfig
+from .events import Event
 
 
 def first_line(exc: BaseException) -> str:
@@ -103,7 +104,7 @@ class RolloutFleet:
                 if k not in results
             }
             self.emit(
-                "collecting",
+                Event.COLLECTING,
                 {
                     "attempt": attempt,
                     "workers": sorted(refs),
@@ -117,7 +118,7 @@ class RolloutFleet:
                     self.failures += 1
                     last_error = first_line(exc)
                     self.emit(
-                        "worker_failed", {"worker": k, "attempt": attempt, "error": last_error}
+                        Event.WORKER_FAILED, {"worker": k, "attempt": attempt, "error": last_error}
                     )
                     self.restore_worker(k)
             if len(results) == len(shares):

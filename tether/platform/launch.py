@@ -1,7 +1,7 @@
-"""A run's start and end, the steps ``Trainer.setup`` takes in this order: refusals that
-cost nothing (an unreachable cluster, no sandbox), the policy (the warm start), the
-MLflow run, the actors the pool lends (rollout workers, learner) and this run's state
-on the learner; and the MLflow run's last tags."""
+"""A run's start and end, the steps ``Trainer.setup`` takes after the start-up path it
+shares with a sweep (``preflight``: refusals that cost nothing, Ray, the policy): the
+MLflow run, the actors the pool lends (rollout workers, learner) and this run's state on
+the learner; and the MLflow run's last tags."""
 
 from __future__ import annotations
 
@@ -10,49 +10,12 @@ from pathlib import Path
 
 from ..actors.learner_group import LearnerGroup
 from ..algos.update import UpdateSettings
-from ..envs import runs_untrusted_code
-from ..envs.sandbox import resolve_isolation
-from ..policy.load import resolve_policy
-from ..policy.lora import check_targets_for_path
 from .actor_pool import ActorPool, ActorRequest
-from .config import ConfigError, TetherConfig
+from .config import TetherConfig
 from .environment import environment_tags
+from .events import Event
 from .fleet import RolloutFleet, worker_request
-from .session import check_ray_reachable
-from .tracking import SPOOL_DIRNAME, Tracker, default_tracking_uri
-
-
-def refuse_early(cfg: TetherConfig, output_dir: Path) -> None:
-    """Fail in seconds, before the warm start: an unreachable cluster, an environment
-    that runs untrusted code without a sandbox; then the output directory."""
-    if cfg.ray.address:
-        check_ray_reachable(cfg.ray.address)
-    if runs_untrusted_code(cfg.env.id):  # refuse before anything starts (one line)
-        resolve_isolation(cfg.sandbox.isolation)
-    output_dir.mkdir(parents=True, exist_ok=True)
-
-
-def resolve_model(cfg: TetherConfig, emit: Callable[[str, dict], None]) -> str:
-    """The policy's path (warm-started and cached when the config asks for the tiny
-    model), with a LoRA adapter's targets checked against it (before any actor)."""
-    model_path = str(
-        resolve_policy(
-            cfg.model,
-            cfg.env,
-            cfg.experiment.seed,
-            cfg.rollout.max_reply_tokens,
-            isolation=cfg.sandbox.isolation,
-            progress=lambda step, total, loss: emit(
-                "warm_start", {"step": step, "total": total, "loss": loss}
-            ),
-        )
-    )
-    if cfg.model.lora is not None:
-        try:
-            check_targets_for_path(cfg.model.lora, model_path)
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
-    return model_path
+from .tracking import SPOOL_DIRNAME, Tracker
 
 
 def open_tracker(
@@ -66,7 +29,7 @@ def open_tracker(
 ) -> Tracker:
     """The run's MLflow run (the resumed one when ``resume_run_id``), its params and tags."""
     tracker = Tracker(
-        cfg.tracking.uri or default_tracking_uri(output_dir),
+        cfg.tracking_uri(),
         cfg.experiment.name,
         output_dir / "artifacts",
         run_name=cfg.experiment.run_name
@@ -76,7 +39,7 @@ def open_tracker(
         run_id=resume_run_id,
         settings=cfg.tracking,
         spool_root=output_dir / SPOOL_DIRNAME,
-        notify=lambda message: emit("tracking", {"message": message}),
+        notify=lambda message: emit(Event.TRACKING, {"message": message}),
     )
     if resume_run_id is None:
         # The run name is the run's name (and a tag), not a parameter: every sweep trial

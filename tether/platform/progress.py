@@ -3,7 +3,8 @@
 ``tether run`` and ``tether sweep`` share the bars: the warm start, the training
 iterations, and for a sweep the trials (done / running / left) with an ETA over all of
 them plus one bar per running trial.  Where stdout is not a terminal (``ray job logs``,
-CI, a file) nothing is redrawn: each event is one line.
+CI, a file) nothing is redrawn: each event is one line.  ``RunDisplay`` shows a run's
+events (``events.Event``); ``SweepDisplay`` a sweep's trials, from Tune's callbacks.
 """
 
 from __future__ import annotations
@@ -15,9 +16,20 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-__all__ = ["SweepDisplay", "bars"]
+from .events import Event
+
+__all__ = ["KEY_METRICS", "RunDisplay", "SweepDisplay", "bars"]
 
 DONE = ("TERMINATED", "ERROR")
+
+#: (metric, label) shown with each iteration, and (but the last) in the run's summary.
+KEY_METRICS = [
+    ("rollout/success", "success"),
+    ("rollout/in_group_reward_std", "rv"),
+    ("filter/kept_ratio", "kept"),
+    ("actor/entropy", "entropy"),
+    ("val/success", "val"),
+]
 
 
 def bars(console: Console, speed_estimate_period: float = 30.0) -> Progress:
@@ -34,6 +46,96 @@ def bars(console: Console, speed_estimate_period: float = 30.0) -> Progress:
         transient=False,
         speed_estimate_period=speed_estimate_period,
     )
+
+
+def key_metrics(data: dict) -> str:
+    """``success 0.250  rv 0.433 ...``: the key metrics an iteration reported."""
+    return "  ".join(f"{label} {data[key]:.3f}" for key, label in KEY_METRICS if key in data)
+
+
+class RunDisplay:
+    """A run's events as ``tether run`` shows them: the warm start and the iterations as
+    bars in a terminal, one line each in a log; the run's start, validation, alarms,
+    actions, failures and the tracking spool's messages as lines either way.  Call it as
+    the Trainer's ``on_event`` inside ``with display:``."""
+
+    #: The events shown (each by its method ``_<kind>``); the others pass silently.
+    SHOWN = frozenset(Event) - {Event.COLLECTING}
+
+    def __init__(self, console: Console, plain: bool | None = None) -> None:
+        self.console = console
+        self.plain = not console.is_terminal if plain is None else plain
+        self.progress = bars(console)
+        self.tasks: dict[str, int] = {}
+
+    def __enter__(self) -> RunDisplay:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.progress.stop()
+
+    def __call__(self, kind: str, data: dict) -> None:
+        if kind in self.SHOWN:
+            getattr(self, f"_{kind}")(data)
+
+    def _say(self, text: str) -> None:
+        self.console.print(text, highlight=False)
+
+    def _warm_start(self, data: dict) -> None:
+        step, total, loss = data["step"], data["total"], data["loss"]
+        if self.plain:
+            if step % max(1, total // 10) == 0 or step == total:
+                self.console.print(f"warm start {step}/{total} loss {loss:.3f}")
+            return
+        if "warm" not in self.tasks:
+            self.tasks["warm"] = self.progress.add_task("warm start", total=total, info="")
+        self.progress.update(self.tasks["warm"], completed=step, info=f"loss {loss:.3f}")
+
+    def _iteration(self, data: dict) -> None:
+        if self.plain:
+            self._say(
+                f"iteration {data['iteration']}/{data['total']}  {key_metrics(data)}  "
+                f"({data.get('timing/iteration', 0):.1f} s)"
+            )
+            return
+        if "train" not in self.tasks:
+            self.tasks["train"] = self.progress.add_task("training", total=data["total"], info="")
+        self.progress.update(
+            self.tasks["train"], completed=data["iteration"], info=key_metrics(data)
+        )
+
+    def _started(self, data: dict) -> None:
+        self.console.print(f"MLflow run [cyan]{data['run_id']}[/]  model {data['model_path']}")
+        if data.get("first_iteration", 1) > 1:
+            self.console.print(f"resuming at iteration {data['first_iteration']}")
+
+    def _validation(self, data: dict) -> None:
+        self.console.print(f"validation before training: success {data['val/success']:.3f}")
+
+    def _alarm(self, data: dict) -> None:
+        style = "bold red" if data["mode"] == "stop" else "yellow"
+        self._say(f"[{style}]ALARM[/] {data['message']}")
+
+    def _action(self, data: dict) -> None:
+        self._say(f"[cyan]ACTION[/] iteration {data['iteration']}: {data['message']}")
+
+    def _tracking(self, data: dict) -> None:
+        self._say(f"[yellow]{data['message']}[/]")
+
+    _checkpoint_failed = _tracking
+
+    def _learner_failed(self, data: dict) -> None:
+        self._say(
+            f"[yellow]learner died ({data['error']}); restart {data['restart']}: "
+            f"rebuilding from {data['checkpoint']}[/]"
+        )
+
+    def _worker_failed(self, data: dict) -> None:
+        self._say(
+            f"[yellow]rollout worker {data['worker']} died "
+            f"({data['error']}); re-collecting its share[/]"
+        )
 
 
 class SweepDisplay:
@@ -137,14 +239,19 @@ class SweepDisplay:
         self.progress.update(
             self._overall, description=description, total=work_total, completed=work_done, info=info
         )
+        self._trial_bars(trials, status, progress, metric)
+
+    def _trial_bars(self, trials: list, status: dict, progress, metric: str | None) -> None:
+        """One bar per running trial (``progress(t)``: its iterations done); a trial that
+        stopped running loses its bar."""
         for t in trials:
             task = self._trial_tasks.get(t.trial_id)
             if status[t.trial_id] == "RUNNING":
-                result = seen.get(t.trial_id, {})
+                result = self._results.get(t.trial_id, {})
                 info = "" if metric not in result else f"{metric} {result[metric]:.3f}"
                 if task is None:
                     task = self._trial_tasks[t.trial_id] = self.progress.add_task(
-                        f"  trial {t.trial_id}", total=iterations[t.trial_id], info=""
+                        f"  trial {t.trial_id}", total=self._iterations[t.trial_id], info=""
                     )
                 self.progress.update(task, completed=progress(t), info=info)
             elif task is not None:

@@ -14,6 +14,7 @@ from ..actors.learner_group import LearnerDied
 from .alarm_responder import AlarmResponder
 from .checkpoint import CheckpointError, latest_checkpoint
 from .config import TrainerConfig
+from .events import Event
 from .tracking import Tracker
 
 
@@ -53,7 +54,7 @@ class LearnerRecovery:
                     f"{t.max_learner_restarts} used up"
                 ) from died
             self.emit(
-                "learner_failed",
+                Event.LEARNER_FAILED,
                 {"error": str(died), "restart": self.restarts, "checkpoint": str(path)},
             )
             tracker.set_tags(
@@ -86,7 +87,7 @@ def checkpoint_failed(
     if cfg.checkpoint_errors == "stop":
         raise exc
     emit(
-        "checkpoint_failed",
+        Event.CHECKPOINT_FAILED,
         {"message": f"{exc}; training goes on (trainer.checkpoint_errors = warn)"},
     )
 

@@ -58,8 +58,6 @@ def results_rows(
     """One row per trial (its FINISHED child run if any, else its latest), ranked by the
     metric, or with ``collapse_penalty`` by the metric penalised when an MI alarm fired.
     ``collapsed`` flags those trials; ``stop_reason`` says why a trial ended early."""
-    from .tracking import metric_history, metric_key
-
     client = MlflowClient(uri)
     by_trial: dict[str, Any] = {}
     for run in sorted(
@@ -68,40 +66,9 @@ def results_rows(
         trial = run.data.tags.get("sweep.trial_id", run.info.run_id)
         if trial not in by_trial or by_trial[trial].info.status != "FINISHED":
             by_trial[trial] = run
-
-    def history(run_id: str, key: str) -> list[float]:  # one value per step (resumed runs)
-        return [v for _, v in sorted(metric_history(client, run_id, metric_key(key)).items())]
-
-    rows = []
-    for trial, run in by_trial.items():
-        success, target, tags = (
-            history(run.info.run_id, SUCCESS),
-            history(run.info.run_id, metric),
-            run.data.tags,
-        )
-        rows.append(
-            {
-                "trial": trial,
-                "run_id": run.info.run_id,
-                "status": run.info.status,
-                **{
-                    k.removeprefix("sweep.param."): v
-                    for k, v in sorted(tags.items())
-                    if k.startswith("sweep.param.")
-                },
-                "iterations": len(success),
-                metric: target[-1] if target else float("nan"),
-                "success_peak": max(success) if success else float("nan"),
-                "success_final": success[-1] if success else float("nan"),
-                "mi_zscore_ema_final": run.data.metrics.get(MI_ZSCORE, float("nan")),
-                "p_grounded_final": run.data.metrics.get(P_GROUNDED, float("nan")),
-                "alarms": " ".join(
-                    sorted(k.removeprefix("alarm.") for k in tags if k.startswith("alarm."))
-                ),
-                "collapsed": any(f"alarm.{name}" in tags for name in collapse_alarms),
-                "stop_reason": tags.get("tether.stop_reason", ""),
-            }
-        )
+    rows = [
+        _trial_row(client, trial, run, metric, collapse_alarms) for trial, run in by_trial.items()
+    ]
     sign = -1.0 if mode == "max" else 1.0
     for row in rows:
         row["objective"] = row[metric] + (
@@ -123,6 +90,39 @@ def results_rows(
     for rank, row in enumerate(rows, 1):
         row["rank"] = rank
     return rows
+
+
+def _trial_row(client, trial: str, run, metric: str, collapse_alarms: tuple[str, ...]) -> dict:
+    """A trial's row: its swept values, how far it got, its metric and success, alarms."""
+    from .tracking import metric_history, metric_key
+
+    def history(key: str) -> list[float]:  # one value per step (resumed runs)
+        return [
+            v for _, v in sorted(metric_history(client, run.info.run_id, metric_key(key)).items())
+        ]
+
+    success, target, tags = history(SUCCESS), history(metric), run.data.tags
+    return {
+        "trial": trial,
+        "run_id": run.info.run_id,
+        "status": run.info.status,
+        **{
+            k.removeprefix("sweep.param."): v
+            for k, v in sorted(tags.items())
+            if k.startswith("sweep.param.")
+        },
+        "iterations": len(success),
+        metric: target[-1] if target else float("nan"),
+        "success_peak": max(success) if success else float("nan"),
+        "success_final": success[-1] if success else float("nan"),
+        "mi_zscore_ema_final": run.data.metrics.get(MI_ZSCORE, float("nan")),
+        "p_grounded_final": run.data.metrics.get(P_GROUNDED, float("nan")),
+        "alarms": " ".join(
+            sorted(k.removeprefix("alarm.") for k in tags if k.startswith("alarm."))
+        ),
+        "collapsed": any(f"alarm.{name}" in tags for name in collapse_alarms),
+        "stop_reason": tags.get("tether.stop_reason", ""),
+    }
 
 
 _TAIL = [

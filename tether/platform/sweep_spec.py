@@ -26,16 +26,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
+from ..sections import StrictSection
 from .config import ConfigError, TetherConfig, build_config, parse_override, set_dotted
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class Distribution(_Strict):
+class Distribution(StrictSection):
     """Exactly one of the keys: how one config field is varied."""
 
     grid: list[Any] | None = Field(
@@ -95,7 +92,7 @@ class Distribution(_Strict):
         return list(self.values) if self.values is not None else list(self.bounds)
 
 
-class AshaSpec(_Strict):
+class AshaSpec(StrictSection):
     max_t: int | None = Field(
         None, ge=1, description="Iterations a trial may run (default: trainer.iterations)."
     )
@@ -105,13 +102,13 @@ class AshaSpec(_Strict):
     )
 
 
-class SchedulerSpec(_Strict):
+class SchedulerSpec(StrictSection):
     asha: AshaSpec | None = Field(
         None, description="Async successive halving: stop weak trials early on the sweep metric."
     )
 
 
-class CollapseStop(_Strict):
+class CollapseStop(StrictSection):
     alarms: list[
         Literal[
             "template_collapse",
@@ -136,7 +133,7 @@ class CollapseStop(_Strict):
     )
 
 
-class TrialResources(_Strict):
+class TrialResources(StrictSection):
     cpu: float = Field(
         0.25,
         ge=0.0,
@@ -146,7 +143,7 @@ class TrialResources(_Strict):
     gpu: float = Field(0.0, ge=0.0, description="GPUs of the trial's own process.")
 
 
-class SweepConfig(_Strict):
+class SweepConfig(StrictSection):
     name: str | None = Field(
         None,
         description="Sweep name: the MLflow parent run and the "

@@ -56,10 +56,6 @@ def metric_key(name: str) -> str:
     return _INVALID_KEY_CHARS.sub("_", name.replace("@", "_at_"))
 
 
-def default_tracking_uri(output_dir: Path) -> str:
-    return f"sqlite:///{(Path(output_dir).expanduser().resolve() / 'mlflow.db').as_posix()}"
-
-
 def is_http(uri: str) -> bool:
     return uri.startswith(("http://", "https://"))
 

@@ -29,13 +29,14 @@ from ..agent.pairs import SpanExtractor
 from ..algos.batch import collate
 from ..policy.load import load_tokenizer
 from ..rollout.base import SamplingParams
+from . import preflight
 from .actor_pool import ActorPool
 from .alarm_responder import AlarmResponder
 from .cadence import due
 from .checkpoint import CheckpointError, checkpoint_path, load_checkpoint, save_checkpoint
 from .config import TetherConfig
 from .diagnosis import Diagnosis
-from .environment import check_installed
+from .events import WARNINGS, Event
 from .fleet import RolloutFleet
 from .launch import (
     checkout_actors,
@@ -43,13 +44,11 @@ from .launch import (
     dtype_tags,
     learner_request,
     open_tracker,
-    refuse_early,
-    resolve_model,
     start_learner,
 )
 from .recovery import LearnerRecovery, checkpoint_failed, record_resume
 from .run_state import RunState
-from .session import check_resources, start_ray, stop_ray, wait_for_autoscaler
+from .session import check_resources, stop_ray
 from .stages import (
     RESAMPLE_GROUP_IDS,
     VALIDATION_METRICS,
@@ -83,10 +82,10 @@ class RunSummary:
     last_diagnostics: dict[str, float] = field(default_factory=dict)
 
 
-def _warn(kind: str, data: dict) -> None:
+def log_warnings(kind: str, data: dict) -> None:
     """Without an event hook, the tracking spool's and a failed checkpoint's messages
-    still reach the user."""
-    if kind in ("tracking", "checkpoint_failed"):
+    still reach the user (``events.WARNINGS``)."""
+    if kind in WARNINGS:
         logging.getLogger(f"tether.{kind}").warning(data["message"])
 
 
@@ -101,19 +100,19 @@ class Trainer:
         resume_run_id: str | None = None,
         actor_pool: ActorPool | None = None,
     ):
-        """``on_event(kind, data)`` receives progress ("warm_start", "started", "validation",
-        "iteration" with the iteration's metrics, "alarm", "worker_failed", "tracking" with
-        the tracking spool's one-line messages); a sweep
+        """``on_event(kind, data)`` receives the run's events (``events.Event``: the warm
+        start's steps, "started", each iteration's metrics, alarms, actions, failures, the
+        tracking spool's one-line messages); a sweep
         passes ``parent_run_id`` (the MLflow run is nested under it), ``run_tags`` and a
         keeping ``actor_pool`` (its trial process's: the next trial reuses the actors).
         Without one, the run's actors end with the run."""
-        check_installed("transformers")  # before any actor: an older one fails mid-run
+        preflight.check_dependencies()  # before any actor: an older one fails mid-run
         self.cfg = cfg
         self.actor_pool = actor_pool or ActorPool(keep=False)
         self.parent_run_id, self.run_tags = parent_run_id, dict(run_tags or {})
         #: A checkpoint to continue from, and the MLflow run it belongs to (same run, same steps).
         self.resume_from, self.resume_run_id = resume_from, resume_run_id
-        self.emit = on_event or _warn
+        self.emit = on_event or log_warnings
         self.output_dir = Path(cfg.experiment.output_dir).expanduser().resolve()
         self.sampler = LevelSampler(cfg.experiment.seed, cfg.env.val_seed_offset)
         self.sampling = SamplingParams(
@@ -145,7 +144,7 @@ class Trainer:
             self.setup()
             first = self.restore(self.resume_from) + 1 if self.resume_from else 1
             self.emit(
-                "started",
+                Event.STARTED,
                 {
                     "run_id": self.tracker.run_id,
                     "model_path": self.model_path,
@@ -154,7 +153,7 @@ class Trainer:
             )
             if first == 1:
                 self.log_validation(0, {})
-                self.emit("validation", {"iteration": 0, "val/success": self.val_history[0]})
+                self.emit(Event.VALIDATION, {"iteration": 0, "val/success": self.val_history[0]})
             self.train(first)
             if self.cfg.tracking.log_model:
                 final_dir = self.output_dir / "models" / self.tracker.run_id
@@ -251,7 +250,7 @@ class Trainer:
                 "iteration": float(it),
                 **{k: v for k, v in metrics.items() if k.startswith("collapse/")},
             }
-        self.emit("iteration", {"iteration": it, "total": t.iterations, **metrics})
+        self.emit(Event.ITERATION, {"iteration": it, "total": t.iterations, **metrics})
         if self.responder.respond(it, metrics, self.learner, self.fleet):
             self.checkpoint(it)  # a stop-mode alarm: the run ends resumable
             return True
@@ -374,16 +373,20 @@ class Trainer:
         """Everything before iteration 1, cheapest refusal first: Ray (joined or started),
         the policy, the MLflow run, the actors and this run's state on them."""
         cfg = self.cfg
-        refuse_early(cfg, self.output_dir)
-        demands = cfg.resource_demands()  # before the warm start: a run that can't fit fails now
-        self.started_ray = start_ray(
-            cfg.ray.address, cfg.ray.num_cpus, sum(d.count * d.cpus for d in demands)
+        preflight.refuse_early(cfg, cfg.ray.address)
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        self.started_ray = preflight.connect(cfg, cfg.ray.address, actors=cfg)
+        # Before the warm start: a run that can't fit fails now (joining an autoscaling
+        # cluster: its node types may not be published yet).
+        preflight.wait_until_fits(
+            lambda: check_resources(cfg.resource_demands()), cfg, joined=bool(cfg.ray.address)
         )
-        # Joining an autoscaling cluster: its node types may not be published yet.
-        wait_for_autoscaler(
-            lambda: check_resources(demands), cfg.ray.autoscaler_wait_s if cfg.ray.address else 0.0
+        self.model_path = preflight.resolve_model(
+            cfg,
+            lambda step, total, loss: self.emit(
+                Event.WARM_START, {"step": step, "total": total, "loss": loss}
+            ),
         )
-        self.model_path = resolve_model(cfg, self.emit)
         self.tokenizer = load_tokenizer(self.model_path)
         self.spans = SpanExtractor(ChatFormatter(self.tokenizer))
         self.tracker = self.responder.tracker = open_tracker(

@@ -19,7 +19,9 @@ them); the functions import what they use.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from ..sections import StrictSection
 
 #: peft's name of the one adapter the learner trains (the keys' ``lora_A.<name>.``).
 ADAPTER = "default"
@@ -28,11 +30,9 @@ ADAPTER = "default"
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
-class LoraConfig(BaseModel):
+class LoraConfig(StrictSection):
     """``model.lora``: null (the default) trains every parameter; set (e.g.
     ``model.lora.r=8``) trains rank-r adapters on the named linear layers only."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     r: int = Field(8, ge=1, description="Adapter rank r (A is r x in, B is out x r).")
     alpha: float = Field(

@@ -33,8 +33,9 @@ import threading
 import time
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from ...sections import StrictSection
 from .seccomp import program as seccomp_program
 
 log = logging.getLogger(__name__)
@@ -46,10 +47,9 @@ WORK_TMPFS_BYTES = 64 * 2**20
 Isolation = Literal["auto", "bwrap", "none"]
 
 
-class SandboxConfig(BaseModel):
+class SandboxConfig(StrictSection):
     """How untrusted code (DeepCoder's candidate programs) is run."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
     isolation: Isolation = Field(
         "auto",
         description=(

@@ -1,0 +1,517 @@
+"""The diagnostics' settings: the ``diagnostics`` and ``alarms`` sections of the run
+config, and the act-mode responses an alarm may take, as ``algos/settings.py`` holds the
+``algo`` and ``filter`` sections.
+
+One pydantic model per group, nested into the run config (``tether.platform.config``).
+``Knobs`` is the controller's view of the settings a response changes (the filter's
+strategy and value, the KL and entropy coefficients, the learning rate: the driver's
+``LiveSettings``); each response's ``apply`` returns new knobs.  The controller that
+takes the responses is ``control.py`` (``Controller.from_config(alarms)``).
+This module imports neither torch nor Ray (the uncertainty settings' object is imported
+when asked for), so a config is validated without either.
+
+See docs/methods.md, sections 2 (diagnostics) and 4 (alarms and responses).
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, ClassVar, Literal
+
+from pydantic import Field, model_validator
+
+from ..sections import StrictSection
+
+if TYPE_CHECKING:
+    from .uncertainty import Uncertainty
+
+
+# ------------------------------------------------------------------ diagnostics
+
+
+class DiagnosticsConfig(StrictSection):
+    every: int = Field(
+        5,
+        ge=1,
+        description="Cross-score MI diagnostics every N iterations "
+        "(and at iteration 1); docs/methods.md, section 2.",
+    )
+    samplings: list[Literal["first_turn", "trajectory"]] = Field(
+        default_factory=lambda: ["first_turn", "trajectory"],
+        description="Pair samplings: first_turn (turn 1, prompts repeat within a group) and "
+        "trajectory (one random turn per trajectory).",
+    )
+    max_pairs: int = Field(
+        32,
+        ge=2,
+        description="Pairs M cross-scored per sampling (cost grows with M x distinct prompts).",
+    )
+    max_cells: int = Field(
+        256,
+        ge=4,
+        description="Cap on the cross-score matrix of a sampling, "
+        "M pairs x N distinct prompts: pairs are subsampled until it fits. "
+        "first_turn (8 prompts x 32 pairs) fits as is; trajectory sampling, "
+        "whose prompts are nearly all distinct, keeps ~16 pairs.",
+    )
+    information_chain: bool = Field(True, description="Also log I(Z;A) and I(X;A) beside I(X;Z).")
+    chain_every: int = Field(
+        10,
+        ge=1,
+        description="Score the information-chain links I(Z;A) "
+        "and I(X;A) every N iterations (and at iteration 1), on diagnostic "
+        "iterations (so it takes effect on multiples of `every`). I(Z;A) has "
+        "one context per pair (M x M scores); with multi_prefix scoring the "
+        "two links together cost about as much as I(X;Z).",
+    )
+    method: Literal["auto", "multi_prefix", "shared_prefix", "prefix", "naive"] = Field(
+        "auto",
+        description="Cross-scoring implementation (prefix KV reuse unless naive; auto = "
+        "multi_prefix, many contexts per forward, when the model's attention allows it).",
+    )
+    heatmap_every: int = Field(
+        10,
+        ge=1,
+        description="Log the cross-score matrix as a heatmap every N iterations (and at "
+        "iteration 1), on diagnostic iterations.",
+    )
+    grad_snr_every: int = Field(
+        10,
+        ge=0,
+        description="Gradient SNR by reward-variance bucket "
+        "every N iterations, not at iteration 1 (0 = off; docs/methods.md, section 10): "
+        "one forward and two "
+        "gradient passes over every collected trajectory (before "
+        "filtering), about 1-2 updates' worth of compute; every 10 gives "
+        "a 400-iteration run 40 analyses.",
+    )
+    grad_snr_buckets: int = Field(
+        6, ge=1, description="RV quantile buckets of the gradient-SNR analysis."
+    )
+    enabled: bool = Field(
+        True,
+        description="Run the collapse diagnostics at all (cross-scoring, "
+        "heatmaps and gradient SNR).",
+    )
+    bootstrap: int = Field(
+        1000,
+        ge=0,
+        description="Bootstrap resamples (by prompt) behind the "
+        "interval logged beside every MI proxy (<proxy>_ci_low / _ci_high); "
+        "reuses the cross-score matrix, no model calls. 0 = no intervals (the "
+        "template_collapse alarm then cannot judge).",
+    )
+    permutations: int = Field(
+        1000,
+        ge=0,
+        description="Permutations of the test 'reasoning "
+        "depends on the input' (which prompt each reasoning belongs to is "
+        "shuffled): p_grounded, <proxy>_null_q95. 0 = no test.",
+    )
+    confidence: float = Field(
+        0.95, gt=0.5, lt=1.0, description="Coverage of the bootstrap intervals."
+    )
+    alpha: float = Field(
+        0.05,
+        gt=0.0,
+        lt=0.5,
+        description="Significance level of the input-"
+        "dependence test: 'grounded' = 1 when p_grounded < alpha.",
+    )
+
+    def uncertainty(self) -> Uncertainty:
+        from .uncertainty import Uncertainty
+
+        return Uncertainty(
+            bootstrap=self.bootstrap,
+            permutations=self.permutations,
+            confidence=self.confidence,
+            alpha=self.alpha,
+        )
+
+
+# ------------------------------------------------------------------ responses
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """The settings a response may change, as the run uses them now."""
+
+    filter_strategy: str
+    filter_value: float
+    kl_coef: float
+    entropy_coef: float
+    lr: float
+
+    def metrics(self) -> dict[str, float]:
+        """``control/…`` metrics: the settings in force this iteration."""
+        return {
+            "control/filter_value": self.filter_value,
+            "control/kl_coef": self.kl_coef,
+            "control/entropy_coef": self.entropy_coef,
+            "control/lr": self.lr,
+        }
+
+
+@dataclass(frozen=True)
+class GroundedCheckpoint:
+    """A checkpoint saved while MI was significantly above its null."""
+
+    iteration: int
+    path: str
+
+
+class _Response(StrictSection):
+    times: int = Field(1, ge=1, description="how many times this response may be taken in a run")
+
+    @abc.abstractmethod
+    def apply(
+        self, knobs: Knobs, checkpoints: Sequence[GroundedCheckpoint], reference: int | None
+    ) -> tuple[Knobs, GroundedCheckpoint | None] | None:
+        """The new knobs (and a checkpoint to load), or None when this response has no effect."""
+
+
+class TightenFilter(_Response):
+    """Train on fewer, higher-signal groups: top_p / top_k / top_k_abs value times ``factor``
+    (not below ``floor``); min_p ratio divided by ``factor`` (not above 1); no filter becomes
+    top_p at ``start``."""
+
+    kind: Literal["tighten_filter"] = "tighten_filter"
+    factor: float = Field(0.8, gt=0, lt=1)
+    floor: float = Field(
+        0.3, gt=0, description="lowest top_p ratio / top_k fraction (top_k_abs: 1 group)"
+    )
+    start: float = Field(0.9, gt=0, le=1, description="top_p ratio when the run had no filter")
+
+    def apply(self, knobs, checkpoints, reference):
+        strategy, value = knobs.filter_strategy, knobs.filter_value
+        if strategy == "none":
+            new = ("top_p", max(self.start, self.floor))
+        elif strategy == "min_p":
+            new = (strategy, min(1.0, value / self.factor))
+        elif strategy == "top_k_abs":
+            new = (strategy, float(max(1, min(value - 1, int(value * self.factor)))))
+        elif value <= self.floor:
+            return None
+        else:
+            new = (strategy, max(self.floor, value * self.factor))
+        if new == (strategy, value):
+            return None
+        return dataclasses.replace(knobs, filter_strategy=new[0], filter_value=new[1]), None
+
+
+class _Raise(_Response):
+    factor: float = Field(2.0, gt=1)
+    initial: float = Field(0.001, gt=0, description="value taken when the coefficient is 0")
+    ceiling: float = Field(0.1, gt=0)
+    knob: ClassVar[str] = ""
+
+    def apply(self, knobs, checkpoints, reference):
+        value = getattr(knobs, self.knob)
+        new = min(self.ceiling, value * self.factor if value > 0 else self.initial)
+        if new <= value:
+            return None
+        return dataclasses.replace(knobs, **{self.knob: new}), None
+
+
+class RaiseKl(_Raise):
+    """Hold the policy nearer its initial (grounded) self: KL coefficient times ``factor``
+    (``initial`` when it was 0: the learner then loads the reference policy)."""
+
+    kind: Literal["raise_kl"] = "raise_kl"
+    knob: ClassVar[str] = "kl_coef"
+
+
+class RaiseEntropy(_Raise):
+    """Entropy bonus times ``factor`` (``initial`` when it was 0)."""
+
+    kind: Literal["raise_entropy"] = "raise_entropy"
+    ceiling: float = Field(0.01, gt=0)
+    knob: ClassVar[str] = "entropy_coef"
+
+
+class Rollback(_Response):
+    """Load the last checkpoint saved while MI was significantly above its null, at or before
+    the alarm's reference point (weights and optimiser state), and multiply the learning
+    rate by ``lr_factor``.  Uses the run's checkpoints (``trainer.checkpoint_every``)."""
+
+    kind: Literal["rollback"] = "rollback"
+    lr_factor: float = Field(0.5, gt=0, le=1)
+
+    def apply(self, knobs, checkpoints, reference):
+        eligible = [c for c in checkpoints if reference is None or c.iteration <= reference]
+        if not eligible:
+            return None
+        target = max(eligible, key=lambda c: c.iteration)
+        return dataclasses.replace(knobs, lr=knobs.lr * self.lr_factor), target
+
+
+Response = Annotated[TightenFilter | RaiseKl | RaiseEntropy | Rollback, Field(discriminator="kind")]
+
+
+class ControlConfig(StrictSection):
+    cooldown: int = Field(
+        3,
+        ge=1,
+        description=(
+            "iterations after an action before the next (the diagnostics must see its effect: "
+            "keep it at least diagnostics.every)"
+        ),
+    )
+    max_actions: int = Field(4, ge=1, description="actions per run, over all alarms")
+
+
+# ------------------------------------------------------------------ alarms
+
+
+AlarmMode = Literal["off", "warn", "act", "stop"]
+_MODE = (
+    "off: not tracked; warn: record the event and continue; act: record it and, while it "
+    "lasts, take the next of `actions` (tether.diagnostics.control); stop: record it, "
+    "checkpoint and end the run"
+)
+
+
+class _OneAlarmConfig(StrictSection):
+    mode: AlarmMode = Field("warn", description=_MODE)
+    actions: list[Response] = Field(
+        default_factory=list,
+        description=(
+            "mode act: ordered responses (kind: tighten_filter | raise_kl | raise_entropy | "
+            "rollback, each with its own bounds and `times`), taken one at a time while the "
+            "alarm lasts; see alarms.control for the cooldown and the cap"
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _act_needs_actions(self):
+        if self.mode == "act" and not self.actions:
+            raise ValueError(
+                "mode 'act' needs at least one entry in `actions` (e.g. "
+                "[{kind: tighten_filter}, {kind: rollback}])"
+            )
+        return self
+
+
+class _MiEntropyConfig(_OneAlarmConfig):
+    mi_metric: str = Field(
+        "collapse/first_turn/mi_estimate",
+        description=(
+            "MI proxy watched for a fall; its interval is read from <mi_metric>_ci_low / _ci_high "
+            "(the diagnostics' bootstrap). mi_estimate (nats/token, bounded by log N) by default: "
+            "the z-scores divide by std(marginal), which is near zero for a near-deterministic "
+            "policy, so they swing by orders of magnitude while nothing changes "
+            "(benchmarks/alarm_quality.py)"
+        ),
+    )
+    p_metric: str = Field(
+        "collapse/first_turn/p_grounded",
+        description=(
+            "p-value of the input-dependence (permutation) test at the same diagnostic point"
+        ),
+    )
+    entropy_metric: str = Field(
+        "collapse/first_turn/conditional_entropy_est",
+        description=(
+            "within-input entropy H(Z|X), with its interval <entropy_metric>_ci_low / _ci_high"
+        ),
+    )
+    window: int = Field(
+        10,
+        ge=2,
+        description=(
+            "diagnostic points kept; the reference (an earlier point where MI was significantly "
+            "above its null) must lie within them"
+        ),
+    )
+    alpha: float = Field(
+        0.05,
+        gt=0,
+        lt=0.5,
+        description=(
+            "an earlier point is a reference only when MI was significantly above its permutation "
+            "null there: p < alpha / window (Bonferroni over the points searched, so a point that "
+            "is 'significant' by chance among the window's tests is not taken for grounding)"
+        ),
+    )
+    min_references: int = Field(
+        2,
+        ge=1,
+        description=(
+            "earlier points in the window that must be significantly above the null before any is "
+            "taken as a reference (2 = grounding replicated: one point significant by chance, "
+            "as an input-blind policy shows at a rate of alpha / window, is not enough)"
+        ),
+    )
+    patience: int = Field(
+        2,
+        ge=1,
+        description=(
+            "diagnostic points, among the last `within`, whose MI interval lies wholly below "
+            "the reference's before the alarm fires (1 = the first separation)"
+        ),
+    )
+    within: int = Field(
+        3,
+        ge=1,
+        description=(
+            "the last this many diagnostic points are searched for `patience` separated ones "
+            "(= patience: consecutive points; at least patience).  2 of 3 catches a slow or "
+            "partial collapse whose intervals separate at some points and touch at others "
+            "(benchmarks/alarm_quality.py)"
+        ),
+    )
+    min_drop_fraction: float = Field(
+        0.25,
+        ge=0,
+        lt=1,
+        description=(
+            "the fall must also be at least this fraction of the reference value (a reference is "
+            "significantly above its null, so never near zero): separated intervals alone would "
+            "flag a fall of 1e-4 nats from a saturated MI of log N"
+        ),
+    )
+
+
+class TemplateCollapseConfig(_MiEntropyConfig):
+    """MI significantly above its null earlier, now fallen by more than the uncertainty of
+    both estimates (the intervals separate), while H(Z|X) did not fall (its interval now is
+    not wholly below the reference's)."""
+
+    actions: list[Response] = Field(
+        default_factory=lambda: [TightenFilter(), RaiseKl(), Rollback()],
+        description="mode act: train on higher-signal groups, hold the policy near its start, "
+        "then return to the last grounded checkpoint at a lower learning rate",
+    )
+
+
+class LowEntropyCollapseConfig(_MiEntropyConfig):
+    """As template_collapse, but H(Z|X) fell too (its interval now lies wholly below the
+    reference's)."""
+
+    actions: list[Response] = Field(
+        default_factory=lambda: [RaiseEntropy(), Rollback()],
+        description="mode act: a larger entropy bonus, then the last grounded checkpoint",
+    )
+
+
+class RewardVarianceCollapseConfig(_OneAlarmConfig):
+    actions: list[Response] = Field(
+        default_factory=lambda: [TightenFilter(times=2)],
+        description="mode act: train only on the groups whose reward spread carries signal",
+    )
+    metric: str = Field(
+        "rollout/in_group_reward_std", description="mean in-group reward std of the batch"
+    )
+    baseline_iterations: int = Field(
+        10, ge=1, description="first observations averaged into the baseline"
+    )
+    fraction: float = Field(
+        0.1, gt=0, lt=1, description="breach when the metric is below this fraction of the baseline"
+    )
+    min_baseline: float = Field(
+        0.05,
+        ge=0,
+        description=(
+            "no verdict while the baseline is below this (reward std in reward units): a spread "
+            "that was never there cannot collapse, and a fraction of noise is noise"
+        ),
+    )
+    patience: int = Field(
+        10, ge=1, description="consecutive breaching observations before the alarm fires"
+    )
+
+
+class OutputLengthCollapseConfig(_OneAlarmConfig):
+    metric: str = Field(
+        "rollout/reasoning_length",
+        description=(
+            "mean reasoning length in tokens, with its interval <metric>_ci_low / _ci_high"
+        ),
+    )
+    window: int = Field(10, ge=2, description="observations in the running window")
+    drop_fraction: float = Field(
+        0.5,
+        gt=0,
+        lt=1,
+        description=(
+            "fall from the window's peak, as a fraction of the peak; counts only when the peak's "
+            "interval lies wholly above the current one (a fall beyond noise)"
+        ),
+    )
+
+
+class FormatCollapseConfig(_OneAlarmConfig):
+    reasoning_metric: str = Field(
+        "rollout/valid_reasoning_rate",
+        description=("share of turns with non-empty reasoning inside <think>...</think>"),
+    )
+    action_metric: str = Field(
+        "rollout/action_valid_rate",
+        description=("share of turns whose action the environment accepted"),
+    )
+    min_rate: float = Field(
+        0.05,
+        ge=0,
+        lt=1,
+        description=(
+            "breach when either rate is below this (reasoning or actions have all but vanished)"
+        ),
+    )
+    patience: int = Field(
+        2, ge=1, description="consecutive breaching iterations before the alarm fires"
+    )
+
+
+class EmptyAfterFilterConfig(_OneAlarmConfig):
+    metric: str = Field(
+        "filter/empty", description="1 when the SNR filter kept no group this iteration, else 0"
+    )
+    patience: int = Field(
+        5, ge=1, description="consecutive empty iterations before the alarm fires"
+    )
+
+
+class AlarmsConfig(StrictSection):
+    """Thresholds and modes of the collapse alarms (docs/methods.md, section 4)."""
+
+    template_collapse: TemplateCollapseConfig = Field(
+        default_factory=TemplateCollapseConfig,
+        description="MI falls while H(Z|X) stays flat or rises",
+    )
+    low_entropy_collapse: LowEntropyCollapseConfig = Field(
+        default_factory=LowEntropyCollapseConfig, description="MI and H(Z|X) both fall"
+    )
+    reward_variance_collapse: RewardVarianceCollapseConfig = Field(
+        default_factory=RewardVarianceCollapseConfig,
+        description="in-group reward std stays far below its baseline",
+    )
+    output_length_collapse: OutputLengthCollapseConfig = Field(
+        default_factory=OutputLengthCollapseConfig,
+        description="mean reasoning length drops within a window",
+    )
+    empty_after_filter: EmptyAfterFilterConfig = Field(
+        default_factory=EmptyAfterFilterConfig,
+        description="the filter kept nothing several iterations running",
+    )
+    format_collapse: FormatCollapseConfig = Field(
+        default_factory=FormatCollapseConfig,
+        description="valid reasoning or valid actions all but disappear from the rollouts",
+    )
+    control: ControlConfig = Field(
+        default_factory=ControlConfig, description="cooldown and cap of the act-mode responses"
+    )
+
+
+#: The alarms, in the order the monitor runs them and the controller asks them.
+ALARM_NAMES = (
+    "template_collapse",
+    "low_entropy_collapse",
+    "reward_variance_collapse",
+    "output_length_collapse",
+    "empty_after_filter",
+    "format_collapse",
+)

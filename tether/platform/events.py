@@ -1,0 +1,53 @@
+"""The events a run reports while it trains, by name.
+
+The ``Trainer`` and its parts call ``emit(kind, data)``; ``tether run`` shows them
+(``progress.RunDisplay``), a sweep trial forwards some to Tune (``sweep_trial``), and
+without a hook the ones a user must see become log warnings (``trainer.log_warnings``).
+``Event`` is a ``StrEnum``: a member equals its plain string, so a hook may compare
+``kind == "iteration"`` as well as ``kind == Event.ITERATION``.
+
+=================  ======================================  =================================
+kind               emitted by                              data
+=================  ======================================  =================================
+warm_start         launch.resolve_model (each SFT step)    step, total, loss
+started            Trainer.run (the MLflow run is open)    run_id, model_path, first_iteration
+validation         Trainer.run (before training)           iteration (0), val/success
+collecting         RolloutFleet.collect (each attempt)     attempt, workers, episodes
+worker_failed      RolloutFleet.collect                    worker, attempt, error
+iteration          Trainer.after_iteration                 iteration, total, and the metrics
+alarm              AlarmResponder.record_alarm             name, iteration, mode, message
+action             AlarmResponder.act                      iteration, alarm, kind, message,
+                                                           rollback_to
+learner_failed     LearnerRecovery.recover                 error, restart, checkpoint
+checkpoint_failed  recovery.checkpoint_failed              message
+tracking           the Tracker's spool (notify)            message
+=================  ======================================  =================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from enum import StrEnum
+
+__all__ = ["WARNINGS", "Emit", "Event"]
+
+
+class Event(StrEnum):
+    WARM_START = "warm_start"
+    STARTED = "started"
+    VALIDATION = "validation"
+    COLLECTING = "collecting"
+    WORKER_FAILED = "worker_failed"
+    ITERATION = "iteration"
+    ALARM = "alarm"
+    ACTION = "action"
+    LEARNER_FAILED = "learner_failed"
+    CHECKPOINT_FAILED = "checkpoint_failed"
+    TRACKING = "tracking"
+
+
+#: ``emit(kind, data)``: how the run reports an event.
+Emit = Callable[[str, dict], None]
+
+#: Events whose ``message`` a user must see even without a hook (logged as warnings).
+WARNINGS = (Event.TRACKING, Event.CHECKPOINT_FAILED)
