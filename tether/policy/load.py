@@ -28,7 +28,10 @@ from .warmstart import (
 # ~2 s of imports) is imported where a model is built or loaded, so a process that only
 # needs the tokenizer (the driver, a sweep's trial) starts without it.
 
-#: Bump when the recipe changes so stale caches are not reused.
+#: Bump when what a cached warm start was built from changes, so stale caches are not
+#: reused: the recipe, the tokenizer's rules, or an env's observation or demonstration
+#: text (none of which is in the cache key).  3: map rows one token per cell, FrozenLake
+#: lists its holes (2026-11-25).
 RECIPE_VERSION = 3
 
 
