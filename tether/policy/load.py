@@ -31,8 +31,8 @@ from .warmstart import (
 #: Bump when what a cached warm start was built from changes, so stale caches are not
 #: reused: the recipe, the tokenizer's rules, or an env's observation or demonstration
 #: text (none of which is in the cache key).  3: map rows one token per cell, FrozenLake
-#: lists its holes (2026-11-25).
-RECIPE_VERSION = 3
+#: lists its holes; 4: punctuation is not a map symbol (2026-11-25).
+RECIPE_VERSION = 4
 
 
 def recipe(model_cfg, env_cfg, seed: int, max_reply_tokens: int) -> dict:

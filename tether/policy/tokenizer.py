@@ -41,12 +41,13 @@ NUMERALS: tuple[str, ...] = ("digits", "coordinates", "numbers")
 # GPT-2's split, with a coordinate (and optionally a digit run) kept whole; an opening
 # parenthesis never glues onto the punctuation before it, so "),(1,2)" keeps "(1,2)".
 _SPLIT = r" ?\(\d+,\d+\)| ?\p{{L}}+| ?\p{{N}}{digits}| ?[^\s\p{{L}}\p{{N}}(]+| ?\(|\s+(?!\S)|\s+"
-#: One symbol of a map row: a character that is neither space, lower-case letter nor
-#: digit, on a line whose rest holds none of those either ("_HHH", "#_PX#").  Each such
-#: symbol is its own pre-token, so a row is as many tokens as cells and never one of
-#: BPE's merges ("_", "HHH"): the cell at column c is the row's c-th token, which
-#: copying a row, or finding what is at (r,c), needs (benchmarks/history/2026-11-25.md).
-GRID_CELL = r"(?:^|\G)[^\s\p{Ll}\p{N}](?=[^\s\p{Ll}\p{N}]*$)"
+#: One symbol of a map row: an upper-case letter or one of ``_ # * +`` (the grid envs'
+#: symbols), on a line whose rest holds only such symbols ("_HHH", "#_PX#").  Each is its
+#: own pre-token, so a row is as many tokens as cells and never one of BPE's merges
+#: ("_", "HHH"): the cell at column c is the row's c-th token, which copying a row, or
+#: finding what is at (r,c), needs (benchmarks/history/2026-11-25.md).  Punctuation is
+#: not a symbol, so a prompt's "<think>...</think>" is cut as before.
+GRID_CELL = r"(?:^|\G)[\p{Lu}_#*+](?=[\p{Lu}_#*+]*$)"
 
 
 def pre_tokenizer(numerals: Numerals = "digits"):
