@@ -45,6 +45,8 @@ def test_a_map_row_is_one_token_per_cell_and_other_text_is_cut_as_before(numeral
         assert [tokenizer.decode([i]) for i in ids] == [*row, "\n"]
     cut = [p for p, _ in pre_tokenizer(numerals).pre_tokenize_str("Say RED. Goal (2,2).\nAB1")]
     assert "ĠRED" in cut and "A" not in cut  # a capital word, a line with a digit: not a row
+    # punctuation alone (the prompt's "<think>...</think>" placeholder) is not a map row
+    assert [p for p, _ in pre_tokenizer(numerals).pre_tokenize_str("...")] == ["..."]
     text = "_HH_\nP__G\nPlayer (0,0). Goal (1,3). Holes (0,1) (0,2).\n"
     assert tokenizer.decode(tokenizer.encode(text, add_special_tokens=False)) == text
 
