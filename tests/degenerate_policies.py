@@ -46,7 +46,7 @@ def build_degenerate_policy(
     out: Path,
     env_id: str = "tether/FrozenLake-v0",
     max_reply_tokens: int = 48,
-    steps: int = 60,
+    steps: int = 200,
 ) -> Path:
     """``base`` (a micro policy directory) fine-tuned to reply ``REPLIES[name]`` to every
     first-turn prompt, or ``untrained``: the same architecture, randomly initialised."""
