@@ -74,11 +74,12 @@ ALL = "everything"
 LAYER_MAP: dict[str, set[str] | str] = {
     "tether": {"envs"},  # ``import tether`` registers the environments
     "seeds": set(),
+    "lazy": set(),
     "sections": set(),
     "envs": {"sections"},
-    "algos": {"sections"},
+    "algos": {"lazy", "sections"},
     "agent": {"envs", "rollout.base", "seeds"},
-    "diagnostics": {"algos", "agent", "sections"},
+    "diagnostics": {"algos", "agent", "lazy", "sections"},
     "policy": {"agent", "envs", "seeds", "sections"},
     "rollout": {"algos", "seeds"},
     "testing": {"algos", "diagnostics", "policy", "platform"},

@@ -358,20 +358,16 @@ class Learner:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
         options = StateDictOptions(full_state_dict=True)
-        set_state_dict(
-            self.model,
-            self.optimizer,
-            model_state_dict=state["model"],
-            optim_state_dict=state["optimizer"],
-            options=options,
-        )
-        self.updates = state["updates"]
-        torch.set_rng_state(state["torch_rng"])
+        trained = [(self.model, self.optimizer, "model", "optimizer")]
         if self.critic is not None and "critic" in state:
+            trained.append((self.critic, self.critic_optimizer, "critic", "critic_optimizer"))
+        for module, optimizer, module_key, optimizer_key in trained:
             set_state_dict(
-                self.critic,
-                self.critic_optimizer,
-                model_state_dict=state["critic"],
-                optim_state_dict=state["critic_optimizer"],
+                module,
+                optimizer,
+                model_state_dict=state[module_key],
+                optim_state_dict=state[optimizer_key],
                 options=options,
             )
+        self.updates = state["updates"]
+        torch.set_rng_state(state["torch_rng"])

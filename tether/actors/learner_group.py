@@ -16,6 +16,8 @@ size 1 there is one rank, no process group and no sharding: the single learner.
 
 from __future__ import annotations
 
+from typing import Any
+
 import ray
 
 from ..algos.batch import TrajectoryBatch
@@ -49,28 +51,12 @@ class LearnerGroup:
         *,
         lr: float,
         critic_lr: float,
-        use_critic: bool,
-        use_reference: bool,
-        threads: int,
         seed: int,
-        dtype: str = "float32",
-        world_size: int = 1,
-        num_cpus: float = 1.0,
-        num_gpus: float = 0.0,
-        lora: LoraConfig | None = None,
+        **launch_args: Any,
     ) -> LearnerGroup:
-        """``launch`` then ``start_run``: a group ready for one run."""
-        group = cls.launch(
-            model_path,
-            use_critic=use_critic,
-            use_reference=use_reference,
-            threads=threads,
-            dtype=dtype,
-            world_size=world_size,
-            num_cpus=num_cpus,
-            num_gpus=num_gpus,
-            lora=lora,
-        )
+        """``launch(model_path, **launch_args)`` then ``start_run``: a group ready for one
+        run."""
+        group = cls.launch(model_path, **launch_args)
         try:
             group.start_run(settings, lr=lr, critic_lr=critic_lr, seed=seed)
         except BaseException:

@@ -277,31 +277,25 @@ def prepare_batch(
     inside ``reference_scope()``: with LoRA the reference is the policy module itself
     with its adapters disabled (``model.disable_adapter``)."""
     split = {"rank": rank, "world_size": world_size}
-    if recompute_old_logprobs:
-        batch.old_logprobs = join(
-            batch_logprobs(
-                model,
-                batch,
-                s.temperature,
-                s.micro_batch_size,
-                shared_prefix=s.shared_prefix,
-                chunk_tokens=s.logprob_chunk_tokens,
-                **split,
-            )
+
+    def logprobs_of(module):  # this rank's share of the batch, as the update computes them
+        return batch_logprobs(
+            module,
+            batch,
+            s.temperature,
+            s.micro_batch_size,
+            shared_prefix=s.shared_prefix,
+            chunk_tokens=s.logprob_chunk_tokens,
+            **split,
         )
+
+    if recompute_old_logprobs:
+        batch.old_logprobs = join(logprobs_of(model))
     else:
         batch.old_logprobs = batch.sampling_logprobs.clone()
     if reference is not None:
         with reference_scope():
-            ref_logprobs = batch_logprobs(
-                reference,
-                batch,
-                s.temperature,
-                s.micro_batch_size,
-                shared_prefix=s.shared_prefix,
-                chunk_tokens=s.logprob_chunk_tokens,
-                **split,
-            )
+            ref_logprobs = logprobs_of(reference)
         batch.ref_logprobs = join(ref_logprobs)
     if critic is not None:
         batch.values = join(batch_values(critic, batch, s.micro_batch_size, **split))

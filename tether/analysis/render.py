@@ -168,6 +168,18 @@ def _draw_panel(ax, panel: Panel, fig) -> None:
         ax.legend(fontsize=6)
 
 
+def _error_bars(s: Series) -> dict | None:
+    """Plotly's ``error_y`` of a series with (low, high) bounds (None without them)."""
+    if s.error is None:
+        return None
+    return dict(
+        type="data",
+        symmetric=False,
+        array=list(np.array(s.error[1]) - s.y),
+        arrayminus=list(np.array(s.y) - s.error[0]),
+    )
+
+
 def to_plotly(figure: Figure):
     from plotly import graph_objects as go
     from plotly.subplots import make_subplots
@@ -192,30 +204,12 @@ def to_plotly(figure: Figure):
         for j, s in enumerate(panel.series):
             color = s.color or PALETTE[j % len(PALETTE)]
             if s.mode == "bar":
-                err = (
-                    None
-                    if s.error is None
-                    else dict(
-                        type="data",
-                        symmetric=False,
-                        array=list(np.array(s.error[1]) - s.y),
-                        arrayminus=list(np.array(s.y) - s.error[0]),
-                    )
-                )
+                err = _error_bars(s)
                 trace = go.Bar(
                     x=[str(v) for v in s.x], y=s.y, name=s.name, error_y=err, marker_color=color
                 )
             else:
-                err = (
-                    None
-                    if s.error is None or s.mode != "markers"
-                    else dict(
-                        type="data",
-                        symmetric=False,
-                        array=list(np.array(s.error[1]) - s.y),
-                        arrayminus=list(np.array(s.y) - s.error[0]),
-                    )
-                )
+                err = _error_bars(s) if s.mode == "markers" else None
                 trace = go.Scatter(
                     x=list(s.x),
                     y=list(s.y),

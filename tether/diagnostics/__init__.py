@@ -1,14 +1,14 @@
 """Collapse diagnostics, pure and Ray-free: MI proxies from in-batch cross-scoring,
 gradient SNR by reward-variance bucket, and collapse alarms (docs/methods.md).
 
-Names are imported on first use: ``mi`` and ``alarms`` need only numpy/pydantic (so
-the run config can nest ``AlarmsConfig`` without torch); ``grad_snr`` needs torch,
-``crossscore`` torch and transformers.
+Names are imported on first use (``tether.lazy``): ``mi``, ``alarms`` and ``settings``
+need only numpy/pydantic (so the run config can nest ``settings.AlarmsConfig`` without
+torch); ``grad_snr`` needs torch, ``crossscore`` torch and transformers.
 """
 
 from __future__ import annotations
 
-import importlib
+from ..lazy import lazy_exports
 
 _EXPORTS = {
     "alarms": ("AlarmEvent", "AlarmMonitor", "AlarmsConfig"),
@@ -23,12 +23,4 @@ _EXPORTS = {
         "sample_pairs",
     ),
 }
-_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
-
-__all__ = sorted(_MODULE_OF)
-
-
-def __getattr__(name: str):
-    if name in _MODULE_OF:
-        return getattr(importlib.import_module(f"{__name__}.{_MODULE_OF[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__all__, __getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -353,7 +353,7 @@ def report(
         "there: it would count twice).",
     ),
 ):
-    """The paper's analyses (docs/methods.md, section 13) over MLflow runs: figures (PNG +
+    """The paper's analyses (docs/methods.md §13) over MLflow runs: figures (PNG +
     HTML) and report.html."""
     from ..analysis.report import ReportSettings
     from ..analysis.runs import DIAGNOSTICS, SAMPLINGS

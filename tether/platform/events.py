@@ -9,7 +9,7 @@ without a hook the ones a user must see become log warnings (``trainer.log_warni
 =================  ======================================  =================================
 kind               emitted by                              data
 =================  ======================================  =================================
-warm_start         launch.resolve_model (each SFT step)    step, total, loss
+warm_start         Trainer.setup (each warm-start step)    step, total, loss
 started            Trainer.run (the MLflow run is open)    run_id, model_path, first_iteration
 validation         Trainer.run (before training)           iteration (0), val/success
 collecting         RolloutFleet.collect (each attempt)     attempt, workers, episodes

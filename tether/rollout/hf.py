@@ -459,27 +459,30 @@ class HFRolloutEngine(RolloutEngine):
                 prompt_cache, torch.tensor([len(p) for p in unique], device=dev), row_prompt
             )
             logits = prompt_logits.index_select(0, row_prompt)
-            first = prompt_cache.layers[0]
-            cache = DynamicCache(config=self.model.config)
-            cache.layers = [
-                _PreallocatedLayer(
-                    batch,
-                    first.keys.shape[1],
-                    steps,
-                    first.keys.shape[3],
-                    first.keys.dtype,
-                    first.keys.device,
-                )
-                for _ in prompt_cache.layers
-            ]  # every column is written before it is read
+            # The rows' decoded tokens only: every column is written before it is read.
+            cache = self._allocate(prompt_cache, batch, steps)
             attention = attention_implementation(self.model, GROUPED_PROMPT_ATTENTION)
         else:
             cache, logits = self._prefill(prompts, longest + steps)  # logits [B, V]
-            attention = nullcontext()
+            attention, shared = nullcontext(), None
         # Columns: [0, longest) prompts right-aligned, then one column per decode step.
         attn = torch.ones(batch, longest + steps, dtype=torch.long, device=dev)
         attn[:, :longest] = torch.arange(longest, device=dev) >= (longest - lengths)[:, None]
 
+        with attention:
+            tokens, logprobs, n_out, stopped = self._decode(
+                params, generator, steps, longest, lengths, budget, cache, logits, attn, shared
+            )
+        return tokens, logprobs, n_out.tolist(), stopped.tolist(), order
+
+    def _decode(
+        self, params, generator, steps, longest, lengths, budget, cache, logits, attn, shared
+    ):
+        """The decode loop: sample, record, drop finished rows, one forward per step.
+        ``shared`` (grouped prompts): the cache holds decoded tokens only, no mask is built.
+        Returns the sampled tokens and their log-probs [B, steps], each row's count of
+        tokens [B] and whether a stop token or string ended it [B]."""
+        dev, batch = self.device, len(lengths)
         stop_ids = torch.tensor(
             sorted(set(params.stop_token_ids) | set(self.eos_token_ids)),
             dtype=torch.long,
@@ -492,53 +495,6 @@ class HFRolloutEngine(RolloutEngine):
         live = torch.arange(batch, device=dev)  # sorted-order row of each batch row
         active = torch.ones(batch, dtype=torch.bool, device=dev)  # batch rows still generating
         first_col = 0  # columns already cut off the left of the cache / mask
-
-        with attention:
-            self._decode(
-                params,
-                generator,
-                steps,
-                longest,
-                lengths,
-                budget,
-                cache,
-                logits,
-                attn,
-                stop_ids,
-                tokens,
-                logprobs,
-                n_out,
-                stopped,
-                live,
-                active,
-                first_col,
-                shared if grouped else None,
-            )
-        return tokens, logprobs, n_out.tolist(), stopped.tolist(), order
-
-    def _decode(
-        self,
-        params,
-        generator,
-        steps,
-        longest,
-        lengths,
-        budget,
-        cache,
-        logits,
-        attn,
-        stop_ids,
-        tokens,
-        logprobs,
-        n_out,
-        stopped,
-        live,
-        active,
-        first_col,
-        shared,
-    ):
-        """The decode loop: sample, record, drop finished rows, one forward per step.
-        ``shared`` (grouped prompts): the cache holds decoded tokens only, no mask is built."""
         for step in range(steps):
             tok, lp = _sample(logits, params, generator)  # [b], [b]
             # Finished rows not yet dropped write past their end; the final slice ignores it.
@@ -590,6 +546,7 @@ class HFRolloutEngine(RolloutEngine):
                     grouped_prompts=shared,
                 )
             logits = out.logits[:, -1].float()
+        return tokens, logprobs, n_out, stopped
 
     def _stop_string_hits(
         self, generated: torch.Tensor, stop_strings: Sequence[str]
