@@ -350,6 +350,8 @@ def test_verdicts_follow_the_protocol_rules():
     for means, lo in (([0.1, 0.2, 0.3, 0.4], -0.01), ([0.30, 0.39, 0.40, 0.37], -0.07)):
         assert paper.verdict_d_quartiles(trend(means, lo))["verdict"] == paper.NOT_AT_THIS_SCALE
     assert paper.verdict_d_quartiles({})["verdict"] is None
+    empty_q2 = {**trend([0.1, math.nan, 0.3, 0.4], 0.05), "n": [10, 0, 2, 4]}
+    assert paper.verdict_d_quartiles(empty_q2)["verdict"] is None
 
 
 def test_the_paper_command_prints_each_findings_verdict(tmp_path, capsys):

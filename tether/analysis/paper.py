@@ -308,7 +308,7 @@ def verdict_d_quartiles(mi_trend: dict) -> dict:
     not at this scale.  No verdict when a quartile holds no prompt with MI (RV ties)."""
     if "means" not in mi_trend:
         return _verdict(None, "no quartiles (too few prompt groups)")
-    empty = [k + 1 for k, n in enumerate(mi_trend["n"]) if n == 0]
+    empty = [k + 1 for k, n in enumerate(mi_trend.get("n", ())) if n == 0]
     if empty:
         return _verdict(
             None,
