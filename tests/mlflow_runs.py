@@ -17,9 +17,11 @@ def write_run(
     alarms: list[dict] | None = None,
     prompts: dict[int, list[dict]] | None = None,
     finish: bool = True,
+    prompt_mi: dict[int, list[dict]] | None = None,
 ) -> Tracker:
     """One training run as the driver writes it: params, ``tether.env`` tag, one
-    ``log_metrics`` per step, alarm tags + alarms.json, prompts/iter_N.json."""
+    ``log_metrics`` per step, alarm tags + alarms.json, prompts/iter_N.json,
+    prompt_mi/iter_N.json."""
     tracker = Tracker(
         uri, experiment, run_name=name, parent_run_id=parent_run_id, tags=dict(tags or {})
     )
@@ -34,6 +36,8 @@ def write_run(
         tracker.log_json(alarms, "alarms.json")
     for it, groups in (prompts or {}).items():
         tracker.log_json({"iteration": it, "groups": groups}, f"prompts/iter_{it:04d}.json")
+    for it, groups in (prompt_mi or {}).items():
+        tracker.log_json({"iteration": it, "groups": groups}, f"prompt_mi/iter_{it:04d}.json")
     if finish:
         tracker.finish()
     return tracker

@@ -242,7 +242,7 @@ def _choices(model, field: str) -> set[str]:
 
 def test_config_choices_are_the_registries():
     from tether.algos.advantages import ADVANTAGE_ESTIMATORS
-    from tether.algos.filters import FILTER_STRATEGIES, LOSS_SCALINGS
+    from tether.algos.filters import FILTER_METRICS, FILTER_STRATEGIES, LOSS_SCALINGS
     from tether.algos.losses import AGGREGATION_MODES, KL_ESTIMATORS
     from tether.algos.presets import PRESETS
     from tether.algos.settings import AlgoConfig, FilterConfig
@@ -253,6 +253,7 @@ def test_config_choices_are_the_registries():
     assert _choices(AlgoConfig, "preset") == set(PRESETS)
     assert _choices(FilterConfig, "strategy") == set(FILTER_STRATEGIES)
     assert _choices(FilterConfig, "loss_scaling") == set(LOSS_SCALINGS)
+    assert _choices(FilterConfig, "metric") == set(FILTER_METRICS)
     from tether.platform.config import ModelConfig
     from tether.policy.tiny import TINY_SIZES
 

@@ -114,6 +114,14 @@ def test_fields_show_the_defaults_after_the_preset():
     assert rows["algo.preset"] == "grpo"
     assert rows["algo.kl_coef"] == 0.001 and rows["algo.clip_high"] == 0.2  # the preset's
     assert rows["filter.selection_eps"] == 0.01 and rows["alarms.empty_after_filter.patience"] == 5
+    # Settings of #33's definitions: listed with their defaults (the quickstart's filter
+    # ranks by std as before; the MI alarms' act-mode answer is the filter, then rollback).
+    assert rows["filter.metric"] == "reward_std" and rows["filter.loss_scaling"] == "none"
+    for alarm in ("template_collapse", "low_entropy_collapse"):
+        assert [a["kind"] for a in rows[f"alarms.{alarm}.actions"]] == [
+            "tighten_filter",
+            "rollback",
+        ]
     values = {path: v for path, v, _ in describe_fields(build_config({}, ["algo.preset=dapo"]))}
     assert values["algo.clip_high"] == 0.28 and values["algo.dynamic_sampling"] is True
 

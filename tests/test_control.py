@@ -104,9 +104,29 @@ def test_act_mode_needs_responses_and_builds_a_controller():
     config = AlarmsConfig.model_validate({"template_collapse": {"mode": "act"}})
     assert [r.kind for r in Controller.from_config(config).responses["template_collapse"]] == [
         "tighten_filter",
-        "raise_kl",
         "rollback",
     ]
+
+
+def test_act_defaults_follow_the_paper_and_keep_the_regularisers_as_options():
+    """The paper (Theorem M.2): KL and entropy regularisation do not prevent template
+    collapse and can lower I(X;Z); its remedy is the filter.  Both MI alarms default to
+    tighten the filter, then roll back; raise_kl / raise_entropy are still accepted."""
+    config = AlarmsConfig.model_validate(
+        {"template_collapse": {"mode": "act"}, "low_entropy_collapse": {"mode": "act"}}
+    )
+    responses = Controller.from_config(config).responses
+    for name in ("template_collapse", "low_entropy_collapse"):
+        assert [r.kind for r in responses[name]] == ["tighten_filter", "rollback"]
+    optional = AlarmsConfig.model_validate(
+        {
+            "template_collapse": {
+                "mode": "act",
+                "actions": [{"kind": "raise_kl"}, {"kind": "raise_entropy"}],
+            }
+        }
+    )
+    assert [r.kind for r in optional.template_collapse.actions] == ["raise_kl", "raise_entropy"]
 
 
 def test_monitor_reports_act_alarms_in_breach():

@@ -128,6 +128,21 @@ def test_collapse_diagnostics_are_logged(finished_run):
         assert set(_history(client, summary.run_id, f"collapse/{sampling}/za/num_pairs")) == {1}
     images = [a.path for a in client.list_artifacts(summary.run_id, "diagnostics")]
     assert any(p.endswith("cross_scores_first_turn_0001.png") for p in images)
+    assert set(_history(client, summary.run_id, "collapse/first_turn/mi_seq_zscore")) == {1}
+    # Prompt-level MI (finding d's quartiles): one record per group of iteration 1's batch;
+    # the pair-weighted mean of the prompts' pointwise MI is the logged mi_estimate.
+    import json
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        local = client.download_artifacts(summary.run_id, "prompt_mi/iter_0001.json", tmp)
+        record = json.loads(open(local).read())
+    groups = record["groups"]
+    assert len(groups) == cfg.rollout.groups and all(len(g["rewards"]) == 4 for g in groups)
+    scored = [g for g in groups if g["pairs"] > 0]
+    assert scored and all(g["mi"] is not None for g in scored)
+    weighted = sum(g["pairs"] * g["mi"] for g in scored) / sum(g["pairs"] for g in scored)
+    assert weighted == pytest.approx(mi[1], abs=1e-9)
 
 
 def test_gradient_snr_by_reward_variance_bucket(finished_run):

@@ -27,10 +27,43 @@ def test_group_scores_std_var_ddof():
     groups = [np.array([1.0, 0.0, 1.0, 0.0]), np.array([3.0]), np.array([])]
     # {1,0,1,0}: mean .5, Σ(dev²) = 1; ddof 1 -> var 1/3, std 0.5773503; ddof 0 -> std 0.5
     np.testing.assert_allclose(group_scores(groups), [1 / math.sqrt(3), 0.0, 0.0])
-    np.testing.assert_allclose(group_scores(groups, "var"), [1 / 3, 0.0, 0.0])
+    np.testing.assert_allclose(group_scores(groups, "reward_variance"), [1 / 3, 0.0, 0.0])
     np.testing.assert_allclose(group_scores(groups, ddof=0), [0.5, 0.0, 0.0])
     with pytest.raises(ValueError, match="non-finite"):
         group_scores([np.array([1.0, np.nan])])
+    with pytest.raises(ValueError, match="unknown filter metric"):
+        group_scores(groups, "std")
+
+
+def test_top_p_on_std_and_on_variance_keep_different_groups():
+    """The paper's text ranks by reward variance, RAGEN's code by std.  Same ranking, so
+    top_k keeps the same groups; top_p keeps a share of the cumulative mass, which squaring
+    concentrates on the top group.  stds [2, 3, 1, 2] (ddof 0), ρ = 0.5:
+    std mass 8, threshold 3.99: g1 (3; 0 < 3.99), g0 (2; 3 < 3.99), stop (5) -> {0, 1};
+    variance [4, 9, 1, 4], mass 18, threshold 8.99: g1 (9), stop (9 ≥ 8.99) -> {1}."""
+    groups = spread(2, 3, 1, 2)
+    assert kept(groups, strategy="top_p", value=0.5, metric="reward_std") == [0, 1]
+    assert kept(groups, strategy="top_p", value=0.5, metric="reward_variance") == [1]
+    for metric in ("reward_std", "reward_variance"):
+        assert kept(groups, strategy="top_k", value=0.5, metric=metric) == [0, 1]
+        assert kept(groups, strategy="top_k_abs", value=3, metric=metric) == [0, 1, 3]
+    # min_p compares to the best score: std ≥ 0.5·3 keeps 2, 3, 2; variance ≥ 0.5·9 = 4.5
+    # keeps only 9.
+    assert kept(groups, strategy="min_p", value=0.5, metric="reward_std") == [0, 1, 3]
+    assert kept(groups, strategy="min_p", value=0.5, metric="reward_variance") == [1]
+    result = snr_filter(groups, FilterConfig(ddof=0, metric="reward_variance"))
+    np.testing.assert_allclose(result.scores, [4.0, 9.0, 1.0, 4.0])
+
+
+def test_default_metric_is_std_and_old_score_key_still_reads():
+    assert FilterConfig().metric == "reward_std"
+    assert FilterConfig.model_validate({"score": "var"}).metric == "reward_variance"
+    assert FilterConfig.model_validate({"score": "std"}).metric == "reward_std"
+    # an old checkpoint's config (score) with a resume's override (metric): the override wins
+    both = FilterConfig.model_validate({"score": "std", "metric": "reward_variance"})
+    assert both.metric == "reward_variance"
+    with pytest.raises(ValueError, match="score must be std or var"):
+        FilterConfig.model_validate({"score": "mad"})
 
 
 def test_linear_top_p_keeps_the_group_that_crosses_the_threshold():
@@ -225,7 +258,7 @@ config_st = st.builds(
     strategy=st.sampled_from(sorted(FILTER_STRATEGIES)),
     value=st.floats(0.0, 1.5),
     mode=st.sampled_from(["linear", "softmax"]),
-    score=st.sampled_from(["std", "var"]),
+    metric=st.sampled_from(["reward_std", "reward_variance"]),
     ddof=st.integers(0, 2),
     include_zero=st.booleans(),
     loss_scaling=st.sampled_from(["none", "linear", "sqrt"]),
@@ -288,3 +321,46 @@ def test_linear_top_p_is_monotone_and_reaches_its_mass(rewards, rho_a, rho_b):
     total = small.scores.sum()
     if large.kept_groups and high < 1.0:
         assert large.scores[large.kept_groups].sum() >= high * total - 0.01 - 1e-9
+
+
+def test_paper_loss_rescaling_scales_the_task_loss_by_the_kept_ratio():
+    """The paper shrinks the minibatch by the keep rate and scales the per-step loss by it
+    (``loss_scaling: linear``).  8 groups, top_k_abs keeps 2 -> kept ratio 0.25, scale 0.25.
+    The update multiplies the kept advantages by it (platform/trainer.py); the PPO loss is
+    positively homogeneous in A (clipped or not), so the task loss and its gradient are
+    exactly 0.25 x the unscaled ones while the regulariser is untouched.  By hand, token-mean
+    over 4 tokens, A = [1, 1 | 0.5, 0.5] x 0.25, ratios [1.5, 1 | 1, 1] (1.5 clipped at
+    1 + 0.28): task = −0.25·(1.28 + 1 + 0.5 + 0.5)/4 = −0.205; entropy bonus 0.01 on
+    entropy 2 per token: reg = −0.02."""
+    import torch
+
+    from tether.algos.losses import ppo_objective
+
+    groups = spread(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
+    result = snr_filter(
+        groups, FilterConfig(strategy="top_k_abs", value=2, ddof=0, loss_scaling="linear")
+    )
+    assert result.kept_groups == [6, 7] and result.loss_scale == 0.25
+    old = torch.zeros(2, 2, dtype=torch.float64)
+    mask = torch.ones(2, 2, dtype=torch.float64)
+    advantages = torch.tensor([[1.0, 1.0], [0.5, 0.5]], dtype=torch.float64)
+    entropy = torch.full((2, 2), 2.0, dtype=torch.float64)
+
+    def losses(scale):
+        logprobs = torch.tensor(
+            [[math.log(1.5), 0.0], [0.0, 0.0]], dtype=torch.float64, requires_grad=True
+        )
+        task, reg, _ = ppo_objective(
+            logprobs, old, advantages * scale, mask, entropy=entropy, entropy_coef=0.01
+        )
+        task.backward()
+        return float(task), float(reg), logprobs.grad.clone()
+
+    task, reg, grad = losses(result.loss_scale)
+    task_1, reg_1, grad_1 = losses(1.0)
+    assert task == pytest.approx(-0.25 * (1.28 + 1 + 0.5 + 0.5) / 4) == pytest.approx(-0.205)
+    assert task == pytest.approx(0.25 * task_1)
+    assert reg == reg_1 == pytest.approx(-0.02)
+    torch.testing.assert_close(grad, 0.25 * grad_1)
+    # unclipped tokens: d task / d logprob = −A·ratio / 4 tokens
+    assert float(grad[1, 0]) == pytest.approx(-0.25 * 0.5 / 4)

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from tether.diagnostics.mi import (
     ENTROPY_KEYS,
     MULTI_COLUMN_KEYS,
+    mi_by_column,
     mi_proxies,
     prefixed,
     prompt_columns,
@@ -47,6 +48,40 @@ def test_two_by_two_by_hand():
     assert m["mi_zscore"] == pytest.approx((gap / (marginal.std() + 1e-3)).mean())
     assert m["retrieval_acc"] == 1.0 and m["retrieval_chance"] == 0.5
     assert m["mi_upper_bound"] == pytest.approx(np.log(2))
+
+
+def test_mi_seq_zscore_by_hand():
+    """MI-ZScore (Seq): mi_zscore's formula on the sequence scores S, with S's own
+    std(marginal).  S = log p with p = [[.6, .2], [.3, .1], [.1, .5]], pairs 0, 1 of prompt 0:
+    marginal_i = log(mean_j p_ij) = log .4, log .2, log .3 (population std 0.284335);
+    matched − marginal = log(.6/.4), log(.3/.2), log(.5/.3) = 0.405465, 0.405465, 0.510826;
+    z = mean(gap / (0.284335 + 0.001)) = 1.544100.  The per-token z-score is left as it was."""
+    S = np.log(np.array([[0.6, 0.2], [0.3, 0.1], [0.1, 0.5]]))
+    L = S / np.array([[4.0], [2.0], [5.0]])  # any lengths: L does not enter the Seq z-score
+    m, _ = mi_proxies(L, S, np.array([0, 0, 1]))
+    assert m["marginal_seq_std"] == pytest.approx(0.28433469, abs=1e-8)
+    assert m["mi_seq_zscore"] == pytest.approx(1.54409995, abs=1e-7)
+    marginal_l = np.log(np.exp(L).mean(axis=1))
+    gap_l = L[np.arange(3), [0, 0, 1]] - marginal_l
+    assert m["mi_zscore"] == pytest.approx((gap_l / (marginal_l.std() + 1e-3)).mean())
+    assert m["mi_seq_estimate"] == pytest.approx(np.mean([0.405465, 0.405465, 0.510826]), abs=1e-6)
+
+
+def test_mi_by_column_splits_mi_estimate_by_prompt():
+    """Per prompt, the mean of matched − marginal over its pairs (finding d's prompt-level
+    MI).  L = log p, p = [[.6, .2], [.3, .1], [.1, .5]], pairs 0, 1 of prompt 0:
+    prompt 0: (log(.6/.4) + log(.3/.2)) / 2 = log 1.5 = 0.405465; prompt 1: log(.5/.3) =
+    0.510826; pair-weighted mean (2·0.405465 + 0.510826) / 3 = mi_estimate."""
+    L = np.log(np.array([[0.6, 0.2], [0.3, 0.1], [0.1, 0.5]]))
+    column = np.array([0, 0, 1])
+    mi, pairs = mi_by_column(L, column)
+    np.testing.assert_allclose(mi, [np.log(1.5), np.log(5 / 3)])
+    np.testing.assert_array_equal(pairs, [2, 1])
+    m, _ = mi_proxies(L, L, column)
+    assert (pairs * mi).sum() / 3 == pytest.approx(m["mi_estimate"])
+    # A column no pair belongs to has no value (NaN), not 0.
+    mi, pairs = mi_by_column(np.hstack([L, np.full((3, 1), -9.0)]), column)
+    assert math.isnan(mi[2]) and pairs[2] == 0
 
 
 def test_identity_like_gives_perfect_retrieval_and_mi_log_n():
@@ -191,3 +226,25 @@ def test_bounds_and_row_shift_invariance(m, n, seed):
         shifted, _ = mi_proxies(L + rng.normal(size=(m, 1)), L * 7, column)
         assert shifted["mi_estimate"] == pytest.approx(metrics["mi_estimate"], abs=1e-9)
         assert shifted["retrieval_acc"] == pytest.approx(metrics["retrieval_acc"])
+
+
+def test_prompt_mi_goes_to_the_groups_whose_first_turn_is_the_column():
+    """The first-turn matrix has one column per level; each group gets its column's
+    pointwise MI and pair count (runner.prompt_mi_by_group), a group whose first prompt
+    was not scored gets nothing, and groups with identical first prompts share one."""
+    from types import SimpleNamespace
+
+    from tether.diagnostics.runner import prompt_mi_by_group
+
+    def turn(prompt):
+        return SimpleNamespace(prompt_ids=prompt, reasoning_ids=(9,), action_ids=())
+
+    trajectories = [SimpleNamespace(group_id=g) for g in (0, 0, 1, 2, 3)]
+    spans = [[turn((1, 2))], [turn((1, 2))], [turn((3,))], [turn((4,))], [turn((1, 2))]]
+    L = np.log(np.array([[0.6, 0.2], [0.3, 0.1], [0.1, 0.5]]))  # pairs: (1, 2) twice, (3,)
+    out = prompt_mi_by_group(trajectories, spans, [(1, 2), (3,)], L, np.array([0, 0, 1]))
+    assert out == {
+        0: {"mi": pytest.approx(np.log(1.5)), "pairs": 2.0},
+        1: {"mi": pytest.approx(np.log(5 / 3)), "pairs": 1.0},
+        3: {"mi": pytest.approx(np.log(1.5)), "pairs": 2.0},
+    }

@@ -70,6 +70,12 @@ def test_protocol_grids():
         assert Path(cfg.experiment.output_dir).is_absolute()
         cpus = sum(b.get("CPU", 0) for b in trial_bundles(cfg, s.sweep.resources))
         assert cpus == pytest.approx(1.0)
+    # The paper's loss rescaling after filtering (a protocol change, docs/reproduction.md):
+    # every arm of a, c and d scales its advantages by the kept ratio.
+    for s, ts in ((spec, a), (spec_c, c), (spec_d, d)):
+        assert s.base.filter.loss_scaling == "linear"
+        assert {s.build(t).filter.loss_scaling for t in ts} == {"linear"}
+        assert {s.build(t).filter.metric for t in ts} == {"reward_std"}
     assert spec.base.trainer.iterations == 30 and spec_d.base.trainer.iterations == 30
     assert spec_c.base.trainer.iterations == 20
     # Each trial is built from the spec: the warm start does not depend on the RL seed.
@@ -214,25 +220,49 @@ def test_paired_gain_and_quartile_trend():
     assert gains["env.stochasticity=0"]["mean"] == pytest.approx(0.0)
     assert gains["env.stochasticity=0.2"]["differences"] == pytest.approx([0.1] * 3)
     assert gains["env.stochasticity=0.2"]["seeds"] == ["0", "1", "2"]
-    # RV quartiles: MI rises with reward std, success does not.
-    rng = np.random.default_rng(0)
-    rv = rng.uniform(0, 0.5, 40)
-    runs = [
-        _run(
-            f"q{k}",
-            k,
-            "none",
-            {
-                "rollout/in_group_reward_std": {s: float(rv[4 * k + s]) for s in range(4)},
-                "rollout/success": {s: 0.3 for s in range(4)},
-                MI: {s: float(rv[4 * k + s]) for s in range(4)},
-            },
-        )
-        for k in range(10)
-    ]
-    trend = paper.quartile_trend(runs, MI)
+
+    # RV quartiles over prompt groups (the paper's unit), known answer: 16 groups of two
+    # rewards [0, k/10] (RV = (k/10)²/2, increasing in k), one success each (success 0.5
+    # everywhere), pointwise MI 0.01·k.  Quartiles k 0-3, 4-7, 8-11, 12-15; MI means 0.015,
+    # 0.055, 0.095, 0.135; Q4 - Q1 = 0.12, Welch se = √(2 · 0.01² · (5/3) / 4) = 0.009129,
+    # 6 dof, half-width 2.4469 · 0.009129 = 0.02234.  Two runs of 8 groups each: the
+    # quartiles pool the prompts of every run and iteration.
+    def groups(ks):
+        return [
+            {"group_id": k, "rewards": [0.0, k / 10], "success": [0.0, 1.0], "mi": 0.01 * k}
+            for k in ks
+        ]
+
+    runs = [_run("p0", 0, "none", {}), _run("p1", 1, "none", {})]
+    runs[0].prompt_mi = {1: groups(range(0, 16, 2))}
+    runs[1].prompt_mi = {5: groups(range(1, 16, 2))}
+    trend = paper.quartile_trend(runs)
+    assert trend["unit"] == "prompt groups" and trend["prompts"] == 16
+    assert trend["mi"]["n"] == [4, 4, 4, 4]
+    assert trend["mi"]["means"] == pytest.approx([0.015, 0.055, 0.095, 0.135])
     assert trend["mi"]["monotone_increasing"] and not trend["success"]["monotone_increasing"]
-    assert trend["mi"]["n"] == [10, 10, 10, 10] and trend["mi"]["q4_minus_q1"]["ci_low"] > 0
+    diff = trend["mi"]["q4_minus_q1"]
+    assert diff["mean"] == pytest.approx(0.12)
+    half = scipy_stats.t.ppf(0.975, 6) * math.sqrt(2 * 0.01**2 * (5 / 3) / 4)
+    assert (diff["ci_low"], diff["ci_high"]) == pytest.approx((0.12 - half, 0.12 + half))
+    assert paper.verdict_d_quartiles(trend["mi"])["verdict"] == paper.REPRODUCED
+    # The same prompts as (run, checkpoint) batch means would be 2 points: not quartiles.
+    report_q = stats.rv_quartiles(runs)
+    assert [r["n"] for r in report_q.rows] == [4, 4, 4, 4]
+    assert [r["mi"] for r in report_q.rows] == pytest.approx([0.015, 0.055, 0.095, 0.135])
+    assert report_q.extra["assignments"][("p1", 5, 15)] == 4
+    # Ties: 10 of 16 prompts without reward spread share RV 0, all in Q1 (an edge value goes
+    # to the lower quartile), so Q2 is empty and the trend has no verdict.
+    tied = [
+        {"group_id": k, "rewards": [1.0, 1.0], "success": [1.0, 1.0], "mi": 0.1} for k in range(10)
+    ]
+    runs[0].prompt_mi = {1: tied + groups(range(10, 16))}
+    runs[1].prompt_mi = {}
+    trend = paper.quartile_trend(runs)
+    assert trend["mi"]["n"] == [10, 0, 2, 4]  # RV edges 0, 0, 0.634
+    verdict = paper.verdict_d_quartiles(trend["mi"])
+    assert verdict["verdict"] is None and "[2]" in verdict["because"]
+    assert any("[2] empty" in n for n in stats.rv_quartiles(runs).notes)
 
 
 def test_warm_start_seed_replaces_the_run_seed_in_the_cache_key():
@@ -320,6 +350,8 @@ def test_verdicts_follow_the_protocol_rules():
     for means, lo in (([0.1, 0.2, 0.3, 0.4], -0.01), ([0.30, 0.39, 0.40, 0.37], -0.07)):
         assert paper.verdict_d_quartiles(trend(means, lo))["verdict"] == paper.NOT_AT_THIS_SCALE
     assert paper.verdict_d_quartiles({})["verdict"] is None
+    empty_q2 = {**trend([0.1, math.nan, 0.3, 0.4], 0.05), "n": [10, 0, 2, 4]}
+    assert paper.verdict_d_quartiles(empty_q2)["verdict"] is None
 
 
 def test_the_paper_command_prints_each_findings_verdict(tmp_path, capsys):
@@ -333,9 +365,17 @@ def test_the_paper_command_prints_each_findings_verdict(tmp_path, capsys):
     client = MlflowClient(uri)
     exp = client.create_experiment("paper-test", artifact_location=str(tmp_path / "art"))
     rng = np.random.default_rng(0)
-    for seed, arm in itertools.product((0, 1, 2), ("none", "top_p", "top_k")):
+    for r, (seed, arm) in enumerate(itertools.product((0, 1, 2), ("none", "top_p", "top_k"))):
         run = client.create_run(exp, run_name=f"{arm}-{seed}", tags={"tether.env": "lake"})
         rid = run.info.run_id
+        # Prompt-level diagnostics of iteration 1 (what platform/diagnosis.py logs): four
+        # groups per run with rewards [0, k/10], k = 4r..4r+3, so RV rises with k over the
+        # 36 prompts; pointwise MI 0.5 for every prompt.
+        groups = [
+            {"group_id": g, "rewards": [0.0, (4 * r + g) / 10], "success": [0.0, 1.0], "mi": 0.5}
+            for g in range(4)
+        ]
+        client.log_dict(rid, {"iteration": 1, "groups": groups}, "prompt_mi/iter_0001.json")
         for key, value in (("filter.strategy", arm), ("experiment.seed", seed), ("algo.lr", 1)):
             client.log_param(rid, key, value)
         # No filter collapses (MI 0.5 -> 0.1, H(Z|X) rises); top-p and top-k keep MI.
@@ -370,12 +410,11 @@ def test_the_paper_command_prints_each_findings_verdict(tmp_path, capsys):
     d = verdicts("d")
     assert d["top_p_minus_none"]["all"]["mean"] == pytest.approx(0.21)
     assert d["verdict_filters"]["verdict"] == paper.REPRODUCED
-    # MI is 0.5 except none's last checkpoint (0.1), whatever the reward spread, and the
-    # spread is drawn apart from it (seed 0): quartiles 1-4 of RV hold 6, 5, 4, 3 of the
-    # MI points, two and one of them 0.1 in Q1 and Q4.  MI does not rise from Q1 to Q4.
+    # Quartiles of the 36 prompts (not of the runs' batch means): 9 each, MI 0.5 in every
+    # one, so MI does not rise from Q1 to Q4.
     mi_q = d["rv_quartiles"]["mi"]
-    assert mi_q["n"] == [6, 5, 4, 3]
-    assert mi_q["means"] == pytest.approx([11 / 30, 0.5, 0.5, 11 / 30])
+    assert d["rv_quartiles"]["prompts"] == 36 and mi_q["n"] == [9, 9, 9, 9]
+    assert mi_q["means"] == pytest.approx([0.5] * 4)
     assert not mi_q["monotone_increasing"] and mi_q["q4_minus_q1"]["mean"] == pytest.approx(0.0)
     assert d["verdict_quartiles"]["verdict"] == paper.NOT_AT_THIS_SCALE, d["verdict_quartiles"]
     b = verdicts("b")

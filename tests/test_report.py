@@ -63,10 +63,25 @@ def store(tmp_path_factory):
     root = tmp_path_factory.mktemp("mlflow")
     uri = f"sqlite:///{root / 'mlflow.db'}"
     rng = np.random.default_rng(7)
+    prompt_rng = np.random.default_rng(11)  # apart, so the histories stay as they were
     parent = Tracker(uri, "report-tests", run_name="sweep", tags={"tether.kind": "sweep"})
-    data = {}
+    data, prompt_data = {}, {}
     for k, (p, strategy, final) in enumerate(TRIALS):
         h = histories(k, rng, final)
+        # Prompt-level diagnostics: two groups per diagnosed step, rewards [0, u] (RV u²/2)
+        # and a pointwise MI drawn apart from them.
+        prompt_mi = {
+            s: [
+                {
+                    "group_id": g,
+                    "rewards": [0.0, float(prompt_rng.uniform(0.01, 1))],
+                    "success": [0.0, float(g)],
+                    "mi": float(prompt_rng.uniform(0, 0.7)),
+                }
+                for g in range(2)
+            ]
+            for s in STEPS
+        }
         t = write_run(
             uri,
             "report-tests",
@@ -104,8 +119,9 @@ def store(tmp_path_factory):
             }
             if k == 0
             else None,
+            prompt_mi=prompt_mi,
         )
-        data[t.run_id] = h
+        data[t.run_id], prompt_data[t.run_id] = h, prompt_mi
     parent.finish()
     # Resumed: step 3 logged twice, the later write is the truth.
     resumed_h = histories(5, rng, (0.5, 0.5))
@@ -122,6 +138,7 @@ def store(tmp_path_factory):
         "uri": uri,
         "parent": parent.run_id,
         "data": data,
+        "prompt_data": prompt_data,
         "root": root,
         "trials": list(data)[:4],
         "resumed": resumed.run_id,
@@ -151,19 +168,24 @@ def test_sweep_numbers_match_scipy_pandas_and_regimes(store, tmp_path):
             math.tanh(math.atanh(expected.statistic) - 1.959963984540054 * se), abs=1e-9
         )
         assert table[name]["ci_low"] < table[name]["rho"] < table[name]["ci_high"]
-    # RV quartiles: the same assignment as pandas.qcut on the same points.
-    quart = stats.rv_quartiles(runs, MI)
-    points = list(quart.extra["assignments"])
-    rv = [store["data"][rid]["rollout/in_group_reward_std"][s] for rid, s in points]
+    # RV quartiles over prompt groups: the same assignment as pandas.qcut on the same prompts.
+    quart = stats.rv_quartiles(runs)
+    points = list(quart.extra["assignments"])  # (run id, iteration, group id)
+    assert len(points) == 4 * len(STEPS) * 2
+
+    def group(rid, it, g):
+        return store["prompt_data"][rid][it][g]
+
+    rv = [np.var(group(*p)["rewards"], ddof=1) for p in points]
     expected_q = pd.qcut(rv, 4, labels=False) + 1
     assert [quart.extra["assignments"][p] for p in points] == list(expected_q)
     for row in quart.rows:
         sel = [p for p, q in zip(points, expected_q) if q == row["quartile"]]
-        assert row["n"] == len(sel) == 6
+        assert row["n"] == len(sel) == 12
         assert row["success"] == pytest.approx(
-            np.mean([store["data"][rid]["rollout/success"][s] for rid, s in sel])
+            np.mean([np.mean(group(*p)["success"]) for p in sel])
         )
-        assert row["mi"] == pytest.approx(np.mean([store["data"][rid][MI][s] for rid, s in sel]))
+        assert row["mi"] == pytest.approx(np.mean([group(*p)["mi"] for p in sel]))
     # Regimes, by absolute criteria: the permutation test (p < 0.05) and the H(Z|X)
     # interval against 0.5 nats/token.  Never relative to the other runs: each run alone
     # gets the same regime.

@@ -31,8 +31,14 @@ score descending with ties broken by original index (stable sort):
   - ``min_p``: keep candidates with s ≥ value·max(s).
 ``int(value·n)`` is evaluated with a 1e-9 guard so 0.29·100 gives 29, not 28.
 
-Group score: std (``score="std"``) or variance (``"var"``) with ``ddof`` (default 1).
-A group with ≤ ddof trajectories has an undefined spread; it scores 0.
+Group score (``metric``): reward std (``"reward_std"``, the default, as RAGEN's code) or
+reward variance (``"reward_variance"``, as the paper's text) with ``ddof`` (default 1).
+A group with ≤ ddof trajectories has an undefined spread; it scores 0.  Variance is the
+square of std, so both rank the groups alike: ``top_k`` and ``top_k_abs`` keep the same
+groups on either; ``top_p`` (a share of the cumulative score mass) and ``min_p`` (a
+ratio to the best score) compare magnitudes and can keep different ones.  E.g. stds
+[3, 2, 2, 1], ρ = 0.5: std mass 8, threshold 3.99 -> keep 3 and the first 2 (3 < 3.99);
+variance mass 18, threshold 8.99 -> keep 9 only (9 ≥ 8.99 after it).
 
 Loss scaling after filtering (``loss_scaling``): ``none`` -> 1, ``linear`` -> kept
 ratio, ``sqrt`` -> √(kept ratio); kept ratio = kept groups / all groups.
@@ -72,10 +78,17 @@ class FilterResult:
     scores: np.ndarray = field(default_factory=lambda: np.zeros(0))  # [G] score of every group
 
 
+#: ``metric`` -> whether the group score is the std (else the variance)
+FILTER_METRICS = {"reward_std": True, "reward_variance": False}
+
+
 def group_scores(
-    group_rewards: Sequence[np.ndarray], score: str = "std", ddof: int = 1
+    group_rewards: Sequence[np.ndarray], metric: str = "reward_std", ddof: int = 1
 ) -> np.ndarray:
-    """Std or variance of each group's rewards -> [G]; groups with ≤ ddof members score 0."""
+    """Std or variance (``metric``) of each group's rewards -> [G]; groups with ≤ ddof
+    members score 0."""
+    if metric not in FILTER_METRICS:
+        raise ValueError(f"unknown filter metric {metric!r}; valid: {sorted(FILTER_METRICS)}")
     out = np.zeros(len(group_rewards), dtype=np.float64)
     for g, rewards in enumerate(group_rewards):
         r = np.asarray(rewards, dtype=np.float64).reshape(-1)
@@ -83,7 +96,7 @@ def group_scores(
             raise ValueError(f"group {g} has non-finite rewards {r.tolist()}")
         if r.size > ddof:
             var = float(np.var(r, ddof=ddof))
-            out[g] = math.sqrt(var) if score == "std" else var
+            out[g] = math.sqrt(var) if FILTER_METRICS[metric] else var
     return out
 
 
@@ -211,7 +224,7 @@ def snr_filter(
     n_groups = len(groups)
     if success is not None and len(success) != n_groups:
         raise ValueError(f"success has {len(success)} entries for {n_groups} groups")
-    scores = group_scores(groups, cfg.score, cfg.ddof)  # [G]
+    scores = group_scores(groups, cfg.metric, cfg.ddof)  # [G]
     zero = scores <= cfg.zero_tol  # [G]
 
     order = np.argsort(-scores, kind="stable")  # descending, ties by original index

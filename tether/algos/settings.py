@@ -29,6 +29,8 @@ AGGREGATION_NAMES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 KL_ESTIMATOR_NAMES = ("k1", "k2", "k3", "abs", "low_var_kl")
 #: ``filters.FILTER_STRATEGIES``
 FILTER_STRATEGY_NAMES = ("none", "top_p", "top_k", "top_k_abs", "min_p")
+#: ``filters.FILTER_METRICS``
+FILTER_METRIC_NAMES = ("reward_std", "reward_variance")
 #: ``filters.LOSS_SCALINGS``
 LOSS_SCALING_NAMES = ("none", "linear", "sqrt")
 #: ``presets.PRESETS``
@@ -160,11 +162,20 @@ class FilterConfig(StrictSection):
     mode: Literal["linear", "softmax"] = Field(
         "linear", description="top_p mode: linear (score mass) or softmax (probability mass)."
     )
-    score: Literal["std", "var"] = Field("std", description="Group score: reward std or var.")
+    metric: Literal[FILTER_METRIC_NAMES] = Field(
+        "reward_std",
+        description="Group score the strategies rank by: reward_std (RAGEN's code; the "
+        "default, docs/methods.md section 5 says why) or reward_variance (the paper's text). "
+        "top_k / top_k_abs rank alike on both; top_p (cumulative mass) and min_p (ratio to "
+        "the best) can keep different groups.",
+    )
     ddof: int = Field(1, ge=0, description="Degrees of freedom of the group std/var.")
     include_zero: bool = Field(False, description="Keep zero-score groups eligible (top_p).")
     loss_scaling: Literal[LOSS_SCALING_NAMES] = Field(
-        "none", description="Scale advantages by the kept ratio (linear) or its root (sqrt)."
+        "none",
+        description="Scale advantages (so the task loss) by the kept ratio (linear: the "
+        "paper's rescaling after filtering, used by experiments/paper/) or its root (sqrt); "
+        "none keeps them.",
     )
     selection_eps: float = Field(
         0.01,
@@ -175,6 +186,23 @@ class FilterConfig(StrictSection):
     zero_tol: float = Field(
         1e-10, ge=0.0, description="A group scoring at most this counts as zero-variance."
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_score(cls, data: Any) -> Any:
+        """``score: std | var`` (the setting's name before ``metric``, e.g. in the config a
+        checkpoint saved) is read as ``metric``; a ``metric`` given too wins (a resume's
+        override of an old run's config)."""
+        if isinstance(data, dict) and "score" in data:
+            data = dict(data)
+            legacy = data.pop("score")
+            if "metric" in data:
+                return data
+            names = {"std": "reward_std", "var": "reward_variance"}
+            if legacy not in names:
+                raise ValueError(f"score must be std or var (got {legacy!r}); use `metric`")
+            data["metric"] = names[legacy]
+        return data
 
     @model_validator(mode="after")
     def _value_range(self):

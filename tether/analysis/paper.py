@@ -8,8 +8,9 @@ stated in docs/reproduction.md before its confirmatory runs; this module compute
   H(Z|X) did not fall beyond its own, and how many seeds of each arm did so;
 - ``paired_gain`` (findings a, c, d): a per-seed difference between two arms of a sweep,
   its mean and t-interval over seeds;
-- ``quartile_trend`` (finding d): MI and success by reward-variance quartile, monotone or
-  not, and the top-minus-bottom quartile difference with a Welch interval;
+- ``quartile_trend`` (finding d): MI and success by reward-variance quartile of prompt
+  groups (the paper's unit), monotone or not, and the top-minus-bottom quartile
+  difference with a Welch interval;
 - ``spearman_by_run_bootstrap`` (finding b, the report's by-run Spearman analysis);
 - ``verdict_a`` ... ``verdict_d_quartiles``: the protocol's rule that turns those numbers
   into a verdict (reproduced / partly / not at this scale), with the reason in words.
@@ -29,8 +30,8 @@ from collections import defaultdict
 import numpy as np
 from scipy import stats
 
-from .runs import DIAGNOSTICS, REWARD_STD, SUCCESS, RunData, collapse_key
-from .stats import quartile_of, spearman_by_run_bootstrap
+from .runs import COMPARED_DIAGNOSTICS, SUCCESS, RunData, collapse_key
+from .stats import prompt_points, quartile_of, spearman_by_run_bootstrap
 
 REPRODUCED, PARTLY, NOT_AT_THIS_SCALE = "reproduced", "partly", "not at this scale"
 #: Seeds per compared arm the protocol's counting rules are written for.
@@ -185,24 +186,20 @@ def collapse_verdict(rows: list[dict]) -> dict:
     }
 
 
-def quartile_trend(
-    runs: list[RunData], mi_key: str, rv_key: str = REWARD_STD, success_key: str = "rollout/success"
-) -> dict:
-    """Success and MI by quartile of in-group reward std over (run, checkpoint) points
-    (the report's quartiles), whether each rises monotonically from Q1 (lowest RV) to Q4,
-    and Q4 - Q1 with a Welch interval over the points."""
-    pts = [
-        (r.metrics[rv_key][s], r.metrics[success_key][s], r.metrics.get(mi_key, {}).get(s))
-        for r in runs
-        for s in sorted(set(r.metrics.get(rv_key, {})) & set(r.metrics.get(success_key, {})))
-    ]
-    if len(pts) < 8:
-        return {"note": f"{len(pts)} checkpoints with {rv_key} and {success_key}"}
-    rv = np.array([p[0] for p in pts])
+def quartile_trend(runs: list[RunData]) -> dict:
+    """Success and MI by reward-variance quartile of prompt groups (the paper's unit;
+    ``stats.prompt_points``: one point per group of each diagnosed batch, its RV, success
+    rate and first-turn pointwise MI), whether each rises monotonically from Q1 (lowest RV)
+    to Q4, and Q4 - Q1 with a Welch interval over the prompts.  An empty quartile (ties:
+    more than a quarter of the prompts share one RV) leaves the trend undefined."""
+    rv, success, mi, _ = prompt_points(runs)
+    if len(rv) < 8:
+        return {
+            "note": f"{len(rv)} prompt groups with prompt-level diagnostics (prompt_mi/iter_N.json)"
+        }
     q = quartile_of(rv)
-    out = {}
-    for name, idx in (("success", 1), ("mi", 2)):
-        vals = np.array([math.nan if p[idx] is None else p[idx] for p in pts], float)
+    out: dict = {"unit": "prompt groups", "prompts": len(rv)}
+    for name, vals in (("success", success), ("mi", mi)):
         groups = [vals[(q == k) & ~np.isnan(vals)] for k in range(1, 5)]
         means = [float(g.mean()) if len(g) else math.nan for g in groups]
         top, bottom = groups[3], groups[0]
@@ -306,10 +303,18 @@ def verdict_d_filters(top_p_minus_none: dict, top_p_minus_top_k: dict) -> dict:
 
 
 def verdict_d_quartiles(mi_trend: dict) -> dict:
-    """Finding d (reward-variance quartiles): reproduced when mean I(X;Z) rises strictly
-    from Q1 to Q4 and Q4 - Q1 has a Welch interval above 0; otherwise not at this scale."""
+    """Finding d (reward-variance quartiles of prompts): reproduced when mean pointwise
+    I(X;Z) rises strictly from Q1 to Q4 and Q4 - Q1 has a Welch interval above 0; otherwise
+    not at this scale.  No verdict when a quartile holds no prompt with MI (RV ties)."""
     if "means" not in mi_trend:
-        return _verdict(None, "no quartiles (too few checkpoints)")
+        return _verdict(None, "no quartiles (too few prompt groups)")
+    empty = [k + 1 for k, n in enumerate(mi_trend.get("n", ())) if n == 0]
+    if empty:
+        return _verdict(
+            None,
+            f"quartile(s) {empty} hold no prompt with MI: more than a quarter of the prompts "
+            "share one reward variance, so the quartiles are not four groups",
+        )
     monotone, above = mi_trend["monotone_increasing"], _above(mi_trend["q4_minus_q1"])
     said = (
         f"I(X;Z) by quartile {'rises' if monotone else 'does not rise'} strictly; Q4 - Q1 "
@@ -366,7 +371,11 @@ def main(argv: list[str] | None = None) -> int:
         help="a collapse, b MI vs entropy, c stochasticity, d filters (docs/reproduction.md)",
     )
     parser.add_argument("--sampling", default="first_turn", help="the diagnostics' sampling")
-    parser.add_argument("--mi", default="mi_estimate", help="the I(X;Z) estimate a and d test")
+    parser.add_argument(
+        "--mi",
+        default="mi_estimate",
+        help="the I(X;Z) estimate a and c test (d: prompt-level mi_estimate)",
+    )
     args = parser.parse_args(argv)
     try:
         loaded = [
@@ -398,7 +407,9 @@ def main(argv: list[str] | None = None) -> int:
             **verdict_a(counted["counts"], counted["mi_change_top_p_minus_none"]),
         )
     elif args.finding == "b":
-        by_run = spearman_by_run_bootstrap(runs, args.sampling, DIAGNOSTICS, success_key=SUCCESS)
+        by_run = spearman_by_run_bootstrap(
+            runs, args.sampling, COMPARED_DIAGNOSTICS, success_key=SUCCESS
+        )
         out.update(spearman_by_run=by_run.rows, notes=by_run.notes, **verdict_b(by_run.rows))
     elif args.finding == "c":
         out["gain_by_level"] = paired_gain(runs, "top_p", "none", by=("env.stochasticity",))
@@ -424,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
         out["top_p_minus_none"] = paired_gain(runs, "top_p", "none")
         out["top_p_minus_top_k"] = paired_gain(runs, "top_p", "top_k")
         out["top_k_minus_none"] = paired_gain(runs, "top_k", "none")
-        out["rv_quartiles"] = quartile_trend(runs, collapse_key(args.sampling, args.mi))
+        out["rv_quartiles"] = quartile_trend(runs)
         out["verdict_filters"] = verdict_d_filters(
             out["top_p_minus_none"].get("all", {}), out["top_p_minus_top_k"].get("all", {})
         )

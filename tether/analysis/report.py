@@ -17,7 +17,7 @@ from pathlib import Path
 
 from . import stats, views
 from .render import Figure, save
-from .runs import DIAGNOSTICS, SUCCESS, RunData, collapse_key
+from .runs import COMPARED_DIAGNOSTICS, SUCCESS, RunData, collapse_key
 
 
 @dataclass
@@ -59,12 +59,18 @@ def analyse(
     notes: list[str] = []
     sections = {
         "spearman": stats.spearman_table(
-            runs, s, DIAGNOSTICS, settings.success_key, settings.confidence
+            runs, s, COMPARED_DIAGNOSTICS, settings.success_key, settings.confidence
         ),
         "spearman_by_run": stats.spearman_by_run_bootstrap(
-            runs, s, DIAGNOSTICS, success_key=settings.success_key, confidence=settings.confidence
+            runs,
+            s,
+            COMPARED_DIAGNOSTICS,
+            success_key=settings.success_key,
+            confidence=settings.confidence,
         ),
-        "rv_quartiles": stats.rv_quartiles(runs, mi_key, success_key=settings.success_key),
+        # prompt groups, the paper's unit; the MI is each prompt's pointwise share of
+        # mi_estimate whatever settings.mi_name is (no other proxy splits by prompt)
+        "rv_quartiles": stats.rv_quartiles(runs),
         "regimes": stats.regimes(
             runs,
             s,
@@ -83,7 +89,7 @@ def analyse(
         )
     figures = [
         views.spearman_figure(sections["spearman"], s),
-        views.quartile_figure(sections["rv_quartiles"], mi_key),
+        views.quartile_figure(sections["rv_quartiles"]),
         views.stochasticity_figure(sections["stochasticity"]),
         views.sensitivity_figure(sections["sensitivity"], mi_key) if fields else None,
         views.regime_figure(sections["regimes"], s),
@@ -164,7 +170,7 @@ SECTION_TITLES = {
     "spearman": "Spearman correlation of each diagnostic with task success",
     "spearman_by_run": "Spearman correlation with success, intervals by resampling whole runs; "
     "difference from H(Z|X)'s",
-    "rv_quartiles": "Success and MI by reward-variance quartile",
+    "rv_quartiles": "Success and MI by reward-variance quartile of prompts",
     "regimes": "Regime of each run (last diagnosed iteration)",
     "stochasticity": "Success vs stochasticity, filter vs none",
     "sensitivity": "Hyperparameter sensitivity",

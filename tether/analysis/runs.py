@@ -21,11 +21,14 @@ REASONING_LENGTH = "rollout/reasoning_length"
 SAMPLINGS = ("first_turn", "trajectory")
 
 #: The diagnostics the paper correlates with success (per sampling, under ``collapse/<s>/``).
+#: The entropies here are estimated from the same cross-score matrix as the MI proxies
+#: (H(Z|X) = −mean(matched), H(Z) = −mean(marginal)), so they share its sampling noise.
 DIAGNOSTICS = (
     "mi_zscore",
     "mi_zscore_ema",
     "mi_estimate",
     "mi_seq_estimate",
+    "mi_seq_zscore",
     "retrieval_acc",
     "conditional_entropy_est",
     "reasoning_entropy_est",
@@ -44,8 +47,24 @@ ALARM_CURVES = {
 }
 
 
+#: Diagnostics logged once per iteration rather than per sampling: name -> metric key.
+#: ``reasoning_token_entropy`` is the policy's token entropy on the reasoning tokens of the
+#: update's batch (algos/update.py), the entropy the paper's Spearman table compares, and
+#: it comes from the update's forward pass, not from the cross-score matrix.
+UNSAMPLED_DIAGNOSTICS = {"reasoning_token_entropy": "collapse/reasoning_token_entropy"}
+
+#: What finding b correlates with success: the per-sampling diagnostics and the rest.
+COMPARED_DIAGNOSTICS = DIAGNOSTICS + tuple(UNSAMPLED_DIAGNOSTICS)
+
+
 def collapse_key(sampling: str, name: str) -> str:
     return f"collapse/{sampling}/{name}"
+
+
+def diagnostic_key(sampling: str, name: str) -> str:
+    """The metric key of a diagnostic: ``collapse/<sampling>/<name>``, or the key of one
+    logged once per iteration (``UNSAMPLED_DIAGNOSTICS``)."""
+    return UNSAMPLED_DIAGNOSTICS.get(name) or collapse_key(sampling, name)
 
 
 @dataclass
@@ -61,6 +80,9 @@ class RunData:
     alarms: list[dict] = field(default_factory=list)
     #: iteration -> groups [{group_id, env_seed, rewards, success}] (``prompts/iter_N.json``)
     prompts: dict[int, list[dict]] = field(default_factory=dict)
+    #: diagnosed iteration -> groups [{group_id, env_seed, rewards, success, mi, pairs}]
+    #: (``prompt_mi/iter_N.json``: each group's first-turn pointwise MI)
+    prompt_mi: dict[int, list[dict]] = field(default_factory=dict)
 
     def has(self, key: str) -> bool:
         return bool(self.metrics.get(key))

@@ -21,7 +21,8 @@ from .runs import DIAGNOSTICS, RunData
 
 #: Metric keys the analyses and the monitor read (everything else is left in MLflow).
 WANTED = re.compile(
-    r"^(rollout/|filter/|val/|grad_snr/|actor/entropy$|collapse/[^/]+/(("
+    r"^(rollout/|filter/|val/|grad_snr/|actor/entropy$|collapse/reasoning_token_entropy$"
+    r"|collapse/[^/]+/(("
     + "|".join(DIAGNOSTICS)
     + r")(_ci_low|_ci_high|_null_q95)?|p_grounded|grounded"
     r"|num_pairs|valid_reasoning_rate)$|collapse/[^/]+/(za|xa)/mi_estimate$)"
@@ -136,11 +137,28 @@ def _download_json(client: MlflowClient, run_id: str, path: str):
         return json.loads(Path(local).read_text())
 
 
+def _artifact_iterations(client: MlflowClient, run_id: str, folder: str) -> dict[int, str]:
+    """iteration -> path of each ``<folder>/iter_N.json`` artifact of a run."""
+    try:
+        return {
+            int(m.group(1)): f.path
+            for f in client.list_artifacts(run_id, folder)
+            if (m := re.search(r"iter_(\d+)\.json$", f.path))
+        }
+    except (MlflowException, OSError):
+        return {}
+
+
 def load_run(
-    client: MlflowClient, run, with_prompts: bool = True, wanted: re.Pattern = WANTED
+    client: MlflowClient,
+    run,
+    with_prompts: bool = True,
+    wanted: re.Pattern = WANTED,
+    with_prompt_mi: bool = True,
 ) -> RunData:
-    """A run's params, tags, wanted metric histories, alarms and (optionally) the
-    prompt-level rewards of the early / mid / late iterations the heatmaps show."""
+    """A run's params, tags, wanted metric histories, alarms, (optionally) the
+    prompt-level rewards of the early / mid / late iterations the heatmaps show, and
+    (optionally) the prompt-level MI of every diagnosed iteration (finding d's quartiles)."""
     from .views import stage_iterations
 
     run_id = run.info.run_id
@@ -165,6 +183,12 @@ def load_run(
                 data = _download_json(client, run_id, files[it])
                 if data:
                     prompts[it] = data["groups"]
+    prompt_mi = {}
+    if with_prompt_mi:
+        for it, path in sorted(_artifact_iterations(client, run_id, "prompt_mi").items()):
+            data = _download_json(client, run_id, path)
+            if data:
+                prompt_mi[it] = data["groups"]
     return RunData(
         run_id=run_id,
         name=run.info.run_name or run_id[:8],
@@ -174,6 +198,7 @@ def load_run(
         metrics=metrics,
         alarms=alarms,
         prompts=prompts,
+        prompt_mi=prompt_mi,
     )
 
 

@@ -4,8 +4,8 @@
 - ``spearman_table``: each diagnostic against task success over every (run, checkpoint)
   where both were logged, with a Fisher-z confidence interval (Bonett & Wright's
   variance for Spearman's rho);
-- ``rv_quartiles``: (run, checkpoint) points by reward-variance quartile, with mean
-  success and MI per quartile;
+- ``rv_quartiles``: prompt groups (the paper's unit) by reward-variance quartile, with
+  mean success and pointwise MI per quartile;
 - ``regimes``: each run's path in the (H(Z|X), I(X;Z)) plane and the regime
   (docs/methods.md, section 1) of its last point;
 - ``stochasticity_curves`` and ``sensitivity_trajectories``: the sweeps' views.
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy import stats
 
-from .runs import REWARD_STD, SUCCESS, RunData, collapse_key
+from .runs import SUCCESS, RunData, collapse_key, diagnostic_key
 
 REGIMES = {
     (True, True): "diverse and grounded",
@@ -69,6 +69,16 @@ def spearman_ci(x, y, confidence: float = 0.95) -> dict:
     return out
 
 
+#: Said beside every comparison of MI with entropy (finding b).
+SHARED_MATRIX_NOTE = (
+    "H(Z|X) (conditional_entropy_est) and H(Z) (reasoning_entropy_est) come from the same "
+    "cross-score matrix as the MI estimates (H(Z|X) = -mean(matched), H(Z) = -mean(marginal), "
+    "mi_estimate = H(Z) - H(Z|X)), so they are not independent measurements of the policy; "
+    "reasoning_token_entropy is the policy's token entropy on the reasoning tokens of the "
+    "update (a separate forward pass)"
+)
+
+
 def spearman_table(
     runs: list[RunData],
     sampling: str,
@@ -78,7 +88,7 @@ def spearman_table(
 ) -> Result:
     result = Result()
     for name in diagnostics:
-        key = collapse_key(sampling, name)
+        key = diagnostic_key(sampling, name)
         x, y, _ = paired_points(runs, key, success_key)
         if len(x) == 0:
             result.notes.append(f"{key}: not logged together with {success_key} in any run")
@@ -90,6 +100,8 @@ def spearman_table(
                 f"(needs ≥ 3 with both series varying)"
             )
         result.rows.append(row)
+    if result.rows:
+        result.notes.append(SHARED_MATRIX_NOTE)
     return result
 
 
@@ -117,7 +129,7 @@ def spearman_by_run_bootstrap(
     at the same (run, step) points (where all three were logged), so each difference
     compares two correlations on identical points."""
     result = Result()
-    ref_key = collapse_key(sampling, reference)
+    ref_key = diagnostic_key(sampling, reference)
     rng = np.random.default_rng(seed)
     draws = [rng.integers(0, len(runs), len(runs)) for _ in range(resamples)] if runs else []
     tail = 100 * (1 - confidence) / 2
@@ -131,7 +143,7 @@ def spearman_by_run_bootstrap(
         return float(lo), float(hi)
 
     for name in diagnostics:
-        key = collapse_key(sampling, name)
+        key = diagnostic_key(sampling, name)
         per_run = []  # (diagnostic, reference, success) at the run's common steps, or None
         for run in runs:
             x, ref, y = (run.metrics.get(k, {}) for k in (key, ref_key, success_key))
@@ -184,6 +196,7 @@ def spearman_by_run_bootstrap(
             f"of whole runs (seed {seed}); diff = rho - rho({reference}) "
             "on the same points"
         )
+        result.notes.append(SHARED_MATRIX_NOTE)
     return result
 
 
@@ -194,24 +207,50 @@ def quartile_of(values: np.ndarray) -> np.ndarray:
     return 1 + np.searchsorted(edges, values, side="left")
 
 
-def rv_quartiles(
-    runs: list[RunData], mi_key: str, rv_key: str = REWARD_STD, success_key: str = SUCCESS
-) -> Result:
-    """Mean success and MI per quartile of in-group reward std over (run, checkpoint)
-    points. Success uses every point with RV; MI the points of the quartile where it was
-    logged (diagnostics run at their own cadence)."""
+def group_rv(rewards) -> float:
+    """A prompt's reward variance RV (ddof 1, the filter's default; 0 with < 2 rewards)."""
+    r = np.asarray(rewards, dtype=float)
+    return float(r.var(ddof=1)) if r.size > 1 else 0.0
+
+
+def prompt_points(runs: list[RunData]) -> tuple[np.ndarray, np.ndarray, np.ndarray, list]:
+    """Finding d's unit, as the paper's: prompt groups, not batch means.  One point per
+    (run, diagnosed iteration, group) of the runs' ``prompt_mi`` records: the group's
+    reward variance, its success rate (mean of its success flags) and the pointwise MI of
+    its first-turn prompt (NaN when none of its pairs was scored) -> (rv, success, mi,
+    where), ``where`` = (run id, iteration, group id)."""
+    rv, success, mi, where = [], [], [], []
+    for run in runs:
+        for it in sorted(run.prompt_mi):
+            for group in run.prompt_mi[it]:
+                flags = group.get("success") or []
+                if not group.get("rewards") or not flags:
+                    continue
+                rv.append(group_rv(group["rewards"]))
+                success.append(float(np.mean(flags)))
+                mi.append(math.nan if group.get("mi") is None else float(group["mi"]))
+                where.append((run.run_id, int(it), int(group["group_id"])))
+    return np.array(rv, float), np.array(success, float), np.array(mi, float), where
+
+
+def rv_quartiles(runs: list[RunData], mi_name: str = "mi_estimate") -> Result:
+    """Mean success and MI per quartile of reward variance over prompt groups
+    (``prompt_points``), as the paper's finding d.  Quartile edges are the sample's
+    quartiles and a value on an edge goes to the lower quartile (``quartile_of``), so when
+    more than a quarter of the prompts share one RV (e.g. zero-variance groups) a quartile
+    can be empty: its row says n = 0.  The MI is the first-turn pointwise MI of each
+    prompt's share of ``mi_estimate`` (``mi_name`` names it in the notes)."""
     result = Result()
-    rv, success, where = paired_points(runs, rv_key, success_key)
+    rv, success, mi, where = prompt_points(runs)
     if len(rv) < 4:
         result.notes.append(
-            f"RV quartiles need ≥ 4 checkpoints with {rv_key} and {success_key}; found {len(rv)}"
+            f"RV quartiles need >= 4 prompt groups with prompt-level diagnostics "
+            f"(prompt_mi/iter_N.json, logged at each diagnostic point); found {len(rv)}"
         )
         return result
     quartile = quartile_of(rv)
-    by_run = {r.run_id: r for r in runs}
-    mi = np.array([by_run[rid].metrics.get(mi_key, {}).get(step, math.nan) for rid, step in where])
     if np.isnan(mi).all():
-        result.notes.append(f"{mi_key}: not logged; RV quartiles show success only")
+        result.notes.append(f"{mi_name}: no prompt-level MI; RV quartiles show success only")
     for q in range(1, 5):
         sel = quartile == q
         has_mi = sel & ~np.isnan(mi)
@@ -225,6 +264,12 @@ def rv_quartiles(
                 "mi_n": int(has_mi.sum()),
                 "mi": float(mi[has_mi].mean()) if has_mi.any() else math.nan,
             }
+        )
+    empty = [r["quartile"] for r in result.rows if r["n"] == 0]
+    if empty:
+        result.notes.append(
+            f"RV quartile(s) {empty} empty: more than a quarter of the {len(rv)} prompt groups "
+            "share one reward variance (ties go to the lower quartile)"
         )
     result.extra["assignments"] = {w: int(q) for w, q in zip(where, quartile)}
     return result

@@ -104,13 +104,14 @@ def spearman_figure(result: Result, sampling: str) -> Figure | None:
     )
 
 
-def quartile_figure(result: Result, mi_key: str) -> Figure | None:
+def quartile_figure(result: Result) -> Figure | None:
+    """Finding d: success and pointwise MI of prompt groups by reward-variance quartile."""
     if not result.rows:
         return None
     labels = [f"Q{r['quartile']}" for r in result.rows]
     panels = [
         Panel(
-            "success by reward-variance quartile",
+            "success by reward-variance quartile of prompts",
             "RV quartile",
             "success",
             series=[Series("success", labels, [r["success"] for r in result.rows], mode="bar")],
@@ -119,9 +120,9 @@ def quartile_figure(result: Result, mi_key: str) -> Figure | None:
     if any(not math.isnan(r["mi"]) for r in result.rows):
         panels.append(
             Panel(
-                "MI by reward-variance quartile",
+                "MI by reward-variance quartile of prompts",
                 "RV quartile",
-                mi_key.split("/")[-1],
+                "pointwise MI (nats/token)",
                 series=[
                     Series(
                         "MI", labels, [r["mi"] for r in result.rows], mode="bar", color="#2ca02c"
@@ -129,7 +130,9 @@ def quartile_figure(result: Result, mi_key: str) -> Figure | None:
                 ],
             )
         )
-    return Figure("rv_quartiles", "Task success and MI by reward-variance quartile", panels)
+    return Figure(
+        "rv_quartiles", "Task success and MI by reward-variance quartile of prompts", panels
+    )
 
 
 def stochasticity_figure(result: Result) -> Figure | None:

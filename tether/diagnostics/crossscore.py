@@ -418,6 +418,8 @@ class ChainResult:
     info: dict[str, dict[str, Any]]
     #: link -> (its cross-scores, column of each row), e.g. for a heatmap of ``L``
     scores: dict[str, tuple[CrossScores, np.ndarray]] = field(default_factory=dict)
+    #: link -> the distinct contexts (token ids), one per column of its matrices
+    contexts: dict[str, list[tuple[int, ...]]] = field(default_factory=dict)
 
     def flat(self, prefix: str) -> dict[str, float]:
         """``{prefix}/{key}`` for I(X;Z), ``{prefix}/{link}/{key}`` for za and xa."""
@@ -520,4 +522,10 @@ def information_chain(
                 link_metrics["valid_action_rate"] = len(with_action) / len(with_reasoning)
             link_metrics["truncated_action"] = float(scores.info["truncated_reasoning"])
         metrics[link], info[link], matrices[link] = link_metrics, scores.info, (scores, column)
-    return ChainResult(metrics=metrics, ema_state=ema_state, info=info, scores=matrices)
+    return ChainResult(
+        metrics=metrics,
+        ema_state=ema_state,
+        info=info,
+        scores=matrices,
+        contexts={link: list(links[link][0]) for link in matrices},
+    )

@@ -48,6 +48,8 @@ MULTI_COLUMN_KEYS = (
     "mi_zscore_ema",
     "marginal_std",
     "marginal_std_ema",
+    "mi_seq_zscore",
+    "marginal_seq_std",
 )
 # Metric keys present whenever there is at least one pair.
 ENTROPY_KEYS = (
@@ -185,9 +187,32 @@ def mi_proxies(
         updates = int(ema_state.get("updates", 0)) + 1
     metrics["marginal_std_ema"] = sigma_ema
     metrics["mi_zscore_ema"] = float((gap / (sigma_ema + ZSCORE_EPS)).mean())
+    # MI-ZScore (Seq): the same z-score on the sequence scores S (its own std(marginal)).
+    gap_seq = matched_seq - marginal_seq  # [M]
+    sigma_seq = float(marginal_seq.std())  # population std (ddof 0)
+    metrics["marginal_seq_std"] = sigma_seq
+    metrics["mi_seq_zscore"] = float((gap_seq / (sigma_seq + ZSCORE_EPS)).mean())
     if uncertainty is not None:
         metrics.update(_holding(metrics, mi_uncertainty(L, S, column, sigma_ema, uncertainty, rng)))
     return metrics, {"sigma": sigma_ema, "updates": updates}
+
+
+def mi_by_column(L: np.ndarray, column: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each prompt's share of ``mi_estimate``: per column j, the mean over the pairs of
+    prompt j of matched_i − marginal_i (the pointwise MI of its reasoning, nats/token),
+    and the number of those pairs -> ``(mi [N], pairs [N])``.  ``mi_estimate`` is their
+    pair-weighted mean, Σ_j pairs_j · mi_j / M.  A column without pairs gets NaN.  The
+    prompt-level reward-variance quartiles of finding d read these (docs/methods.md,
+    section 13)."""
+    L = np.asarray(L, dtype=np.float64)
+    column = np.asarray(column, dtype=np.int64)
+    m, n = L.shape
+    matched, marginal = _matched_marginal(L, column)
+    pairs = np.bincount(column, minlength=n).astype(np.float64)  # [N]
+    total = np.bincount(column, weights=matched - marginal, minlength=n)  # [N]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mi = np.where(pairs > 0, total / np.maximum(pairs, 1.0), np.nan)
+    return mi, pairs
 
 
 def prefixed(metrics: dict[str, float], prefix: str) -> dict[str, float]:

@@ -15,7 +15,8 @@ import numpy as np
 
 from ..agent.pairs import SpanExtractor
 from ..algos.vocab import DEFAULT_CHUNK_TOKENS
-from .crossscore import information_chain, sample_pairs
+from .crossscore import ScoringPair, information_chain, sample_pairs
+from .mi import mi_by_column
 from .uncertainty import Uncertainty
 
 
@@ -25,6 +26,27 @@ class DiagnosticsResult:
     ema_state: dict
     #: sampling -> (L matrix [M, N], column of each row)
     matrices: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    #: first_turn sampling: group id -> {"mi": its prompt's pointwise MI (nats/token),
+    #: "pairs": its scored pairs}; groups with no scored pair are absent
+    prompt_mi: dict[int, dict[str, float]] = field(default_factory=dict)
+
+
+def prompt_mi_by_group(
+    trajectories, spans, contexts: list[tuple[int, ...]], L: np.ndarray, column: np.ndarray
+) -> dict[int, dict[str, float]]:
+    """First-turn sampling: each group's first-turn prompt is one column of the matrix
+    (its trajectories share the level), so each group gets its column's pointwise MI
+    (``mi_by_column``).  Groups with identical first prompts share a column."""
+    mi, pairs = mi_by_column(L, column)
+    index = {prompt: j for j, prompt in enumerate(contexts)}
+    out: dict[int, dict[str, float]] = {}
+    for trajectory, turns in zip(trajectories, spans):
+        if not turns:
+            continue
+        j = index.get(ScoringPair.from_turn(turns[0]).prompt_ids)
+        if j is not None and pairs[j] > 0:
+            out[int(trajectory.group_id)] = {"mi": float(mi[j]), "pairs": float(pairs[j])}
+    return out
 
 
 def collapse_diagnostics(
@@ -51,6 +73,7 @@ def collapse_diagnostics(
     ema_state = dict(ema_state or {})
     metrics: dict[str, float] = {}
     matrices = {}
+    prompt_mi: dict[int, dict[str, float]] = {}
     for sampling in samplings:
         pairs = sample_pairs(spans, sampling, max_pairs, rng, max_cells=max_cells)
         if not pairs:
@@ -80,7 +103,12 @@ def collapse_diagnostics(
         if keep_matrices and "xz" in result.scores and result.scores["xz"][0].L.size:
             scores, column = result.scores["xz"]
             matrices[sampling] = (scores.L, column)
-    return DiagnosticsResult(metrics, ema_state, matrices)
+        if sampling == "first_turn" and "xz" in result.scores and result.scores["xz"][0].L.size:
+            scores, column = result.scores["xz"]
+            prompt_mi = prompt_mi_by_group(
+                trajectories, spans, result.contexts["xz"], scores.L, column
+            )
+    return DiagnosticsResult(metrics, ema_state, matrices, prompt_mi)
 
 
 def gradient_snr(

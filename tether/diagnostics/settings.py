@@ -382,9 +382,11 @@ class TemplateCollapseConfig(_MiEntropyConfig):
     not wholly below the reference's)."""
 
     actions: list[Response] = Field(
-        default_factory=lambda: [TightenFilter(), RaiseKl(), Rollback()],
-        description="mode act: train on higher-signal groups, hold the policy near its start, "
-        "then return to the last grounded checkpoint at a lower learning rate",
+        default_factory=lambda: [TightenFilter(), Rollback()],
+        description="mode act: train on higher-signal groups (the paper's remedy), then "
+        "return to the last grounded checkpoint at a lower learning rate.  raise_kl / "
+        "raise_entropy are options, not defaults: the paper (Theorem M.2) argues that KL "
+        "and entropy regularisation do not prevent template collapse and can lower I(X;Z)",
     )
 
 
@@ -393,8 +395,10 @@ class LowEntropyCollapseConfig(_MiEntropyConfig):
     reference's)."""
 
     actions: list[Response] = Field(
-        default_factory=lambda: [RaiseEntropy(), Rollback()],
-        description="mode act: a larger entropy bonus, then the last grounded checkpoint",
+        default_factory=lambda: [TightenFilter(), Rollback()],
+        description="mode act: train on higher-signal groups, then the last grounded "
+        "checkpoint (raise_entropy is an option: a larger bonus raises H(Z|X), but the "
+        "paper's Theorem M.2 says it need not raise I(X;Z) and can lower it)",
     )
 
 

@@ -13,6 +13,32 @@ from .config import DiagnosticsConfig
 from .tracking import Tracker
 
 
+def prompt_mi_path(it: int) -> str:
+    """Artifact of iteration ``it``'s prompt-level diagnostics (apart from ``prompts/``,
+    whose ``iter_N.json`` files are the heatmaps')."""
+    return f"prompt_mi/iter_{it:04d}.json"
+
+
+def prompt_mi_record(it: int, collected, prompt_mi: dict[int, dict[str, float]]) -> dict:
+    """Per group of the diagnosed batch: its env seed, rewards and successes
+    (``group_rewards``) and the pointwise MI of its first-turn prompt with the number of
+    scored pairs (null when none of its pairs was scored): what finding d's prompt-level
+    reward-variance quartiles need (docs/methods.md, section 13)."""
+    from ..agent.metrics import group_rewards
+
+    groups = []
+    for group in group_rewards(collected):
+        scored = prompt_mi.get(int(group["group_id"]))
+        groups.append(
+            {
+                **group,
+                "mi": scored["mi"] if scored else None,
+                "pairs": scored["pairs"] if scored else 0,
+            }
+        )
+    return {"iteration": it, "sampling": "first_turn", "mi": "mi_estimate", "groups": groups}
+
+
 class Diagnosis:
     def __init__(self, cfg: DiagnosticsConfig, seed: int) -> None:
         self.cfg, self.seed = cfg, seed
@@ -36,6 +62,8 @@ class Diagnosis:
             d.information_chain and due(it, d.chain_every, first=True),
         )
         self.ema_state = result.ema_state
+        if result.prompt_mi:
+            tracker.log_json(prompt_mi_record(it, collected, result.prompt_mi), prompt_mi_path(it))
         started = time.perf_counter()
         for sampling, (scores, column) in result.matrices.items():
             from ..diagnostics.plots import cross_score_heatmap
