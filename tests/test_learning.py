@@ -39,9 +39,10 @@ def test_grpo_learns_the_known_answer(task, tmp_path, models_dir, ray_local):
 # Each breakage makes the test above fail: the advantage sign and a later turn's mask stop
 # the learning, misaligned old log-probs break the on-policy ratio, a zero loss scale
 # leaves the policy where it started, and the learning rate the config does not deliver
-# (the default 1e-4 instead of 1e-3) learns too slowly (benchmarks/RESULTS.md).  The
-# three wiring defects of the driver (sign, loss scale, learning rate) run by default,
-# ~12 s each on an idle machine (CONTRIBUTING.md).
+# (the default 1e-4 instead of 1e-3) learns too slowly (the first three's numbers:
+# benchmarks/RESULTS.md; the last two's: CONTRIBUTING.md).  The three wiring defects of
+# the driver (sign, loss scale, learning rate) run by default, ~12 s each on a quiet
+# machine (CONTRIBUTING.md).
 BREAKAGE_CASES = [
     ("choice", "advantage_sign"),
     ("choice", "loss_scale"),
