@@ -35,7 +35,13 @@ from tether.testing.learning import (  # noqa: E402
 )
 
 #: Which task shows each breakage (a mask on later turns needs a multi-turn task).
-BREAKAGE_TASKS = {"advantage_sign": "choice", "turn_mask": "doors", "old_logprobs": "choice"}
+BREAKAGE_TASKS = {
+    "advantage_sign": "choice",
+    "turn_mask": "doors",
+    "old_logprobs": "choice",
+    "loss_scale": "choice",
+    "lr_not_applied": "choice",
+}
 
 
 def one_run(task, preset, seed, out: Path, breakage: str | None = None) -> dict:

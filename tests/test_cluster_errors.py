@@ -6,6 +6,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -82,7 +83,7 @@ def test_local_ray_services_stay_on_loopback(tmp_path):
     assert found["GCS"].startswith("127.0.0.1:"), done.stdout
 
 
-def test_a_refused_run_waits_for_an_autoscaler_only_when_asked(ray_local):
+def test_a_refused_run_waits_for_an_autoscaler_only_when_asked(ray_local, monkeypatch):
     """A cluster that cannot fit the run and has published no autoscaler node types (a
     local Ray has none): with a wait, the refusal comes after it; without, at once."""
     from tether.platform.session import (
@@ -105,21 +106,39 @@ def test_a_refused_run_waits_for_an_autoscaler_only_when_asked(ray_local):
             1.0,
         )
     ]
-    started = time.monotonic()
+    # What the wait does is recorded, not timed: the checks it runs and the sleeps it asks
+    # for (real ones, on the real clock), so a loaded machine cannot fail it.
+    from tether.platform import session
+
+    checks, sleeps = [], []
+
+    def sleep(seconds):
+        sleeps.append(seconds)
+        time.sleep(seconds)
+
+    monkeypatch.setattr(session, "time", SimpleNamespace(monotonic=time.monotonic, sleep=sleep))
+
+    def check(demands):
+        checks.append(demands)
+        return check_resources(demands)
+
     with pytest.raises(
         ClusterError, match="asks for 1 GPU but no node of the cluster has more than 0"
     ):
-        wait_for_autoscaler(lambda: check_resources(demand), 0.0)
-    assert time.monotonic() - started < 2.0
+        wait_for_autoscaler(lambda: check(demand), 0.0)
+    assert len(checks) == 1 and sleeps == []  # at once
+    checks.clear()
     started = time.monotonic()
     with pytest.raises(ClusterError):
-        wait_for_autoscaler(lambda: check_resources(demand), 3.0)
-    assert time.monotonic() - started >= 3.0
+        wait_for_autoscaler(lambda: check(demand), 3.0)
+    assert len(checks) == 1 and sleeps and set(sleeps) == {1.0}  # polled until the end
+    assert time.monotonic() - started >= 3.0  # the whole window (a lower bound)
     fits = [
         ResourceDemand(
             "learner", "algo.learner_world_size", 1, "algo.num_cpus", 0.5, "algo.num_gpus", 0.0
         )
     ]
-    started = time.monotonic()
-    wait_for_autoscaler(lambda: check_resources(fits), 30.0)  # fits: no wait
-    assert time.monotonic() - started < 2.0
+    checks.clear()
+    sleeps.clear()
+    assert wait_for_autoscaler(lambda: check(fits), 30.0) is None  # fits: no wait
+    assert len(checks) == 1 and sleeps == []

@@ -1,6 +1,7 @@
-"""The live collapse monitor: the Serve app against a real MLflow store with a run in
-progress, loaded in headless Chromium (Debian's package, driven by Playwright); its API
-(token, cookie, NaN) and the page's handling of hostile run data and of intervals."""
+"""The live collapse monitor: the Serve app against a real MLflow store with a real micro
+training run in progress, loaded in headless Chromium (Debian's package, driven by
+Playwright); its API (token, cookie, NaN) and the page's handling of hostile run data and
+of intervals."""
 
 from __future__ import annotations
 
@@ -29,12 +30,10 @@ from tether.dashboards.monitor import (
     is_loopback,
 )
 from tether.dashboards.monitor_data import evidence_lines
-from tether.diagnostics.alarms import AlarmMonitor, AlarmsConfig
 from tether.platform.cli import app
-from tether.platform.tracking import Tracker
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-MI, H = "collapse/first_turn/mi_zscore_ema", "collapse/first_turn/conditional_entropy_est"
+H = "collapse/first_turn/conditional_entropy_est"
 MI_EST = "collapse/first_turn/mi_estimate"
 
 
@@ -80,50 +79,6 @@ def test_alarm_evidence_intervals_as_text():
     assert evidence_lines(None) == [] and evidence_lines({"a": 1}) == []
 
 
-class TrainingRun(threading.Thread):
-    """A Tether-shaped run written step by step as the driver does: the iteration's
-    metrics, then the real alarm monitor, whose events become ``alarm.<name>`` tags and
-    the ``alarms.json`` artifact. The MI proxy falls while entropy stays flat, so
-    ``template_collapse`` fires. Iterations past ``pause_after`` wait for ``resume``."""
-
-    def __init__(self, uri: str, iterations: int, pause_after: int):
-        super().__init__(daemon=True)
-        self.tracker = Tracker(uri, "monitor-test", run_name="live-frozenlake")
-        self.tracker.log_params({"env.id": "tether/FrozenLake-v0", "filter.strategy": "top_p"})
-        self.tracker.set_tags({"tether.env": "tether/FrozenLake-v0"})
-        self.alarms = AlarmMonitor(
-            AlarmsConfig.model_validate({"template_collapse": {"window": 3}})
-        )
-        self.iterations, self.pause_after = iterations, pause_after
-        self.logged, self.resume, self.paused = 0, threading.Event(), threading.Event()
-
-    def run(self):
-        for it in range(1, self.iterations + 1):
-            if it == self.pause_after + 1:
-                self.paused.set()
-                self.resume.wait(120)
-            mi = 0.5 * 0.7**it
-            metrics = {
-                "rollout/success": 0.1 * it,
-                "filter/kept_ratio": 1.0 - 0.05 * it,
-                "rollout/in_group_reward_std": 0.3,
-                MI: 2.0 * 0.7**it,
-                H: 1.0,
-                f"{H}_ci_low": 0.95,
-                f"{H}_ci_high": 1.05,
-                "collapse/first_turn/mi_estimate": mi,
-                "collapse/first_turn/mi_estimate_ci_low": mi - 0.01,
-                "collapse/first_turn/mi_estimate_ci_high": mi + 0.01,
-                "collapse/first_turn/p_grounded": 0.001,
-            }
-            self.tracker.log_metrics(metrics, step=it)
-            for event in self.alarms.update(it, metrics):
-                self.tracker.set_tags({f"alarm.{event.name}": event.iteration})
-                self.tracker.log_json([e.to_dict() for e in self.alarms.events], "alarms.json")
-            self.logged = it
-        self.tracker.finish()
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -162,11 +117,18 @@ def check_page(
         banner = page.inner_text(".alarm-banner")
         assert alarm in banner and f"iteration {alarm_iteration}" in banner
         # The curves are drawn (plotly traces) up to the latest iteration.
-        # (I(X;Z) and H(Z|X); their interval bands are traces of their own)
+        # (I(X;Z) and H(Z|X); their interval bands and I(X;Z)'s null level are traces of
+        # their own)
         mi_x = page.evaluate(
-            "document.getElementById('plot-mi').data.filter(t => !t.fill).map(t => t.x)"
+            "document.getElementById('plot-mi').data"
+            ".filter(t => !t.fill && !(t.meta && t.meta.null)).map(t => t.x)"
         )
-        assert len(mi_x) == 2 and max(max(x) for x in mi_x) == latest
+        assert len(mi_x) == 2 and all(max(x) == latest for x in mi_x)
+        null_x = page.evaluate(
+            "document.getElementById('plot-mi').data"
+            ".filter(t => t.meta && t.meta.null).map(t => t.x)"
+        )
+        assert len(null_x) == 1 and max(null_x[0]) == latest  # the run logged the null level
         bands = page.evaluate("document.getElementById('plot-mi').data.filter(t => t.fill).length")
         assert bands == 2  # the run logged both intervals
         kept_y = page.evaluate("document.getElementById('plot-kept').data[0].y")
@@ -196,43 +158,11 @@ def screenshot_path(tmp_path, name: str) -> str:
 
 
 @needs_chromium
-def test_monitor_page_shows_live_run_and_alarm(ray_local, tmp_path):
-    from ray import serve
-
-    from tether.dashboards.monitor import start_monitor
-
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    run = TrainingRun(uri, iterations=8, pause_after=6)
-    run.start()
-    assert run.paused.wait(120) and run.logged == 6
-    fired = [e.iteration for e in run.alarms.events if e.name == "template_collapse"]
-    assert fired and fired[0] <= 6
-    port = free_port()
-    url = start_monitor(uri, "127.0.0.1", port, token="t0k", refresh_s=1.0)
-    try:
-        with pytest.raises(urllib.error.HTTPError, match="401"):
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/api/runs", timeout=30)
-        check_page(
-            url,
-            run.tracker.run_id,
-            6,
-            "template_collapse",
-            fired[0],
-            run.resume.set,
-            8,
-            screenshot_path(tmp_path, "monitor.png"),
-            kept_last=0.7,
-        )
-    finally:
-        run.resume.set()
-        serve.shutdown()
-
-
-@pytest.mark.slow
-@needs_chromium
 def test_monitor_page_follows_a_real_training_run(ray_local, micro_policy, tmp_path):
-    """A real micro training run (Trainer, Ray actors) in a thread, paused inside its 3rd
-    iteration; a filter that keeps nothing makes ``empty_after_filter`` fire at 2."""
+    """A real micro training run (Trainer, Ray actors, the collapse diagnostics on every
+    iteration) in a thread, paused inside its 3rd iteration; a filter that keeps nothing
+    makes the real alarm monitor's ``empty_after_filter`` fire at 2.  The page is behind
+    a token: the API refuses a request without it, the page's link logs in."""
     from ray import serve
 
     from tests.conftest import micro_config_dict
@@ -269,8 +199,11 @@ def test_monitor_page_follows_a_real_training_run(ray_local, micro_policy, tmp_p
     thread = threading.Thread(target=train, daemon=True)
     thread.start()
     assert paused.wait(900), "the training run did not reach iteration 3"
-    url = start_monitor(uri, "127.0.0.1", free_port(), refresh_s=1.0)
+    port = free_port()
+    url = start_monitor(uri, "127.0.0.1", port, token="t0k", refresh_s=1.0)
     try:
+        with pytest.raises(urllib.error.HTTPError, match="401"):
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/api/runs", timeout=30)
         check_page(
             url,
             started["run_id"],

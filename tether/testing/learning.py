@@ -23,10 +23,17 @@ wrong).  Learning alone does not catch misaligned old log-probs: PPO's clip stil
 the gradient of the tokens on the unclipped side (a row-shifted run reached 0.92).
 
 Breakages, each applied in the driver process to what the learner is given:
-``advantage_sign`` (every estimator's advantages negated), ``turn_mask`` (only the first
-turn's reply tokens are trained: the later turns' loss mask is zero) and
-``old_logprobs`` (each trajectory carries the next trajectory's sampling log-probs, a
-row misalignment of the old policy).
+``advantage_sign`` (every estimator's advantages negated; negating the scores is the
+same breakage for every outcome estimator and REINFORCE++, whose advantages are linear
+in the scores once centred), ``turn_mask`` (only the first turn's reply tokens are
+trained: the later turns' loss mask is zero), ``old_logprobs`` (each trajectory carries
+the next trajectory's sampling log-probs, a row misalignment of the old policy),
+``loss_scale`` (the filter's loss scale is 0 whatever it keeps: every loss scaling
+returns 0, so the advantages the learner is given are all zero) and ``lr_not_applied``
+(the run's ``algo.lr`` never reaches the optimisers: the learner group is started with
+``AlgoConfig``'s default learning rates instead, as a wiring that drops the setting
+would).  The learner runs in its own Ray actor process, so each breakage alters what
+the driver computes or sends, never the learner's code.
 """
 
 from __future__ import annotations
@@ -179,7 +186,7 @@ def run_known_answer(cfg) -> KnownAnswerResult:
 
 # ----------------------------------------------------------------------------- breakages
 
-BREAKAGES = ("advantage_sign", "turn_mask", "old_logprobs")
+BREAKAGES = ("advantage_sign", "turn_mask", "old_logprobs", "loss_scale", "lr_not_applied")
 
 
 def _first_turn_only(trajectories):
@@ -202,15 +209,20 @@ def _shifted_old_logprobs(trajectories):
 @contextlib.contextmanager
 def broken(kind: str) -> Iterator[None]:
     """Break the loop the way ``kind`` names (``BREAKAGES``) for the duration: the
-    trajectories the trainer collects, or the advantages it computes, are altered in
-    this (the driver's) process, before the learner sees them."""
+    trajectories the trainer collects, the advantages it computes, the loss scale the
+    filter returns or the learning rates the learner group is started with are altered
+    in this (the driver's) process, before the learner sees them."""
     if kind not in BREAKAGES:
         raise ValueError(f"unknown breakage {kind!r}; valid: {BREAKAGES}")
-    from ..algos import advantages
+    from ..actors.learner_group import LearnerGroup
+    from ..algos import advantages, filters
+    from ..algos.settings import AlgoConfig
     from ..platform.trainer import Trainer
 
     saved_estimators = dict(advantages.ADVANTAGE_ESTIMATORS)
+    saved_scalings = dict(filters.LOSS_SCALINGS)
     saved_collect = Trainer.collect
+    saved_start_run = LearnerGroup.start_run
     if kind == "advantage_sign":
         for name, fn in saved_estimators.items():
 
@@ -219,6 +231,16 @@ def broken(kind: str) -> Iterator[None]:
                 return -adv, returns
 
             advantages.ADVANTAGE_ESTIMATORS[name] = negated
+    elif kind == "loss_scale":
+        for name in saved_scalings:
+            filters.LOSS_SCALINGS[name] = lambda kept_ratio: 0.0
+    elif kind == "lr_not_applied":
+        defaults = {k: AlgoConfig.model_fields[k].default for k in ("lr", "critic_lr")}
+
+        def start_run(self, settings, *, lr, critic_lr, seed):
+            saved_start_run(self, settings, seed=seed, **defaults)
+
+        LearnerGroup.start_run = start_run
     else:
         alter = _first_turn_only if kind == "turn_mask" else _shifted_old_logprobs
 
@@ -231,4 +253,7 @@ def broken(kind: str) -> Iterator[None]:
     finally:
         advantages.ADVANTAGE_ESTIMATORS.clear()
         advantages.ADVANTAGE_ESTIMATORS.update(saved_estimators)
+        filters.LOSS_SCALINGS.clear()
+        filters.LOSS_SCALINGS.update(saved_scalings)
         Trainer.collect = saved_collect
+        LearnerGroup.start_run = saved_start_run
