@@ -82,7 +82,7 @@ LAYER_MAP: dict[str, set[str] | str] = {
     "diagnostics": {"algos", "agent", "lazy", "sections"},
     "policy": {"agent", "envs", "seeds", "sections"},
     "rollout": {"algos", "seeds"},
-    "testing": {"algos", "diagnostics", "policy", "platform"},
+    "testing": {"actors", "algos", "diagnostics", "policy", "platform"},
     "analysis": {"platform.tracking", "platform.sweep_spec"},
     "actors": {"agent", "algos", "diagnostics", "envs", "policy", "rollout", "seeds"},
     "dashboards": {"analysis"},
