@@ -73,18 +73,6 @@ def prompt_columns(prompts: Sequence[Sequence[Hashable]]) -> tuple[np.ndarray, l
     return column, list(index)
 
 
-def _holding(metrics: dict[str, float], intervals: dict[str, float]) -> dict[str, float]:
-    """``intervals`` with every ``<key>_ci_low/_ci_high`` widened to hold the logged
-    ``metrics[key]`` exactly (the interval code recomputes the estimate, which can differ
-    from the logged one in the last bit)."""
-    out = dict(intervals)
-    for key, estimate in metrics.items():
-        if f"{key}_ci_low" in out:
-            out[f"{key}_ci_low"] = min(out[f"{key}_ci_low"], estimate)
-            out[f"{key}_ci_high"] = max(out[f"{key}_ci_high"], estimate)
-    return out
-
-
 def valid_reasoning_rate(reasonings: Sequence[Sequence[Any]]) -> float | None:
     """Share of pairs whose reasoning is non-empty (``None`` when there are no pairs)."""
     if len(reasonings) == 0:
@@ -159,7 +147,7 @@ def mi_proxies(
     metrics["reasoning_entropy_seq_est"] = float(-marginal_seq.mean())
     if n < 2:
         if uncertainty is not None:
-            metrics.update(_holding(metrics, mi_uncertainty(L, S, column, None, uncertainty, rng)))
+            metrics.update(mi_uncertainty(L, S, column, None, uncertainty, rng, metrics))
         return metrics, ema_state
 
     metrics["mi_estimate"] = float(matched.mean() - marginal.mean())
@@ -193,7 +181,7 @@ def mi_proxies(
     metrics["marginal_seq_std"] = sigma_seq
     metrics["mi_seq_zscore"] = float((gap_seq / (sigma_seq + ZSCORE_EPS)).mean())
     if uncertainty is not None:
-        metrics.update(_holding(metrics, mi_uncertainty(L, S, column, sigma_ema, uncertainty, rng)))
+        metrics.update(mi_uncertainty(L, S, column, sigma_ema, uncertainty, rng, metrics))
     return metrics, {"sigma": sigma_ema, "updates": updates}
 
 

@@ -182,12 +182,15 @@ def mi_uncertainty(
     sigma_ema: float | None,
     settings: Uncertainty,
     rng: np.random.Generator | None = None,
+    estimates: dict[str, float] | None = None,
 ) -> dict[str, float]:
     """Intervals and the permutation test for the proxies of one [M, N] cross-score matrix.
 
     ``sigma_ema`` is the moving average of std(marginal) that ``mi_zscore_ema`` divides
     by at this point (held fixed: the interval is that of the numerator).  Keys that
     need two distinct prompts are absent with one; nothing is returned for M = 0.
+    ``estimates`` are the point estimates the caller logs (``mi_proxies``): each interval
+    is widened to hold exactly those; without them they are computed here.
     """
     rng = rng or np.random.default_rng(0)
     L, S = np.asarray(L, np.float64), np.asarray(S, np.float64)
@@ -209,7 +212,10 @@ def mi_uncertainty(
             _resampled_columns(L, S, column, draws.astype(np.float64), weights) if multi else q
         )
         stats = _statistics(resampled, weights, sigma_ema if multi else None)
-        point = _statistics(q, np.ones((1, m)), sigma_ema if multi else None)
+        point = estimates or {
+            key: float(values[0])
+            for key, values in _statistics(q, np.ones((1, m)), sigma_ema if multi else None).items()
+        }
         tail = (1.0 - settings.confidence) / 2.0
         for key in CI_KEYS if multi else _ENTROPY_KEYS:
             if key in stats:
@@ -218,7 +224,7 @@ def mi_uncertainty(
                 # repeats), which shifts retrieval up and MI down.  (Re-centring it on the
                 # estimate instead made the alarms fire on noise: benchmarks/history/2026-11-23.md.)
                 low, high = np.quantile(stats[key], [tail, 1.0 - tail])
-                estimate = float(point[key][0])
+                estimate = float(point[key])
                 out[f"{key}_ci_low"] = float(min(low, estimate))
                 out[f"{key}_ci_high"] = float(max(high, estimate))
 
