@@ -100,14 +100,15 @@ def collapse_diagnostics(
         )
         proxies = sum(float(info.get("proxy_seconds", 0.0)) for info in result.info.values())
         metrics["timing/diagnose/proxies"] = metrics.get("timing/diagnose/proxies", 0.0) + proxies
-        if keep_matrices and "xz" in result.scores and result.scores["xz"][0].L.size:
+        scored = "xz" in result.scores and result.scores["xz"][0].L.size
+        if scored:
             scores, column = result.scores["xz"]
-            matrices[sampling] = (scores.L, column)
-        if sampling == "first_turn" and "xz" in result.scores and result.scores["xz"][0].L.size:
-            scores, column = result.scores["xz"]
-            prompt_mi = prompt_mi_by_group(
-                trajectories, spans, result.contexts["xz"], scores.L, column
-            )
+            if keep_matrices:
+                matrices[sampling] = (scores.L, column)
+            if sampling == "first_turn":
+                prompt_mi = prompt_mi_by_group(
+                    trajectories, spans, result.contexts["xz"], scores.L, column
+                )
     return DiagnosticsResult(metrics, ema_state, matrices, prompt_mi)
 
 
