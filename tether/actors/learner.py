@@ -149,7 +149,9 @@ class Learner:
                     self, name, module if self.mesh is None else shard_with_fsdp(module, self.mesh)
                 )
         trainable = [p for p in self.model.parameters() if p.requires_grad]  # LoRA: adapters
-        self.optimizer = torch.optim.AdamW(trainable, lr=lr, weight_decay=0.0)
+        self.optimizer = torch.optim.AdamW(
+            trainable, lr=lr, eps=settings.adam_eps, weight_decay=0.0
+        )
         self.critic_optimizer = (
             torch.optim.AdamW(self.critic.parameters(), lr=critic_lr)
             if self.critic is not None

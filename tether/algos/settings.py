@@ -74,6 +74,13 @@ class AlgoConfig(StrictSection):
         1e-4, gt=0.0, description="Policy learning rate (tiny model; RAGEN-2 uses 1e-6 for 3B)."
     )
     critic_lr: float = Field(5e-4, gt=0.0, description="Critic learning rate (gae).")
+    adam_eps: float = Field(
+        1e-8,
+        gt=0.0,
+        description="AdamW epsilon of the policy optimiser (torch's default 1e-8). Near "
+        "the gradients' typical size it damps the full-size steps AdamW gives weights "
+        "whose gradient is mostly noise (docs/methods.md).",
+    )
     ppo_epochs: int = Field(1, ge=1, description="Passes over each batch.")
     minibatches: int = Field(1, ge=1, description="Optimiser steps per epoch.")
     micro_batch_size: int = Field(

@@ -70,6 +70,8 @@ class UpdateSettings:
     dual_clip: float | None
     #: Token positions per chunk of the head + log-softmax (`vocab.chunked_logprobs`; 0 = all).
     logprob_chunk_tokens: int
+    #: AdamW epsilon of the policy optimiser (read when the learner builds it).
+    adam_eps: float
 
     @classmethod
     def from_config(cls, algo: AlgoConfig, rollout_temperature: float) -> UpdateSettings:
@@ -90,6 +92,7 @@ class UpdateSettings:
             temperature=rollout_temperature if rollout_temperature > 0 else 1.0,
             dual_clip=algo.dual_clip,
             logprob_chunk_tokens=algo.logprob_chunk_tokens,
+            adam_eps=algo.adam_eps,
         )
 
 
