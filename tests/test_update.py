@@ -126,3 +126,20 @@ def test_update_reports_its_size_and_the_advantages_it_learned_from(sampled):
         float(tokens[sign > 0].sum() / tokens.sum())
     )
     assert metrics["actor/advantage_zero_frac"] == 0.0
+
+
+def test_adam_eps_reaches_the_policy_optimiser(micro_policy):
+    """``algo.adam_eps`` is the epsilon of the optimiser the learner builds (default
+    torch's 1e-8), not only a field of the settings."""
+    from tether.actors.learner import Learner
+    from tether.algos.settings import AlgoConfig
+
+    assert AlgoConfig().adam_eps == 1e-8
+    threads = torch.get_num_threads()
+    try:
+        learner = Learner.__ray_actor_class__(str(micro_policy), False, 1, use_reference=False)
+        for eps in (1e-8, 1e-4):
+            learner.start_run(update_settings(adam_eps=eps), lr=1e-3, critic_lr=0.0, seed=0)
+            assert [g["eps"] for g in learner.optimizer.param_groups] == [eps]
+    finally:
+        torch.set_num_threads(threads)
