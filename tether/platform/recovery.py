@@ -95,9 +95,7 @@ def checkpoint_failed(
 def record_resume(tracker: Tracker, iteration: int, path: Path) -> None:
     """Tags of a run continued by a new driver process (``--resume``): from which
     iteration, how many times, and from which checkpoint file."""
-    resumes = (
-        int(tracker.client.get_run(tracker.run_id).data.tags.get("tether.resume_count", "0")) + 1
-    )
+    resumes = int(tracker.opened_tags.get("tether.resume_count", "0")) + 1  # (read at open)
     tracker.set_tags(
         {
             "tether.resumed_from": iteration,

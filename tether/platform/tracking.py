@@ -247,7 +247,11 @@ class Tracker:
                 f"{self.spool.directory}"
             )
             self._drain()
+        #: a reopened run's tags (after the replay), read while the server is known to
+        #: answer, so a later reader (the resume count) need not find it up
+        self.opened_tags: dict[str, str] = {}
         if run_id is not None and reopen:  # after the replay: it may end in a final status
+            self.opened_tags = self.client.get_run(run_id).data.tags
             self._write({"op": "reopen"})
 
     # -- the writes ---------------------------------------------------------------------

@@ -371,7 +371,7 @@ class Trainer:
     # -- start and end ----------------------------------------------------------------
     def setup(self) -> None:
         """Everything before iteration 1, cheapest refusal first: Ray (joined or started),
-        the policy, the MLflow run, the actors and this run's state on them."""
+        the MLflow run, the policy, the actors and this run's state on them."""
         cfg = self.cfg
         preflight.refuse_early(cfg, cfg.ray.address)
         self.output_dir.mkdir(parents=True, exist_ok=True)
@@ -381,6 +381,16 @@ class Trainer:
         preflight.wait_until_fits(
             lambda: check_resources(cfg.resource_demands()), cfg, joined=bool(cfg.ray.address)
         )
+        # The MLflow run before the warm start: from here on a server that goes away
+        # spools the writes (tracking.py) instead of ending the run.
+        self.tracker = self.responder.tracker = open_tracker(
+            cfg,
+            self.output_dir,
+            self.emit,
+            self.parent_run_id,
+            self.run_tags,
+            self.resume_run_id,
+        )
         self.model_path = preflight.resolve_model(
             cfg,
             lambda step, total, loss: self.emit(
@@ -389,15 +399,6 @@ class Trainer:
         )
         self.tokenizer = load_tokenizer(self.model_path)
         self.spans = SpanExtractor(ChatFormatter(self.tokenizer))
-        self.tracker = self.responder.tracker = open_tracker(
-            cfg,
-            self.output_dir,
-            self.model_path,
-            self.emit,
-            self.parent_run_id,
-            self.run_tags,
-            self.resume_run_id,
-        )
         self.fleet.workers, self.learner = checkout_actors(
             self.actor_pool, cfg, self.model_path, self.tracker
         )
@@ -406,7 +407,9 @@ class Trainer:
         start_learner(self.learner, self.responder.settings, cfg)
         stops = self.fleet.start_run()
         self.sampling = SamplingParams(**{**self.sampling.__dict__, "stop_token_ids": stops})
-        self.tracker.set_tags(dtype_tags(self.learner, self.fleet))
+        self.tracker.set_tags(
+            {"tether.model_path": self.model_path, **dtype_tags(self.learner, self.fleet)}
+        )
 
     def close(self, status: str) -> None:
         """End the MLflow run and hand the actors back to the pool: a keeping pool holds
