@@ -15,6 +15,7 @@ dead learner and a checkpoint that cannot be written; ``cadence.due`` decides ev
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from collections.abc import Callable
@@ -130,6 +131,7 @@ class Trainer:
         self.tokenizer, self.spans, self.learner = None, None, None
         self.tracker = None
         self.iteration_done = 0
+        self.start_state: RunState | None = None  # the driver's parts before iteration 1
         self.val_history: dict[int, float] = {}
         self.val_intervals: dict[int, tuple[float, float]] = {}
         self.last_metrics: dict[str, float] = {}
@@ -169,7 +171,10 @@ class Trainer:
 
     def train(self, first: int) -> None:
         """Iterations ``first`` .. ``trainer.iterations``, or until an alarm stops the run;
-        a dead learner is rebuilt and the iterations since its checkpoint run again."""
+        a dead learner is rebuilt and the iterations since its checkpoint (or the run's
+        start: ``start_state``) run again."""
+        if first == 1:  # the driver's part of "a checkpoint at iteration 0", kept in memory
+            self.start_state = copy.deepcopy(self.run_state(0))
         it = first
         while it <= self.cfg.trainer.iterations:
             try:
@@ -311,17 +316,9 @@ class Trainer:
     def checkpoint_dir(self) -> Path:
         return self.output_dir / "checkpoints" / self.tracker.run_id
 
-    def checkpoint(self, it: int) -> Path | None:
-        """The learner's full state and the parts' ``RunState`` into ``iter_<it>.pt`` (none
-        when ``trainer.checkpoint_every`` is 0); a failed write: ``recovery``."""
-        if not self.cfg.trainer.checkpoint_every:  # 0: this run keeps no checkpoints
-            return None
-        learner_state = self.learner.full_state()
-        directory = self.checkpoint_dir()
-        self.responder.note_checkpoint(
-            it, checkpoint_path(directory, it), self.last_metrics, self.last_diagnostics
-        )
-        state = RunState(
+    def run_state(self, it: int) -> RunState:
+        """What a checkpoint keeps of the driver's parts after iteration ``it``."""
+        return RunState(
             iteration=it,
             run_id=self.tracker.run_id,
             config=self.cfg.model_dump(mode="json"),
@@ -333,6 +330,18 @@ class Trainer:
             val_intervals=self.val_intervals,
             control=self.responder.control_state(),
         )
+
+    def checkpoint(self, it: int) -> Path | None:
+        """The learner's full state and the parts' ``RunState`` into ``iter_<it>.pt`` (none
+        when ``trainer.checkpoint_every`` is 0); a failed write: ``recovery``."""
+        if not self.cfg.trainer.checkpoint_every:  # 0: this run keeps no checkpoints
+            return None
+        learner_state = self.learner.full_state()
+        directory = self.checkpoint_dir()
+        self.responder.note_checkpoint(
+            it, checkpoint_path(directory, it), self.last_metrics, self.last_diagnostics
+        )
+        state = self.run_state(it)
         learner_and_driver = {"learner": learner_state, "driver": state.to_checkpoint()}
         try:
             path = save_checkpoint(
@@ -347,8 +356,15 @@ class Trainer:
         """Load a checkpoint into the learner, workers and driver; return its iteration.
         ``resumed``: a new driver process (``--resume``), counted in the resume tags."""
         saved = load_checkpoint(path)
-        state = RunState.from_checkpoint(saved["driver"])
         self.learner.load_full_state(saved["learner"])
+        iteration = self.return_to(RunState.from_checkpoint(saved["driver"]))
+        if resumed:
+            record_resume(self.tracker, iteration, path)
+        return iteration
+
+    def return_to(self, state: RunState) -> int:
+        """Hand ``state`` back to the driver's parts (the learner already holds its part)
+        and the learner's weights to the workers; return its iteration."""
         self.sampler.position = state.sampler_position
         self.diagnosis.ema_state = state.mi_ema_state
         self.responder.load(state.alarms, state.control, self.learner)
@@ -357,15 +373,18 @@ class Trainer:
         state.restore_rng()
         self.fleet.sync_weights(self.learner, state.iteration)
         self.iteration_done = state.iteration
-        if resumed:
-            record_resume(self.tracker, state.iteration, path)
         return state.iteration
 
-    def rebuild_learner(self, path: Path) -> int:
-        """A new learner group in place of a dead one, at checkpoint ``path``."""
+    def rebuild_learner(self, path: Path | None) -> int:
+        """A new learner group in place of a dead one, at checkpoint ``path``; None (no
+        checkpoint yet): at the run's start (a resumed run's is its resume checkpoint; a
+        new group holds the starting weights, ``start_state`` the driver's part)."""
         self.learner = learner_request(self.cfg, self.model_path).create()
         self.actor_pool.replace("learner", self.learner)
         start_learner(self.learner, self.responder.settings, self.cfg)
+        path = path or self.resume_from
+        if path is None:
+            return self.return_to(copy.deepcopy(self.start_state))
         return self.restore(path, resumed=False)
 
     # -- start and end ----------------------------------------------------------------
