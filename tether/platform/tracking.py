@@ -228,7 +228,8 @@ class Tracker:
         if run_id is not None:
             self.run_id = run_id
         else:
-            all_tags = dict(tags or {})
+            # strings: MLflow's REST store refuses a number (a sweep's parameter tags)
+            all_tags = {k: str(v) for k, v in (tags or {}).items()}
             if run_name:
                 all_tags["mlflow.runName"] = run_name
             if parent_run_id:
