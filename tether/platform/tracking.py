@@ -80,6 +80,17 @@ def check_tracking_reachable(uri: str, timeout: float = 5.0) -> None:
         ) from None
 
 
+def wait_for(done: Callable[[], bool], timeout_s: float) -> bool:
+    """Call ``done`` about every second until it returns True (then True), for at most
+    ``timeout_s`` (then False; ``done`` is called at least once)."""
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+    return True
+
+
 def server_healthy(uri: str, timeout: float) -> bool:
     """One cheap ``GET /health`` (a SQLite or file URI has no server: always True)."""
     if not is_http(uri):
@@ -314,13 +325,12 @@ class Tracker:
         """Wait (up to ``tracking.drain_timeout_s``) for a spool to drain; True when empty."""
         if self.spool is None or not self.spool.pending:
             return True
-        deadline = time.monotonic() + self.settings.drain_timeout_s
-        while time.monotonic() < deadline:
+
+        def drained() -> bool:
             self._next_probe = 0.0  # probe every second while waiting
-            if self._try_drain():
-                break
-            time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
-        return not self.spool.pending
+            return self._try_drain()
+
+        return wait_for(drained, self.settings.drain_timeout_s)
 
     def ui_command(self) -> str:
         return ui_command(self.uri, self.experiment_id, self.run_id)
