@@ -145,7 +145,6 @@ def test_learner_killed_before_the_first_checkpoint_is_rebuilt_from_the_start(
     the run starts over from iteration 1 in the same MLflow run, with the same seeds: the
     iterations before the kill, logged twice, log equal values both times."""
     from tether.platform.driver import Trainer
-    from tether.platform.recovery import STARTING_WEIGHTS
 
     killer = Killer("update", rank=0)
     monkeypatch.setattr(LearnerGroup, "update", lambda group, *args: killer(group, *args))
@@ -160,11 +159,11 @@ def test_learner_killed_before_the_first_checkpoint_is_rebuilt_from_the_start(
     summary = Trainer(cfg, on_event).run()
     assert killer.killed is not None
     assert summary.status == "FINISHED" and summary.iterations == ITERATIONS
-    assert len(failures) == 1 and failures[0]["checkpoint"] == STARTING_WEIGHTS, failures
+    assert len(failures) == 1 and "starting weights" in failures[0]["checkpoint"], failures
     client = MlflowClient(summary.tracking_uri)
     tags = client.get_run(summary.run_id).data.tags
     assert tags["tether.learner_restarts"] == "1"
-    assert f"rebuilt from {STARTING_WEIGHTS}" in tags["tether.learner_restart_1"]
+    assert "rebuilt from the run's starting weights" in tags["tether.learner_restart_1"]
     before_the_kill = set(range(1, KILL_AT))
     twice = _metrics(client, summary.run_id, before_the_kill)
     assert {len(values) for values in twice.values()} == {2} and len(twice) > 20
