@@ -171,8 +171,7 @@ class Trainer:
 
     def train(self, first: int) -> None:
         """Iterations ``first`` .. ``trainer.iterations``, or until an alarm stops the run;
-        a dead learner is rebuilt and the iterations since its checkpoint (or the run's
-        start: ``start_state``) run again."""
+        a dead learner is rebuilt and the iterations since its checkpoint run again."""
         if first == 1:  # the driver's part of "a checkpoint at iteration 0", kept in memory
             self.start_state = copy.deepcopy(self.run_state(0))
         it = first
@@ -363,8 +362,7 @@ class Trainer:
         return iteration
 
     def return_to(self, state: RunState) -> int:
-        """Hand ``state`` back to the driver's parts (the learner already holds its part)
-        and the learner's weights to the workers; return its iteration."""
+        """``state`` back to the driver's parts, the learner's weights to the workers."""
         self.sampler.position = state.sampler_position
         self.diagnosis.ema_state = state.mi_ema_state
         self.responder.load(state.alarms, state.control, self.learner)
@@ -377,8 +375,7 @@ class Trainer:
 
     def rebuild_learner(self, path: Path | None) -> int:
         """A new learner group in place of a dead one, at checkpoint ``path``; None (no
-        checkpoint yet): at the run's start (a resumed run's is its resume checkpoint; a
-        new group holds the starting weights, ``start_state`` the driver's part)."""
+        checkpoint yet): at the run's start (a new group holds the starting weights)."""
         self.learner = learner_request(self.cfg, self.model_path).create()
         self.actor_pool.replace("learner", self.learner)
         start_learner(self.learner, self.responder.settings, self.cfg)
@@ -400,15 +397,9 @@ class Trainer:
         preflight.wait_until_fits(
             lambda: check_resources(cfg.resource_demands()), cfg, joined=bool(cfg.ray.address)
         )
-        # The MLflow run before the warm start: from here on a server that goes away
-        # spools the writes (tracking.py) instead of ending the run.
+        # The MLflow run before the warm start: from here on a server that is away spools.
         self.tracker = self.responder.tracker = open_tracker(
-            cfg,
-            self.output_dir,
-            self.emit,
-            self.parent_run_id,
-            self.run_tags,
-            self.resume_run_id,
+            cfg, self.output_dir, self.emit, self.parent_run_id, self.run_tags, self.resume_run_id
         )
         self.model_path = preflight.resolve_model(
             cfg,
