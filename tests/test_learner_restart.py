@@ -135,3 +135,39 @@ def test_learner_rank_killed_is_rebuilt_in_place(
     assert set(after) == set(expected) and len(after) > 20
     different = {k: (after[k], expected[k]) for k in after if after[k] != expected[k]}
     assert not different, different
+
+
+def test_learner_killed_before_the_first_checkpoint_is_rebuilt_from_the_start(
+    micro_policy, models_dir, ray_local, tmp_path, monkeypatch
+):
+    """No checkpoint yet (``trainer.checkpoint_every`` = the run's length): a learner
+    killed in iteration KILL_AT's update is rebuilt from the run's starting weights and
+    the run starts over from iteration 1 in the same MLflow run, with the same seeds: the
+    iterations before the kill, logged twice, log equal values both times."""
+    from tether.platform.driver import Trainer
+
+    killer = Killer("update", rank=0)
+    monkeypatch.setattr(LearnerGroup, "update", lambda group, *args: killer(group, *args))
+    cfg = _config(tmp_path, models_dir, world_size=1)
+    cfg.trainer.checkpoint_every = ITERATIONS  # the first checkpoint: after the last iteration
+    failures = []
+
+    def on_event(kind, data):
+        if kind == "learner_failed":
+            failures.append(data)
+
+    summary = Trainer(cfg, on_event).run()
+    assert killer.killed is not None
+    assert summary.status == "FINISHED" and summary.iterations == ITERATIONS
+    assert len(failures) == 1 and "starting weights" in failures[0]["checkpoint"], failures
+    client = MlflowClient(summary.tracking_uri)
+    tags = client.get_run(summary.run_id).data.tags
+    assert tags["tether.learner_restarts"] == "1"
+    assert "rebuilt from the run's starting weights" in tags["tether.learner_restart_1"]
+    before_the_kill = set(range(1, KILL_AT))
+    twice = _metrics(client, summary.run_id, before_the_kill)
+    assert {len(values) for values in twice.values()} == {2} and len(twice) > 20
+    different = {k: v for k, v in twice.items() if v[0] != v[1]}
+    assert not different, different
+    once = _metrics(client, summary.run_id, set(range(KILL_AT, ITERATIONS + 1)))
+    assert {len(values) for values in once.values()} == {1}

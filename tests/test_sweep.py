@@ -497,3 +497,60 @@ def test_optuna_smoke_sweep_through_tune_is_tracked_in_mlflow(
     state = json.loads((outcome.experiment_path / "tether_sweep.json").read_text())
     assert state["parent_run_id"] == outcome.parent_run_id
     assert not math.isnan(outcome.rows[0]["rollout/success"])
+
+
+def test_the_sweep_end_waits_for_a_tracking_server_that_went_away(
+    micro_policy, models_dir, ray_local, tmp_path, monkeypatch
+):
+    """The server goes away as the last trial ends, before the sweep closes its children
+    and ranks them: the sweep's end says so once, waits for it (tracking.drain_timeout_s)
+    instead of failing at its first read, and writes the results table when it is back."""
+    import threading
+
+    from tests.mlflow_server import MlflowServer
+    from tether.platform import sweep as sweep_module
+
+    for name, value in (("MAX_RETRIES", "1"), ("TIMEOUT", "30"), ("BACKOFF_FACTOR", "1")):
+        monkeypatch.setenv(f"MLFLOW_HTTP_REQUEST_{name}", value)  # a failed read: seconds
+    sections = micro_sweep_sections(tmp_path, models_dir, "end-test", iterations=1)
+    with MlflowServer(tmp_path / "mlflow_server") as server:
+        sections["tracking"] = {"uri": server.uri, "probe_every_s": 1.0, "drain_timeout_s": 300}
+        path = write_spec(
+            tmp_path,
+            {
+                "name": "end-outage",
+                "search": "grid",
+                "space": {"algo.kl_coef": {"grid": [0.0]}},
+                "resources": {"cpu": 0.2},
+            },
+            **sections,
+        )
+        finish = sweep_module._finish
+
+        def server_gone_at_the_end(*args, **kwargs):
+            server.kill()
+            return finish(*args, **kwargs)
+
+        monkeypatch.setattr(sweep_module, "_finish", server_gone_at_the_end)
+        lines, restart = [], []
+
+        def echo(line):
+            lines.append(line)
+            if "is away" in line:  # back once the sweep has said it waits
+                restart.append(threading.Thread(target=server.start))
+                restart[-1].start()
+
+        outcome = run_sweep(load_sweep_spec(path), echo=echo)
+        for thread in restart:
+            thread.join()
+        away = [line for line in lines if "is away" in line]
+        assert len(away) == 1 and len(restart) == 1, lines
+        assert outcome.status == "FINISHED" and outcome.trials == 1
+        assert [(r["status"], r["iterations"]) for r in outcome.rows] == [("FINISHED", 1)]
+        client = MlflowClient(server.uri)
+        parent = client.get_run(outcome.parent_run_id)
+        assert parent.info.status == "FINISHED"
+        assert parent.data.tags["sweep.status"] == "completed"
+        assert "sweep_results.csv" in {a.path for a in client.list_artifacts(parent.info.run_id)}
+        with (outcome.experiment_path / "sweep_results.csv").open() as f:
+            assert [r["run_id"] for r in csv.DictReader(f)] == [outcome.rows[0]["run_id"]]

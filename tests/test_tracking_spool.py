@@ -216,3 +216,86 @@ def test_training_run_survives_a_server_outage(
             files[f"samples/iter_{it:04d}.txt"] == 1 and files[f"prompts/iter_{it:04d}.json"] == 1
         )
     assert not (tmp_path / "runs" / SPOOL_DIRNAME / summary.run_id).exists()
+
+
+def test_an_unreachable_server_refuses_the_run_before_ray_or_the_warm_start(tmp_path, monkeypatch):
+    """Checked before any work: a wrong tracking URI fails with one line, and neither Ray
+    nor the policy (the warm start: minutes on a cold cache) was started for it."""
+    import ray
+
+    from tests.mlflow_server import free_port
+    from tether.platform import preflight
+    from tether.platform.driver import Trainer
+    from tether.platform.tracking import TrackingError
+
+    uri = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    cfg = checkpointed_run_config(tmp_path, tmp_path / "models", 1, tracking={"uri": uri})
+
+    def work(what):
+        def started(*args, **kwargs):
+            raise AssertionError(f"{what} started before the tracking server was checked")
+
+        return started
+
+    monkeypatch.setattr(preflight, "connect", work("Ray"))
+    monkeypatch.setattr(preflight, "wait_until_fits", lambda *args, **kwargs: None)
+    monkeypatch.setattr(preflight, "resolve_model", work("the warm start"))
+    started = time.monotonic()
+    with pytest.raises(TrackingError) as refused:
+        Trainer(cfg).run()
+    assert time.monotonic() - started < 30 and not ray.is_initialized()
+    message = str(refused.value)
+    assert (
+        message.startswith(f"MLflow tracking server {uri} is unreachable") and "\n" not in message
+    )
+
+
+def test_server_gone_during_the_warm_start_spools_from_the_first_write(
+    server, short_retries, micro_policy, models_dir, ray_local, tmp_path, monkeypatch
+):
+    """As a user met it: the server answers when the run starts and goes away while the
+    run builds its policy (the warm start, here: the cached one), before anything but the
+    MLflow run itself was written.  The run trains on: every write from the first spools,
+    with one warning, and is replayed once the server is back."""
+    from tether.platform import preflight
+    from tether.platform.driver import Trainer
+
+    iterations = 2
+    cfg = checkpointed_run_config(
+        tmp_path,
+        models_dir,
+        iterations,
+        tracking={"uri": server.uri, "probe_every_s": 1.0, "drain_timeout_s": 300},
+    )
+    resolve_model = preflight.resolve_model
+
+    def server_goes_away_during_the_warm_start(*args, **kwargs):
+        server.kill()
+        return resolve_model(*args, **kwargs)
+
+    monkeypatch.setattr(preflight, "resolve_model", server_goes_away_during_the_warm_start)
+    messages, restart = [], {}
+
+    def on_event(kind, data):
+        if kind == "tracking":
+            messages.append(data["message"])
+        elif kind == "iteration" and data["iteration"] == 1:  # back while the run trains
+            restart["thread"] = threading.Thread(target=server.start)
+            restart["thread"].start()
+
+    summary = Trainer(cfg, on_event).run()
+    restart["thread"].join()
+    print(f"messages: {messages}")
+    assert summary.status == "FINISHED" and summary.iterations == iterations
+    assert len(messages) == 2 and "spooling" in messages[0] and "is back" in messages[1]
+    client = MlflowClient(server.uri)
+    run = client.get_run(summary.run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.params == {
+        k: str(v)[:6000] for k, v in cfg.flat().items() if k != "experiment.run_name"
+    }
+    assert run.data.tags["tether.model_path"] == summary.model_path
+    assert run.data.tags["tether.iterations_done"] == str(iterations)
+    assert _steps(client, summary.run_id, "rollout/success") == {1: 1, 2: 1}
+    assert _steps(client, summary.run_id, "val/success") == {0: 1, iterations: 1}
+    assert not (tmp_path / "runs" / SPOOL_DIRNAME / summary.run_id).exists()

@@ -299,8 +299,8 @@ def _print_sweep_outcome(outcome, metric: str) -> None:
     (console if console.is_terminal else Console(width=200)).print(table)  # job logs: no wrap
     console.print(
         f"{outcome.status}: {outcome.trials} trials in {outcome.seconds:.0f} s; "
-        f"MLflow parent run [cyan]{outcome.parent_run_id}[/] (results: "
-        f"sweep_results.csv)",
+        f"MLflow parent run [cyan]{outcome.parent_run_id}[/] "
+        + ("(results: sweep_results.csv)" if outcome.rows else "(no results table)"),
         highlight=False,
     )
     console.print(f"Look at it: [green]{outcome.ui_command}[/]")

@@ -21,13 +21,15 @@ from .tracking import SPOOL_DIRNAME, Tracker
 def open_tracker(
     cfg: TetherConfig,
     output_dir: Path,
-    model_path: str,
     emit: Callable[[str, dict], None],
     parent_run_id: str | None,
     run_tags: dict[str, str],
     resume_run_id: str | None,
 ) -> Tracker:
-    """The run's MLflow run (the resumed one when ``resume_run_id``), its params and tags."""
+    """The run's MLflow run (the resumed one when ``resume_run_id``), its params and tags.
+    Opened before the warm start, while the server is known to answer (``preflight``):
+    MLflow names a run only as it creates it, so the run id every later write (spooled
+    or not) and the checkpoints carry exists before any work starts."""
     tracker = Tracker(
         cfg.tracking_uri(),
         cfg.experiment.name,
@@ -45,9 +47,7 @@ def open_tracker(
         # The run name is the run's name (and a tag), not a parameter: every sweep trial
         # has its own, which the UI's comparison views would offer as a varied param.
         tracker.log_params({k: v for k, v in cfg.flat().items() if k != "experiment.run_name"})
-    tracker.set_tags(
-        {"tether.model_path": model_path, "tether.env": cfg.env.id, **environment_tags()}
-    )
+    tracker.set_tags({"tether.env": cfg.env.id, **environment_tags()})
     return tracker
 
 

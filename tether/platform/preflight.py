@@ -4,8 +4,8 @@ take before their first training iteration, cheapest refusal first.
 1. ``start_up(address)``: once the config is read and before Ray or transformers load:
    transformers within Tether's range, the cluster this process will join answers, and
    the process environment (quiet libraries, local Ray on 127.0.0.1, the Ray token).
-2. ``refuse_early(cfg, address)``: before Ray starts: the cluster answers, and an
-   environment that runs model-written code has its sandbox.
+2. ``refuse_early(cfg, address)``: before Ray starts: the cluster and the tracking
+   server answer, and an environment that runs model-written code has its sandbox.
 3. ``connect(cfg, address)``: join the cluster or start a local Ray big enough for the
    run's actors (``TetherConfig.actor_resources``, the one resource formula).
 4. ``wait_until_fits(check, cfg, joined)``: the run (or one sweep trial) fits the
@@ -48,12 +48,15 @@ def start_up(address: str | None) -> None:
 
 def refuse_early(cfg: TetherConfig, address: str | None) -> None:
     """Fail in seconds, before Ray starts or the warm start runs: an unreachable cluster
-    at ``address``, an environment that runs untrusted code without a sandbox."""
+    at ``address`` or tracking server, an environment that runs untrusted code without a
+    sandbox.  (Once this has passed, a tracking server that goes away spools the writes.)"""
     from ..envs import runs_untrusted_code
     from ..envs.sandbox import resolve_isolation
+    from .tracking import check_tracking_reachable
 
     if address:
         check_ray_reachable(address)
+    check_tracking_reachable(cfg.tracking_uri())
     if runs_untrusted_code(cfg.env.id):  # refuse before anything starts (one line)
         resolve_isolation(cfg.sandbox.isolation)
 

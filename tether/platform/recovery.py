@@ -1,5 +1,6 @@
 """When something the run depends on fails mid-run: a learner rank dies (the group is
-rebuilt from the last checkpoint and the lost iterations re-run), a checkpoint cannot
+rebuilt from the last checkpoint, or before the first one from the run's starting
+weights, and the lost iterations re-run), a checkpoint cannot
 be written (training goes on with a warning, or stops), and a ``--resume`` (the MLflow
 run counts and names its resumes).  A dead rollout worker is the fleet's own
 business (``fleet.py``)."""
@@ -17,10 +18,14 @@ from .config import TrainerConfig
 from .events import Event
 from .tracking import Tracker
 
+#: where a learner that died before the run's first checkpoint is rebuilt from
+STARTING_WEIGHTS = "the run's starting weights (no checkpoint yet)"
+
 
 class LearnerRecovery:
-    """Rebuilds a learner group a rank of which died, from the run's last checkpoint,
-    up to ``trainer.max_learner_restarts`` times a run (counted in ``restarts``)."""
+    """Rebuilds a learner group a rank of which died, from the run's last checkpoint (none
+    yet: from the run's start), up to ``trainer.max_learner_restarts`` times a run
+    (counted in ``restarts``)."""
 
     def __init__(self, cfg: TrainerConfig, emit: Callable[[str, dict], None]) -> None:
         self.cfg, self.emit = cfg, emit
@@ -34,20 +39,17 @@ class LearnerRecovery:
         tracker: Tracker,
         iteration_done: int,
         shutdown: Callable[[], None],
-        rebuild: Callable[[Path], int],
+        rebuild: Callable[[Path | None], int],
     ) -> int:
         """End the broken group (``shutdown``), wait a backoff, ``rebuild`` a new one at
-        the last checkpoint in ``directory`` (same seeds, same MLflow run) and return the
-        checkpoint's iteration; a rank that dies during the rebuild counts as another."""
+        the last checkpoint in ``directory`` (None before the first: at the run's start)
+        (same seeds, same MLflow run) and return the iteration it is at; a rank that dies
+        during the rebuild counts as another."""
         t = self.cfg
         while True:
             self.restarts += 1
             path = latest_checkpoint(directory) if directory.is_dir() else None
-            if path is None:
-                raise RuntimeError(
-                    f"{died}; not rebuilt: no checkpoint yet "
-                    f"(trainer.checkpoint_every = {t.checkpoint_every})"
-                ) from died
+            origin = str(path) if path is not None else STARTING_WEIGHTS
             if self.restarts > t.max_learner_restarts:
                 raise RuntimeError(
                     f"{died}; not rebuilt: trainer.max_learner_restarts = "
@@ -55,13 +57,13 @@ class LearnerRecovery:
                 ) from died
             self.emit(
                 Event.LEARNER_FAILED,
-                {"error": str(died), "restart": self.restarts, "checkpoint": str(path)},
+                {"error": str(died), "restart": self.restarts, "checkpoint": origin},
             )
             tracker.set_tags(
                 {
                     "tether.learner_restarts": self.restarts,
                     f"tether.learner_restart_{self.restarts}": f"after iteration "
-                    f"{iteration_done}: {died}; rebuilt from {path}",
+                    f"{iteration_done}: {died}; rebuilt from {origin}",
                 }
             )
             shutdown()  # the survivors of a broken process group
@@ -95,9 +97,7 @@ def checkpoint_failed(
 def record_resume(tracker: Tracker, iteration: int, path: Path) -> None:
     """Tags of a run continued by a new driver process (``--resume``): from which
     iteration, how many times, and from which checkpoint file."""
-    resumes = (
-        int(tracker.client.get_run(tracker.run_id).data.tags.get("tether.resume_count", "0")) + 1
-    )
+    resumes = int(tracker.opened_tags.get("tether.resume_count", "0")) + 1  # (read at open)
     tracker.set_tags(
         {
             "tether.resumed_from": iteration,

@@ -28,7 +28,13 @@ from pathlib import Path
 
 from . import preflight
 from .sweep_progress import SweepProgress, showing
-from .sweep_results import close_stale_children, results_rows, results_table, write_results_csv
+from .sweep_results import (
+    close_stale_children,
+    end_of_sweep,
+    results_rows,
+    results_table,
+    write_results_csv,
+)
 from .sweep_search import decode, expected_trials, param_space, reporter, tune_config
 from .sweep_spec import SweepSpec, swept_fields
 from .sweep_trial import run_trial
@@ -177,7 +183,7 @@ def run_sweep(
     tuner = _tuner(spec, place, ids, resume)
     with _graceful_sigterm(), showing(display):
         tuner.fit()
-    return _finish(spec, place, parent, time.perf_counter() - started)
+    return _finish(spec, place, parent, echo, time.perf_counter() - started)
 
 
 def _place(spec: SweepSpec) -> _Place:
@@ -336,24 +342,34 @@ def _tuner(spec: SweepSpec, place: _Place, ids: tuple, resume: bool):
     )
 
 
-def _finish(spec: SweepSpec, place: _Place, parent, seconds: float) -> SweepOutcome:
+def _finish(spec: SweepSpec, place: _Place, parent, echo, seconds: float) -> SweepOutcome:
     """The results table (CSV, and an artifact of the parent), the parent's last tags and
     status.  The saved experiment state is the truth: an interrupted run leaves trials
-    unfinished (in memory Tune marks them TERMINATED while shutting down)."""
+    unfinished (in memory Tune marks them TERMINATED while shutting down).  MLflow is
+    read and written the spool's way (``end_of_sweep``): a server that is away is waited
+    for, and the parent's writes spool."""
     from ray import tune
 
-    sweep, ids = spec.sweep, (parent.uri, parent.experiment_id, parent.run_id)
+    from .tracking import SPOOL_DIRNAME
+
+    sweep = spec.sweep
     trials = tune.ExperimentAnalysis(str(place.experiment)).trials
     errored = sum(t.status == "ERROR" for t in trials)
     interrupted = len(trials) < expected_trials(spec) or any(
         t.status not in ("TERMINATED", "ERROR") for t in trials
     )
-    close_stale_children(*ids)
-    rows = results_rows(
-        *ids, sweep.metric, sweep.mode, sweep.collapse_penalty, sweep.collapse_alarms()
+    rows = end_of_sweep(
+        parent,
+        Path(spec.base.experiment.output_dir) / SPOOL_DIRNAME,  # where trials spool
+        echo,
+        sweep.metric,
+        sweep.mode,
+        sweep.collapse_penalty,
+        sweep.collapse_alarms(),
     )
-    write_results_csv(rows, sweep.metric, place.experiment / RESULTS_FILE)
-    parent.log_artifact(place.experiment / RESULTS_FILE)
+    if rows is not None:
+        write_results_csv(rows, sweep.metric, place.experiment / RESULTS_FILE)
+        parent.log_artifact(place.experiment / RESULTS_FILE)
     status = "KILLED" if interrupted else ("FAILED" if errored == len(trials) else "FINISHED")
     parent.set_tags(
         {
@@ -369,7 +385,7 @@ def _finish(spec: SweepSpec, place: _Place, parent, seconds: float) -> SweepOutc
         parent.run_id,
         parent.uri,
         place.experiment,
-        rows,
+        rows or [],
         len(trials),
         seconds,
         parent.experiment_id,

@@ -1,14 +1,25 @@
 """A sweep's MLflow bookkeeping and its results: child runs found by their parent, runs
-that Tune ended closed, and the trials ranked by the metric (rich table and CSV)."""
+that Tune ended closed, and the trials ranked by the metric (rich table and CSV).
+
+The sweep's end (``end_of_sweep``) takes the tracking spool's path: it waits for a
+server that is away (up to ``tracking.drain_timeout_s``, as a run's end waits for its
+spool), replays what trials left spooled on disk before it closes their runs, and when
+the server stays away ends without the table rather than with an error."""
 
 from __future__ import annotations
 
 import csv
 import math
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mlflow.tracking import MlflowClient
+
+from .tracking import TrackingError, server_healthy, sync_spool, transient, wait_for
+
+if TYPE_CHECKING:
+    from .tracking import Tracker
 
 SUCCESS = "rollout/success"
 MI_ZSCORE = "collapse/first_turn/mi_zscore_ema"
@@ -43,7 +54,67 @@ def close_stale_children(uri: str, experiment_id: str, parent_run_id: str) -> in
     return closed
 
 
+def replay_children_spools(
+    uri: str, experiment_id: str, parent_run_id: str, spool_root: Path
+) -> int:
+    """Replay the spools the sweep's trials left in ``spool_root`` (a trial whose server
+    came back after its drain timeout): their writes, final status last, land before
+    a still-RUNNING child is taken for one Tune killed.  Returns how many."""
+    replayed = 0
+    for run in _children(uri, experiment_id, parent_run_id):
+        directory = Path(spool_root) / run.info.run_id
+        if (directory / "meta.json").is_file():
+            sync_spool(directory)
+            replayed += 1
+    return replayed
+
+
 MI_ALARMS = ("template_collapse", "low_entropy_collapse")
+
+
+def end_of_sweep(
+    parent: Tracker,
+    children_spools: Path,
+    say: Callable[[str], None],
+    metric: str,
+    mode: str,
+    collapse_penalty: float | None = None,
+    collapse_alarms: tuple[str, ...] = MI_ALARMS,
+) -> list[dict] | None:
+    """The trials' spools replayed, stale children closed and the results rows, once
+    the tracking server answers: a server that is away is waited for (one line, up to
+    ``tracking.drain_timeout_s``), and a read or write it drops is tried again.  None
+    (said in one line) when it did not answer in time."""
+    ids, rows = (parent.uri, parent.experiment_id, parent.run_id), []
+    timeout = parent.settings.drain_timeout_s
+
+    def attempt() -> bool:
+        if server_healthy(parent.uri, min(parent.settings.http_timeout_s, 5)):
+            try:
+                replay_children_spools(*ids, children_spools)
+                close_stale_children(*ids)
+                rows[:] = results_rows(*ids, metric, mode, collapse_penalty, collapse_alarms)
+                return True
+            except Exception as exc:
+                if not (isinstance(exc, TrackingError) or transient(exc)):
+                    raise
+        if not attempt.said:
+            say(
+                f"sweep: tracking server {parent.uri} is away; waiting up to {timeout:g} s "
+                f"(tracking.drain_timeout_s) to close the trials' runs and rank them"
+            )
+            attempt.said = True
+        return False
+
+    attempt.said = False
+    if wait_for(attempt, timeout):
+        return rows
+    say(
+        f"sweep: {parent.uri} did not answer within {timeout:g} s: no results table; the "
+        f"trials' runs are in MLflow or spooled under {children_spools}, and "
+        f"`tether sync-tracking` replays a spool once the server is back"
+    )
+    return None
 
 
 def results_rows(

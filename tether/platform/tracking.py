@@ -80,6 +80,16 @@ def check_tracking_reachable(uri: str, timeout: float = 5.0) -> None:
         ) from None
 
 
+def wait_for(done: Callable[[], bool], timeout_s: float) -> bool:
+    """Call ``done`` about every second until it is True (True) or ``timeout_s`` passed."""
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+    return True
+
+
 def server_healthy(uri: str, timeout: float) -> bool:
     """One cheap ``GET /health`` (a SQLite or file URI has no server: always True)."""
     if not is_http(uri):
@@ -228,7 +238,7 @@ class Tracker:
         if run_id is not None:
             self.run_id = run_id
         else:
-            all_tags = dict(tags or {})
+            all_tags = {k: str(v) for k, v in (tags or {}).items()}  # REST: strings only
             if run_name:
                 all_tags["mlflow.runName"] = run_name
             if parent_run_id:
@@ -247,7 +257,10 @@ class Tracker:
                 f"{self.spool.directory}"
             )
             self._drain()
+        #: a reopened run's tags (after the replay; read now, while the server answers)
+        self.opened_tags: dict[str, str] = {}
         if run_id is not None and reopen:  # after the replay: it may end in a final status
+            self.opened_tags = self.client.get_run(run_id).data.tags
             self._write({"op": "reopen"})
 
     # -- the writes ---------------------------------------------------------------------
@@ -309,13 +322,7 @@ class Tracker:
         """Wait (up to ``tracking.drain_timeout_s``) for a spool to drain; True when empty."""
         if self.spool is None or not self.spool.pending:
             return True
-        deadline = time.monotonic() + self.settings.drain_timeout_s
-        while time.monotonic() < deadline:
-            self._next_probe = 0.0  # probe every second while waiting
-            if self._try_drain():
-                break
-            time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
-        return not self.spool.pending
+        return wait_for(lambda: self._try_drain(now=True), self.settings.drain_timeout_s)
 
     def ui_command(self) -> str:
         return ui_command(self.uri, self.experiment_id, self.run_id)
@@ -341,9 +348,10 @@ class Tracker:
             self._next_probe = time.monotonic() + self.settings.probe_every_s
             self.spool.append(record)
 
-    def _try_drain(self) -> bool:
-        """At most every ``probe_every_s``: probe the server, replay the spool if it is up."""
-        if time.monotonic() < self._next_probe:
+    def _try_drain(self, now: bool = False) -> bool:
+        """At most every ``probe_every_s`` (or ``now``): probe the server, replay the spool
+        if it is up."""
+        if not now and time.monotonic() < self._next_probe:
             return False
         self._next_probe = time.monotonic() + self.settings.probe_every_s
         if not server_healthy(self.uri, min(self.settings.http_timeout_s, 5)):

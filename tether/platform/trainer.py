@@ -15,6 +15,7 @@ dead learner and a checkpoint that cannot be written; ``cadence.due`` decides ev
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from collections.abc import Callable
@@ -130,6 +131,7 @@ class Trainer:
         self.tokenizer, self.spans, self.learner = None, None, None
         self.tracker = None
         self.iteration_done = 0
+        self.start_state: RunState | None = None  # the driver's parts before iteration 1
         self.val_history: dict[int, float] = {}
         self.val_intervals: dict[int, tuple[float, float]] = {}
         self.last_metrics: dict[str, float] = {}
@@ -170,6 +172,8 @@ class Trainer:
     def train(self, first: int) -> None:
         """Iterations ``first`` .. ``trainer.iterations``, or until an alarm stops the run;
         a dead learner is rebuilt and the iterations since its checkpoint run again."""
+        if first == 1:  # the driver's part of "a checkpoint at iteration 0", kept in memory
+            self.start_state = copy.deepcopy(self.run_state(0))
         it = first
         while it <= self.cfg.trainer.iterations:
             try:
@@ -311,17 +315,9 @@ class Trainer:
     def checkpoint_dir(self) -> Path:
         return self.output_dir / "checkpoints" / self.tracker.run_id
 
-    def checkpoint(self, it: int) -> Path | None:
-        """The learner's full state and the parts' ``RunState`` into ``iter_<it>.pt`` (none
-        when ``trainer.checkpoint_every`` is 0); a failed write: ``recovery``."""
-        if not self.cfg.trainer.checkpoint_every:  # 0: this run keeps no checkpoints
-            return None
-        learner_state = self.learner.full_state()
-        directory = self.checkpoint_dir()
-        self.responder.note_checkpoint(
-            it, checkpoint_path(directory, it), self.last_metrics, self.last_diagnostics
-        )
-        state = RunState(
+    def run_state(self, it: int) -> RunState:
+        """What a checkpoint keeps of the driver's parts after iteration ``it``."""
+        return RunState(
             iteration=it,
             run_id=self.tracker.run_id,
             config=self.cfg.model_dump(mode="json"),
@@ -333,6 +329,18 @@ class Trainer:
             val_intervals=self.val_intervals,
             control=self.responder.control_state(),
         )
+
+    def checkpoint(self, it: int) -> Path | None:
+        """The learner's full state and the parts' ``RunState`` into ``iter_<it>.pt`` (none
+        when ``trainer.checkpoint_every`` is 0); a failed write: ``recovery``."""
+        if not self.cfg.trainer.checkpoint_every:  # 0: this run keeps no checkpoints
+            return None
+        learner_state = self.learner.full_state()
+        directory = self.checkpoint_dir()
+        self.responder.note_checkpoint(
+            it, checkpoint_path(directory, it), self.last_metrics, self.last_diagnostics
+        )
+        state = self.run_state(it)
         learner_and_driver = {"learner": learner_state, "driver": state.to_checkpoint()}
         try:
             path = save_checkpoint(
@@ -347,8 +355,14 @@ class Trainer:
         """Load a checkpoint into the learner, workers and driver; return its iteration.
         ``resumed``: a new driver process (``--resume``), counted in the resume tags."""
         saved = load_checkpoint(path)
-        state = RunState.from_checkpoint(saved["driver"])
         self.learner.load_full_state(saved["learner"])
+        iteration = self.return_to(RunState.from_checkpoint(saved["driver"]))
+        if resumed:
+            record_resume(self.tracker, iteration, path)
+        return iteration
+
+    def return_to(self, state: RunState) -> int:
+        """``state`` back to the driver's parts, the learner's weights to the workers."""
         self.sampler.position = state.sampler_position
         self.diagnosis.ema_state = state.mi_ema_state
         self.responder.load(state.alarms, state.control, self.learner)
@@ -357,21 +371,23 @@ class Trainer:
         state.restore_rng()
         self.fleet.sync_weights(self.learner, state.iteration)
         self.iteration_done = state.iteration
-        if resumed:
-            record_resume(self.tracker, state.iteration, path)
         return state.iteration
 
-    def rebuild_learner(self, path: Path) -> int:
-        """A new learner group in place of a dead one, at checkpoint ``path``."""
+    def rebuild_learner(self, path: Path | None) -> int:
+        """A new learner group in place of a dead one, at checkpoint ``path``; None (no
+        checkpoint yet): at the run's start (a new group holds the starting weights)."""
         self.learner = learner_request(self.cfg, self.model_path).create()
         self.actor_pool.replace("learner", self.learner)
         start_learner(self.learner, self.responder.settings, self.cfg)
+        path = path or self.resume_from
+        if path is None:
+            return self.return_to(copy.deepcopy(self.start_state))
         return self.restore(path, resumed=False)
 
     # -- start and end ----------------------------------------------------------------
     def setup(self) -> None:
         """Everything before iteration 1, cheapest refusal first: Ray (joined or started),
-        the policy, the MLflow run, the actors and this run's state on them."""
+        the MLflow run, the policy, the actors and this run's state on them."""
         cfg = self.cfg
         preflight.refuse_early(cfg, cfg.ray.address)
         self.output_dir.mkdir(parents=True, exist_ok=True)
@@ -381,6 +397,10 @@ class Trainer:
         preflight.wait_until_fits(
             lambda: check_resources(cfg.resource_demands()), cfg, joined=bool(cfg.ray.address)
         )
+        # The MLflow run before the warm start: from here on a server that is away spools.
+        self.tracker = self.responder.tracker = open_tracker(
+            cfg, self.output_dir, self.emit, self.parent_run_id, self.run_tags, self.resume_run_id
+        )
         self.model_path = preflight.resolve_model(
             cfg,
             lambda step, total, loss: self.emit(
@@ -389,15 +409,6 @@ class Trainer:
         )
         self.tokenizer = load_tokenizer(self.model_path)
         self.spans = SpanExtractor(ChatFormatter(self.tokenizer))
-        self.tracker = self.responder.tracker = open_tracker(
-            cfg,
-            self.output_dir,
-            self.model_path,
-            self.emit,
-            self.parent_run_id,
-            self.run_tags,
-            self.resume_run_id,
-        )
         self.fleet.workers, self.learner = checkout_actors(
             self.actor_pool, cfg, self.model_path, self.tracker
         )
@@ -406,7 +417,9 @@ class Trainer:
         start_learner(self.learner, self.responder.settings, cfg)
         stops = self.fleet.start_run()
         self.sampling = SamplingParams(**{**self.sampling.__dict__, "stop_token_ids": stops})
-        self.tracker.set_tags(dtype_tags(self.learner, self.fleet))
+        self.tracker.set_tags(
+            {"tether.model_path": self.model_path, **dtype_tags(self.learner, self.fleet)}
+        )
 
     def close(self, status: str) -> None:
         """End the MLflow run and hand the actors back to the pool: a keeping pool holds
