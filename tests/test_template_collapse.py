@@ -9,9 +9,11 @@ Choice with 8 colours, half its reasoning names the asked colour (answered in wo
 Choice does not accept) and half is one of 8 input-blind plans (answered with a colour).
 Choice with stochasticity 1 pays a valid answer a coin flip whatever the input and an
 invalid one the format penalty, so GRPO (no filter, lr 5e-3) moves the policy onto the
-plans: I(X;Z) fell from 0.129 nats/token (p_grounded 0.001) to 0.000 (p 0.20) by
-iteration 6 while H(Z|X) stayed at 0.27-0.34, and the alarm fired at iteration 6
-(2026-11-25; lr 2e-3 fired at 9).
+plans.  Two builds of the policy (2026-11-25; the micro warm start is not bit-identical
+between builds): I(X;Z) 0.129 -> 0.000 nats/token (p_grounded 0.001 -> 0.20), alarm at
+iteration 6; and 0.211 -> 0.002 (p 0.001 -> 0.23), alarm at 5; H(Z|X) stayed at
+0.26-0.36 in both, and the grounded replies fell from ~45 % to ~3 %.  (lr 2e-3 fired at
+9; lr 1e-2 broke the format instead.)
 
 Nightly (slow): the paper suite's finding a, no-filter arm, seed 0
 (``experiments/paper/a_collapse.yaml``; docs/reproduction.md: the no-filter arm collapsed
