@@ -202,6 +202,7 @@ def test_act_mode_tightens_the_filter_then_rolls_back_to_grounded_weights(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2400)  # the shared warm start (~5 min idle) and up to 30 iterations
 def test_the_papers_no_filter_arm_collapses_and_stop_collapsed_ends_it(
     models_dir, ray_local, tmp_path
 ):
