@@ -65,10 +65,12 @@ def build_degenerate_policy(
 #: reasoning answers in words Choice does not parse (an invalid answer).
 TEMPLATE_PLANS = tuple(f"plan {w}." for w in "ABCDEFGH")
 TEMPLATE_ENV = {"id": "tether/Choice-v0", "kwargs": {"n_options": 8}}
+#: the fine-tune's length (epochs = steps // 4 over 32 prompts x 16 replies)
+TEMPLATE_STEPS = 120
 
 
 def build_template_prone_policy(
-    base: Path, out: Path, max_reply_tokens: int = 48, steps: int = 32
+    base: Path, out: Path, max_reply_tokens: int = 48, steps: int = TEMPLATE_STEPS
 ) -> Path:
     """``base`` fine-tuned so that, on each Choice prompt, half its replies are grounded
     (``Asked for <colour>.``, answered ``the <colour> one``: not a valid answer) and half

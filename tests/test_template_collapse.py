@@ -36,6 +36,7 @@ from tests.conftest import micro_config_dict
 from tests.degenerate_policies import (
     TEMPLATE_ENV,
     TEMPLATE_PLANS,
+    TEMPLATE_STEPS,
     build_template_prone_policy,
 )
 from tether.platform.config import build_config
@@ -93,10 +94,9 @@ def assert_template_collapse_in_the_logged_metrics(summary, iteration: int) -> i
 
 @pytest.fixture(scope="module")
 def template_prone_policy(micro_policy, models_dir):
-    recipe = hashlib.sha256(repr((TEMPLATE_ENV, TEMPLATE_PLANS)).encode()).hexdigest()[:8]
-    return build_template_prone_policy(
-        micro_policy, models_dir / f"template-prone-{recipe}", steps=120
-    )
+    recipe = repr((TEMPLATE_ENV, TEMPLATE_PLANS, TEMPLATE_STEPS)).encode()
+    digest = hashlib.sha256(recipe).hexdigest()[:8]
+    return build_template_prone_policy(micro_policy, models_dir / f"template-prone-{digest}")
 
 
 def _config(tmp_path, models_dir, policy, iterations: int, alarms: dict):
