@@ -1,5 +1,6 @@
 """Pathological policies, as real models: the micro model fine-tuned to always write one
-broken reply (or left untrained), saved as a Hugging Face directory for ``model.path``.
+broken reply (or left untrained), saved as a Hugging Face directory for ``model.path``;
+and one that RL drives into template collapse (``build_template_prone_policy``).
 
 Each reply is the text generated after the forced ``<think>``; ``None`` (babble) has no
 end-of-sequence, so the policy writes until the reply-length limit.
@@ -25,8 +26,10 @@ REPLIES = {
 }
 
 
-def first_prompts(env_id: str, n: int, max_reply_tokens: int) -> list[tuple[str, str]]:
-    env = make_env(env_id)
+def first_prompts(
+    env_id: str, n: int, max_reply_tokens: int, env_kwargs: dict | None = None
+) -> list[tuple[str, str]]:
+    env = make_env(env_id, **(env_kwargs or {}))
     prompts = []
     for seed in range(n):
         state, _ = env.reset(seed=seed)
@@ -50,6 +53,56 @@ def build_degenerate_policy(
 ) -> Path:
     """``base`` (a micro policy directory) fine-tuned to reply ``REPLIES[name]`` to every
     first-turn prompt, or ``untrained``: the same architecture, randomly initialised."""
+    prompts = first_prompts(env_id, 32, max_reply_tokens)
+    if name == "untrained":
+        return _save_policy(base, out, None, 0)
+    eos = name != "babble"
+    return _save_policy(base, out, [(p, [REPLIES[name]]) for p in prompts], steps, eos)
+
+
+#: Template collapse on Choice (8 colours): reasoning that names the asked colour, or one of
+#: these input-blind plans.  Each plan answers with a colour (a valid answer); the grounded
+#: reasoning answers in words Choice does not parse (an invalid answer).
+TEMPLATE_PLANS = tuple(f"plan {w}." for w in "ABCDEFGH")
+TEMPLATE_ENV = {"id": "tether/Choice-v0", "kwargs": {"n_options": 8}}
+#: the fine-tune's length (epochs = steps // 4 over 32 prompts x 16 replies)
+TEMPLATE_STEPS = 120
+
+
+def build_template_prone_policy(
+    base: Path, out: Path, max_reply_tokens: int = 48, steps: int = TEMPLATE_STEPS
+) -> Path:
+    """``base`` fine-tuned so that, on each Choice prompt, half its replies are grounded
+    (``Asked for <colour>.``, answered ``the <colour> one``: not a valid answer) and half
+    one of ``TEMPLATE_PLANS`` chosen uniformly, whatever the prompt (answered with a valid
+    colour).  Its reasoning depends on the input (I(X;Z) about half of log 8), and a reward
+    that ignores the input but charges the format penalty for an invalid answer (Choice
+    with stochasticity 1: a valid answer earns a coin flip) moves it onto the plans: the
+    reasoning stays varied (8 plans) while it stops depending on the input."""
+    from tether.envs.known_answer import COLOURS
+
+    env_id, kwargs = TEMPLATE_ENV["id"], TEMPLATE_ENV["kwargs"]
+    colours = COLOURS[: kwargs["n_options"]]
+    examples = []
+    for seed, prompt in enumerate(first_prompts(env_id, 32, max_reply_tokens, kwargs)):
+        asked = make_env(env_id, **kwargs)
+        asked.reset(seed=seed)
+        grounded = format_reply(f"Asked for {asked.target}.", f"the {asked.target} one")
+        plans = [format_reply(plan, colour) for plan, colour in zip(TEMPLATE_PLANS, colours)]
+        examples.append((prompt, [grounded] * len(plans) + plans))
+    return _save_policy(base, out, examples, steps)
+
+
+def _save_policy(
+    base: Path,
+    out: Path,
+    examples: list[tuple[tuple[str, str], list[str]]] | None,
+    steps: int,
+    eos: bool = True,
+) -> Path:
+    """``base`` fine-tuned on every (prompt, reply) of ``examples`` (each prompt with its
+    list of replies, end-of-sequence appended when ``eos``), saved at ``out``; ``None``: the
+    same architecture, randomly initialised.  Built once: an existing ``out`` is reused."""
     import torch
 
     from tether.policy.load import load_model_and_tokenizer
@@ -59,17 +112,17 @@ def build_degenerate_policy(
     if (out / "config.json").exists():
         return out
     model, tokenizer = load_model_and_tokenizer(base)
-    if name == "untrained":
+    if examples is None:
         model = build_tiny_model(model.config, seed=123)
     else:
         formatter = ChatFormatter(tokenizer)
-        reply = formatter.encode(REPLIES[name]) if REPLIES[name] else []
-        if name != "babble":
-            reply = reply + [tokenizer.eos_token_id]
         sequences = []
-        for system, user in first_prompts(env_id, 32, max_reply_tokens):
+        for (system, user), replies in examples:
             prompt = formatter.first_prompt_ids(system, user)
-            sequences.append((prompt + reply, [0] * len(prompt) + [1] * len(reply)))
+            for text in replies:
+                reply = formatter.encode(text) if text else []
+                reply = reply + [tokenizer.eos_token_id] if eos else reply
+                sequences.append((prompt + reply, [0] * len(prompt) + [1] * len(reply)))
         torch.manual_seed(0)
         supervised_finetune(
             model,
