@@ -116,7 +116,9 @@ def test_wrong_lora_settings_are_one_line_naming_the_field(micro_policy, tmp_pat
     )
     with pytest.raises(ValueError, match=r"'lm_head' is not a linear layer"):  # the tied head
         check_targets_for_path(LoraConfig(target_modules=["lm_head"]), str(micro_policy))
-    # ... and by a run, after the (cached) warm start and before any actor or MLflow run.
+    # ... and by a run, after the (cached) warm start and before any actor; the MLflow
+    # run, opened before the warm start (so that a server away during it spools), ends
+    # FAILED.
     from tether.platform.driver import Trainer
 
     cfg = build_config(micro_config_dict(tmp_path), ["model.lora.target_modules=[attn]"])
@@ -124,7 +126,8 @@ def test_wrong_lora_settings_are_one_line_naming_the_field(micro_policy, tmp_pat
     trainer = Trainer(cfg)
     with pytest.raises(ConfigError, match=r"^model.lora.target_modules: 'attn' is not"):
         trainer.run()
-    assert trainer.tracker is None
+    assert trainer.learner is None and not trainer.fleet.workers
+    assert trainer.tracker.client.get_run(trainer.tracker.run_id).info.status == "FAILED"
 
 
 # -- the learner ----------------------------------------------------------------------
