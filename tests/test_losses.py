@@ -28,6 +28,7 @@ MASK = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0]], dtype=torch.floa
         ("token-mean", 4.0),  # (1+2+3+10) / 4 tokens
         ("seq-mean-token-mean", 6.0),  # mean(2, 10); the empty row is left out
         ("seq-mean-token-sum", 8.0),  # mean(6, 10)
+        ("turn-mean-token-mean", 6.0),  # one turn per row: the same as seq-mean-token-mean
     ],
 )
 def test_aggregate_modes(mode, expected):
@@ -44,6 +45,38 @@ def test_aggregate_global_denominator_for_micro_batches():
         aggregate(VALUES[i : i + 1], MASK[i : i + 1], "token-mean", denominator=4) for i in range(3)
     )
     assert parts.item() == pytest.approx(full.item())
+
+
+# two multi-turn rows: row 0 a 1-token turn and a 3-token turn, row 1 one 2-token turn
+TURN_VALUES = torch.tensor([[4.0, 9.0, 1.0, 2.0, 3.0, 9.0], [6.0, 8.0, 9.0, 9.0, 9.0, 9.0]])
+TURN_MASK = torch.tensor([[1, 0, 1, 1, 1, 0], [1, 1, 0, 0, 0, 0]], dtype=torch.float32)
+
+
+def test_turn_mean_weighs_every_turn_the_same():
+    # turn means 4, (1+2+3)/3 = 2 and (6+8)/2 = 7 -> (4 + 2 + 7) / 3 turns
+    assert aggregate(TURN_VALUES, TURN_MASK, "turn-mean-token-mean").item() == pytest.approx(13 / 3)
+    # seq-mean-token-mean mixes row 0's turns by token count: mean((4+6)/4, 7) = 4.75
+    assert aggregate(TURN_VALUES, TURN_MASK, "seq-mean-token-mean").item() == pytest.approx(4.75)
+    # micro-batches of one row each over the whole batch's 3 turns add up to the full loss
+    parts = sum(
+        aggregate(TURN_VALUES[i : i + 1], TURN_MASK[i : i + 1], "turn-mean-token-mean", 3.0)
+        for i in range(2)
+    )
+    assert parts.item() == pytest.approx(13 / 3)
+
+
+def test_turn_mean_gradient_cancels_on_shared_first_turn():
+    # The case the mode exists for (docs/methods.md, section 8): two episodes share their
+    # first reply token; the one that fails (advantage -1) ends after one turn, the one
+    # that succeeds (+1) takes a second 3-token turn.  Per episode token means push the
+    # shared token down (weights +1/4 - 1/1); per turn means leave it alone (+1 - 1).
+    mask = torch.tensor([[1, 0, 1, 1, 1], [1, 0, 0, 0, 0]], dtype=torch.float32)
+    advantages = torch.tensor([[1.0] * 5, [-1.0] * 5])
+    for mode, shared in (("seq-mean-token-mean", (0.25 - 1.0) / 2), ("turn-mean-token-mean", 0.0)):
+        logprobs = torch.zeros(2, 5, requires_grad=True)
+        (-aggregate(logprobs * advantages, mask, mode)).backward()
+        pushed_up = -(logprobs.grad[0, 0] + logprobs.grad[1, 0]).item()
+        assert pushed_up == pytest.approx(shared), mode
 
 
 def test_aggregate_unknown_mode_lists_valid():

@@ -48,7 +48,9 @@ def test_update_raises_positive_and_lowers_negative_advantage_tokens(sampled):
     assert metrics["actor/grad_norm"] > 0 and metrics["actor/pg_clipfrac"] == 0.0
 
 
-@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
+@pytest.mark.parametrize(
+    "agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "turn-mean-token-mean"]
+)
 def test_micro_batching_does_not_change_the_gradient(sampled, agg):
     model, batch, _ = sampled
     grads = []

@@ -7,9 +7,12 @@ Loss aggregation lives in one place, ``aggregate(values, mask, mode)``:
   - ``token-mean``:          Σ_bt v·m / Σ_bt m                   (PPO, DAPO)
   - ``seq-mean-token-mean``: mean_b [Σ_t v·m / Σ_t m]            (GRPO)
   - ``seq-mean-token-sum``:  mean_b [Σ_t v·m]                    (Dr.GRPO)
+  - ``turn-mean-token-mean``: mean over turns [Σ_t∈turn v / |turn|], a turn being one
+    unbroken run of agent tokens, so every reply of a multi-turn row weighs the same
+    whatever the length of the episode it belongs to
 Rows with no agent token are left out of the sequence means.  ``denominator``
-overrides the token count (token-mean) or sequence count (seq-*) so that
-micro-batches summed together equal the full-batch loss.
+overrides the token count (token-mean), sequence count (seq-*) or turn count
+(turn-*) so that micro-batches summed together equal the full-batch loss.
 
 The task loss (clipped policy gradient) and the regulariser loss (KL to the
 reference, entropy bonus) are returned separately by ``ppo_objective`` so the
@@ -48,10 +51,36 @@ def _seq_mean(
     return (per_seq * has_tokens).sum() / count
 
 
+def turn_index(mask: Tensor) -> Tensor:
+    """[B,T] long: 1, 2, ... on the agent tokens of a row's first, second, ... turn (a
+    turn is one unbroken run of mask 1s), 0 elsewhere."""
+    maskf = mask.to(torch.float32)
+    starts = maskf * (1.0 - F.pad(maskf[:, :-1], (1, 0)))
+    return (starts.cumsum(-1) * maskf).long()
+
+
+def turn_count(mask: Tensor) -> int:
+    """How many turns (unbroken runs of agent tokens) the rows of ``mask`` hold."""
+    return int(turn_index(mask).amax(dim=-1).sum()) if mask.numel() else 0
+
+
+def _turn_mean(values: Tensor, mask: Tensor, denominator: float | None) -> Tensor:
+    turns = turn_index(mask)  # [B,T]
+    width = int(turns.max()) + 1 if turns.numel() else 1
+    bucket = (torch.arange(values.shape[0], device=values.device)[:, None] * width + turns).flatten()
+    size = values.shape[0] * width
+    sums = values.new_zeros(size).scatter_add(0, bucket, (values * mask).flatten())
+    tokens = values.new_zeros(size).scatter_add(0, bucket, mask.flatten())
+    has_tokens = (tokens > 0).to(values.dtype)
+    count = has_tokens.sum().clamp_min(1.0) if denominator is None else denominator
+    return (sums / tokens.clamp_min(1.0) * has_tokens).sum() / count
+
+
 AGGREGATION_MODES: dict[str, Callable[[Tensor, Tensor, float | None], Tensor]] = {
     "token-mean": _token_mean,
     "seq-mean-token-mean": lambda v, m, d: _seq_mean(v, m, d, per_token_mean=True),
     "seq-mean-token-sum": lambda v, m, d: _seq_mean(v, m, d, per_token_mean=False),
+    "turn-mean-token-mean": _turn_mean,
 }
 
 

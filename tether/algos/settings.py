@@ -24,7 +24,12 @@ from .presets import PRESETS
 #: ``advantages.ADVANTAGE_ESTIMATORS``
 ADVANTAGE_NAMES = ("gae", "grpo", "drgrpo", "rloo", "reinforce_pp")
 #: ``losses.AGGREGATION_MODES``
-AGGREGATION_NAMES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+AGGREGATION_NAMES = (
+    "token-mean",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum",
+    "turn-mean-token-mean",
+)
 #: ``losses.KL_ESTIMATORS``
 KL_ESTIMATOR_NAMES = ("k1", "k2", "k3", "abs", "low_var_kl")
 #: ``filters.FILTER_STRATEGIES``

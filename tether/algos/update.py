@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from .batch import TrajectoryBatch, token_logprobs
-from .losses import ppo_objective, value_loss
+from .losses import ppo_objective, turn_count, value_loss
 from .shared_prefix import group_prefix_lengths, shared_prefix_saving, shared_prefix_token_logprobs
 from .vocab import DEFAULT_CHUNK_TOKENS
 
@@ -127,6 +127,8 @@ def objective(
 def aggregation_denominator(mask: torch.Tensor, mode: str) -> float:
     if mode == "token-mean":
         return float(mask.sum().clamp_min(1.0))
+    if mode.startswith("turn-"):
+        return float(max(turn_count(mask), 1))
     return float((mask.sum(-1) > 0).sum().clamp_min(1))
 
 
