@@ -23,6 +23,7 @@ from ..envs.sandbox.isolation import SandboxConfig
 from ..envs.settings import EnvConfig
 from ..policy.settings import ModelConfig, WarmStartConfig
 from ..sections import StrictSection
+from .retention import RetentionConfig
 
 __all__ = [
     "ConfigError",
@@ -252,6 +253,7 @@ class TetherConfig(StrictSection):
     diagnostics: DiagnosticsConfig = Field(default_factory=DiagnosticsConfig)
     alarms: AlarmsConfig = Field(default_factory=AlarmsConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    retention: RetentionConfig = Field(default_factory=RetentionConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
 
     @model_validator(mode="after")

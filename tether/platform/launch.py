@@ -42,6 +42,7 @@ def open_tracker(
         settings=cfg.tracking,
         spool_root=output_dir / SPOOL_DIRNAME,
         notify=lambda message: emit(Event.TRACKING, {"message": message}),
+        retention=cfg.retention,
     )
     if resume_run_id is None:
         # The run name is the run's name (and a tag), not a parameter: every sweep trial

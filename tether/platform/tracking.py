@@ -15,6 +15,10 @@ identical in key, timestamp, step and value; params, tags and artifacts overwrit
 the same content. The run's final status is itself a record, so it is set only after
 everything before it has landed. What a run could not replay before it ended stays on
 disk: ``tether run --resume`` replays it first, or ``tether sync-tracking DIR``.
+
+With ``retention`` settings, per-iteration artifacts (sample transcripts, heatmaps) are
+thinned with age as they are written (``retention.py``): a delete is one more record, so
+it is spooled and replayed in order like the writes.
 """
 
 from __future__ import annotations
@@ -38,8 +42,11 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from .retention import ArtifactThinning, deletion_refused, thinned_iteration
+
 if TYPE_CHECKING:
     from .config import TrackingConfig
+    from .retention import RetentionConfig
 
 _INVALID_KEY_CHARS = re.compile(r"[^/\w.\- :]")
 _MAX_PARAM_VALUE = 6000
@@ -207,7 +214,8 @@ class Tracker:
     ``tracking.*`` knobs; ``notify`` receives the one line said when spooling starts and
     the one when the spool has drained (default: a warning on the ``tether.tracking``
     logger). ``reopen=False`` writes into an existing run without marking it RUNNING
-    (a report written back into a finished run)."""
+    (a report written back into a finished run). ``retention``: thin the run's
+    per-iteration artifacts with age (None: keep everything written)."""
 
     def __init__(
         self,
@@ -222,6 +230,7 @@ class Tracker:
         settings: TrackingConfig | None = None,
         notify: Callable[[str], None] | None = None,
         reopen: bool = True,
+        retention: RetentionConfig | None = None,
     ) -> None:
         if settings is None:
             from .config import TrackingConfig
@@ -251,6 +260,8 @@ class Tracker:
             else None
         )
         self._next_probe = 0.0
+        self.thinning = ArtifactThinning(retention) if retention is not None else None
+        self._artifact_repo = None  # the run's artifact repository, for deletes
         if self.spool is not None and self.spool.pending:  # an earlier process's writes first
             self.notify(
                 f"tracking: replaying {self.spool.pending} spooled writes from "
@@ -262,6 +273,12 @@ class Tracker:
         if run_id is not None and reopen:  # after the replay: it may end in a final status
             self.opened_tags = self.client.get_run(run_id).data.tags
             self._write({"op": "reopen"})
+            if self.thinning is not None:  # what earlier processes of the run wrote
+                try:
+                    self.thinning.adopt(self._listed_artifacts)
+                except Exception as exc:  # gone again since the replay: not thinned
+                    if not transient(exc):
+                        raise
 
     # -- the writes ---------------------------------------------------------------------
     def log_params(self, params: dict[str, Any]) -> None:
@@ -284,13 +301,16 @@ class Tracker:
             self._write({"op": "tags", "tags": {k: str(v) for k, v in tags.items()}})
 
     def log_text(self, text: str, artifact_file: str) -> None:
-        self._write({"op": "text", "text": text, "artifact_file": artifact_file})
+        record = {"op": "text", "text": text, "artifact_file": artifact_file}
+        self._write_artifact(record, artifact_file)
 
     def log_json(self, data: Any, artifact_file: str) -> None:
         self.log_text(json.dumps(data, indent=1, default=str), artifact_file)
 
     def log_artifact(self, local_file: str | Path, artifact_path: str | None = None) -> None:
-        self._write({"op": "file", "path": str(local_file), "artifact_path": artifact_path})
+        record = {"op": "file", "path": str(local_file), "artifact_path": artifact_path}
+        name = Path(local_file).name
+        self._write_artifact(record, f"{artifact_path}/{name}" if artifact_path else name)
 
     def log_artifacts(self, local_dir: str | Path, artifact_path: str | None = None) -> None:
         self._write({"op": "dir", "path": str(local_dir), "artifact_path": artifact_path})
@@ -326,6 +346,48 @@ class Tracker:
 
     def ui_command(self) -> str:
         return ui_command(self.uri, self.experiment_id, self.run_id)
+
+    # -- retention ----------------------------------------------------------------------
+    def _write_artifact(self, record: dict, artifact_file: str) -> None:
+        """Write an artifact; a per-iteration one joins the thinning, which may skip it
+        (a store that cannot delete) and deletes the older ones the rule lets go."""
+        iteration = thinned_iteration(artifact_file) if self.thinning is not None else None
+        if iteration is None:
+            return self._write(record)
+        if not self.thinning.admit(artifact_file, iteration):
+            return None
+        self._write(record)
+        for old in self.thinning.expired(iteration):
+            if self.thinning.can_delete:  # refused once: stays refused (not asked again)
+                self._write({"op": "delete", "artifact_path": old})
+        return None
+
+    def _listed_artifacts(self, directory: str) -> list[str]:
+        return [f.path for f in self.client.list_artifacts(self.run_id, directory)]
+
+    def _delete(self, artifact_path: str) -> None:
+        """Delete one artifact of the run; a store that does not delete (or refuses for
+        good) is said once, and the thinning stops writing what it would delete."""
+        try:
+            if self._artifact_repo is None:
+                from mlflow.store.artifact.artifact_repository_registry import (
+                    get_artifact_repository,
+                )
+
+                uri = self.client.get_run(self.run_id).info.artifact_uri
+                self._artifact_repo = get_artifact_repository(uri, tracking_uri=self.uri)
+            self._artifact_repo.delete_artifacts(artifact_path)
+        except Exception as exc:
+            if transient(exc) and not deletion_refused(exc):
+                raise
+            if self.thinning is not None and self.thinning.can_delete:
+                self.thinning.can_delete = False
+                self.notify(
+                    f"tracking: the artifact store of run {self.run_id} did not delete "
+                    f"{artifact_path} ({type(exc).__name__}: {str(exc).splitlines()[0][:160]}); "
+                    "older per-iteration artifacts stay, and from now on only those "
+                    "retention.artifacts_every keeps for good are written"
+                )
 
     # -- direct or spooled ------------------------------------------------------------
     def _write(self, record: dict) -> None:
@@ -395,6 +457,8 @@ class Tracker:
             client.log_artifact(run_id, record["path"], record["artifact_path"])
         elif op == "dir":
             client.log_artifacts(run_id, record["path"], record["artifact_path"])
+        elif op == "delete":
+            self._delete(record["artifact_path"])
         elif op == "reopen":
             client.update_run(run_id, status="RUNNING")
         elif op == "terminate":

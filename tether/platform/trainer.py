@@ -344,7 +344,11 @@ class Trainer:
         learner_and_driver = {"learner": learner_state, "driver": state.to_checkpoint()}
         try:
             path = save_checkpoint(
-                directory, it, learner_and_driver, protect=self.responder.protected()
+                directory,
+                it,
+                learner_and_driver,
+                keep=self.cfg.retention.checkpoints,
+                protect=self.responder.protected(),
             )
         except CheckpointError as exc:
             return checkpoint_failed(exc, self.cfg.trainer, self.responder, self.tracker, self.emit)

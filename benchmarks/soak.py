@@ -1,0 +1,286 @@
+"""A long run of the micro policy, watched: does anything grow?
+
+Runs ``--iterations`` (default 500) iterations of the micro policy (the tests' micro
+config: FrozenLake, 2 rollout workers, 2 groups of 4) with the shipped cadences of
+everything that writes or holds state: collapse diagnostics every 5 (heatmaps and the
+information chain every 10, gradient SNR every 10), sample transcripts every 5,
+validation every 10, a checkpoint every 10, and the retention settings at their
+defaults. The run is a real ``Trainer`` (local Ray, SQLite MLflow) in this process, so
+this process is the driver.
+
+After every ``--every``-th iteration one CSV row records: the iteration's time
+(``timing/iteration`` and the wall time since the previous row), the resident memory
+(RSS, MB) of the driver, of each Ray actor this run started (rollout workers, their
+environment pools, the learner; found as this process's ``ray::`` descendants) and of
+Ray's own processes (raylet, GCS: everything else this process started), the disk use
+(MB) of the output directory, the MLflow store (``mlflow.db`` with its WAL), the
+artifact store and the checkpoints, and the load average.
+
+Then it fits a line to each series over the post-warm-up part (iterations after
+``--warmup``, default 50: the allocator, torch's and Ray's lazy set-up, the first
+validation, the first checkpoint and the first heatmaps all happen in the first 10-50
+iterations) with ``scipy.stats.linregress``, and prints the slopes per 100 iterations
+with 95 % intervals (t distribution, n - 2 degrees of freedom, from linregress's
+standard error). Consecutive readings are correlated (a process's RSS moves in steps),
+which makes the ordinary interval too narrow: the table also gives the interval widened
+by the residuals' lag-1 autocorrelation r, by sqrt((1 + r) / (1 - r)) (the AR(1)
+effective-sample-size correction). Targets (issue 35): RSS slope interval includes 0 or
+lies below 1 MB per 100 iterations; iteration time flat; disk bounded by the retention.
+
+    PYTHONPATH=. nice -n 19 python benchmarks/soak.py --iterations 500 \\
+        --out /tmp/soak --csv /tmp/soak/soak.csv
+    PYTHONPATH=. python benchmarks/soak.py --analyze /tmp/soak/soak.csv   # fit only
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import time
+from pathlib import Path
+
+import psutil
+
+MB = float(1 << 20)
+
+#: the series fitted and the unit of their slope (per 100 iterations)
+TARGET_RSS_MB_PER_100 = 1.0
+
+
+def soak_config(out: Path, models: Path, iterations: int, overrides: list[str]):
+    """The micro config with the shipped cadences (``trainer``, ``diagnostics`` and
+    ``retention`` at their defaults, apart from the run's length and a small validation)."""
+    from tests.conftest import micro_config_dict
+    from tether.platform.config import build_config
+
+    data = micro_config_dict(out)
+    data["trainer"] = {"iterations": iterations, "val_episodes": 16}
+    data["tracking"] = {"log_model": False}
+    cfg = build_config(data, overrides)
+    cfg.model.cache_dir = models
+    return cfg
+
+
+def du_mb(path: Path) -> float:
+    """Disk use of a file or a directory tree (allocated blocks), MB; 0 when absent."""
+    if not path.exists():
+        return 0.0
+    if path.is_file():
+        return path.stat().st_blocks * 512 / MB
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_blocks * 512
+            except OSError:  # removed while walking (a pruned checkpoint)
+                pass
+    return total / MB
+
+
+def role(proc: psutil.Process) -> str:
+    """``rollout_worker`` / ``env_pool`` / ``learner`` for a Ray actor, else ``ray_system``
+    (raylet, GCS, idle Ray workers, the log monitor)."""
+    try:
+        title = " ".join(proc.cmdline()[:1])
+    except (psutil.Error, OSError):
+        return "gone"
+    for name, label in (
+        ("ray::RolloutWorker", "rollout_worker"),
+        ("ray::EnvPoolActor", "env_pool"),
+        ("ray::Learner", "learner"),
+    ):
+        if title.startswith(name):
+            return label
+    return "ray_system"
+
+
+def rss_by_process() -> dict[str, float]:
+    """RSS (MB) of the driver and of every process it started, by role; several actors
+    of one role are numbered in pid order (``rollout_worker0``, ``rollout_worker1``)."""
+    me = psutil.Process()
+    out = {"rss_driver": me.memory_info().rss / MB}
+    by_role: dict[str, list[tuple[int, float]]] = {}
+    for child in me.children(recursive=True):
+        try:
+            rss = child.memory_info().rss / MB
+        except psutil.Error:
+            continue
+        by_role.setdefault(role(child), []).append((child.pid, rss))
+    for name, procs in by_role.items():
+        if name == "ray_system":
+            out["rss_ray_system"] = sum(rss for _, rss in procs)
+            continue
+        for k, (pid, rss) in enumerate(sorted(procs)):
+            out[f"rss_{name}{k}"] = rss
+            out[f"pid_{name}{k}"] = pid
+    return out
+
+
+def disk_by_part(output_dir: Path) -> dict[str, float]:
+    db = output_dir / "mlflow.db"
+    store = sum(du_mb(Path(f"{db}{suffix}")) for suffix in ("", "-wal", "-shm", "-journal"))
+    return {
+        "disk_output_dir": du_mb(output_dir),
+        "disk_mlflow_db": store,
+        "disk_artifacts": du_mb(output_dir / "artifacts"),
+        "disk_checkpoints": du_mb(output_dir / "checkpoints"),
+        "files_artifacts": float(
+            sum(len(files) for _, _, files in os.walk(output_dir / "artifacts"))
+        ),
+    }
+
+
+class Recorder:
+    """The run's event hook: a CSV row after every ``every``-th iteration."""
+
+    def __init__(self, path: Path, output_dir: Path, every: int) -> None:
+        self.path, self.output_dir, self.every = path, output_dir, every
+        self.rows: list[dict] = []
+        self.last = time.perf_counter()
+        self.fields: list[str] | None = None
+
+    def __call__(self, kind: str, data: dict) -> None:
+        if kind == "tracking" or kind == "checkpoint_failed":
+            print(f"[{kind}] {data.get('message')}", flush=True)
+        if kind != "iteration" or data["iteration"] % self.every:
+            return
+        now = time.perf_counter()
+        row = {
+            "iteration": data["iteration"],
+            "wall_s": now - self.last,
+            "iteration_s": data.get("timing/iteration", math.nan),
+            "diagnosed": float(any(k.startswith("collapse/") for k in data)),
+            "validated": float("val/success" in data),
+            **rss_by_process(),
+            **disk_by_part(self.output_dir),
+            "load1": os.getloadavg()[0],
+            "time": time.time(),
+        }
+        self.last = now
+        self.rows.append(row)
+        if self.fields is None:
+            self.fields = list(row)
+            with self.path.open("w", newline="") as f:
+                csv.DictWriter(f, self.fields, extrasaction="ignore").writeheader()
+        with self.path.open("a", newline="") as f:
+            csv.DictWriter(f, self.fields, extrasaction="ignore").writerow(row)
+        if data["iteration"] % 25 == 0:
+            print(
+                f"it {data['iteration']:4d}  {row['iteration_s']:.2f} s  driver "
+                f"{row['rss_driver']:.0f} MB  out {row['disk_output_dir']:.1f} MB  "
+                f"load {row['load1']:.1f}",
+                flush=True,
+            )
+
+
+def fit(iterations, values) -> dict[str, float]:
+    """Slope per 100 iterations with its 95 % t interval, plain and widened by the
+    residuals' lag-1 autocorrelation."""
+    import numpy as np
+    from scipy import stats
+
+    x, y = np.asarray(iterations, float), np.asarray(values, float)
+    keep = np.isfinite(y)
+    x, y = x[keep], y[keep]
+    result = stats.linregress(x, y)
+    t = stats.t.ppf(0.975, len(x) - 2)
+    residuals = y - (result.intercept + result.slope * x)
+    r1 = 0.0
+    if residuals.std() > 0:
+        r1 = float(np.corrcoef(residuals[:-1], residuals[1:])[0, 1])
+    widen = math.sqrt((1 + max(r1, 0.0)) / (1 - min(max(r1, 0.0), 0.99)))
+    slope, half = 100 * result.slope, 100 * t * result.stderr
+    return {
+        "n": len(x),
+        "mean": float(y.mean()),
+        "first": float(y[0]),
+        "last": float(y[-1]),
+        "slope": slope,
+        "low": slope - half,
+        "high": slope + half,
+        "r1": r1,
+        "low_ar": slope - half * widen,
+        "high_ar": slope + half * widen,
+    }
+
+
+def analyze(rows: list[dict], warmup: int) -> dict[str, dict]:
+    """Fits of every RSS, time and disk series over the iterations after ``warmup``."""
+    post = [r for r in rows if int(float(r["iteration"])) > warmup]
+    columns = [
+        c
+        for c in post[0]
+        if c.startswith(("rss_", "disk_", "files_")) or c in ("iteration_s", "wall_s")
+    ]
+    its = [int(float(r["iteration"])) for r in post]
+    fits = {c: fit(its, [float(r.get(c) or "nan") for r in post]) for c in columns}
+    plain = [r for r in post if float(r["diagnosed"]) == 0 and float(r["validated"]) == 0]
+    if len(plain) > 2:
+        fits["iteration_s (plain iterations)"] = fit(
+            [int(float(r["iteration"])) for r in plain], [float(r["iteration_s"]) for r in plain]
+        )
+    return fits
+
+
+def print_table(fits: dict[str, dict], warmup: int, last: int) -> None:
+    print(f"\nslopes per 100 iterations over iterations {warmup + 1}-{last} (95 % intervals)")
+    header = (
+        f"{'series':34s} {'unit':>4s} {'mean':>9s} {'slope':>9s} {'interval':>21s} "
+        f"{'r1':>5s} {'interval (AR1-widened)':>23s}"
+    )
+    print(header)
+    print("-" * len(header))
+    for name, f in fits.items():
+        unit = "s" if "_s" in name else ("n" if name.startswith("files_") else "MB")
+        print(
+            f"{name:34s} {unit:>4s} {f['mean']:9.3f} {f['slope']:+9.3f} "
+            f"[{f['low']:+9.3f}, {f['high']:+9.3f}] {f['r1']:5.2f} "
+            f"[{f['low_ar']:+9.3f}, {f['high_ar']:+9.3f}]"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--iterations", type=int, default=500)
+    parser.add_argument("--out", type=Path, default=Path("/tmp/soak"))
+    parser.add_argument("--models", type=Path, default=Path("/tmp/soak-models"))
+    parser.add_argument("--csv", type=Path, help="default: <out>/soak.csv")
+    parser.add_argument("--every", type=int, default=1, help="a row every N iterations")
+    parser.add_argument("--warmup", type=int, default=50, help="iterations left out of fits")
+    parser.add_argument("--analyze", type=Path, help="fit an existing CSV; no run")
+    parser.add_argument("overrides", nargs="*", help="config overrides, section.key=value")
+    args = parser.parse_args()
+
+    if args.analyze:
+        with args.analyze.open() as f:
+            rows = list(csv.DictReader(f))
+    else:
+        from tether.platform.trainer import Trainer
+
+        args.out.mkdir(parents=True, exist_ok=True)
+        cfg = soak_config(args.out, args.models, args.iterations, args.overrides)
+        path = args.csv or args.out / "soak.csv"
+        recorder = Recorder(path, Path(cfg.experiment.output_dir).resolve(), args.every)
+        started = time.time()
+        summary = Trainer(cfg, on_event=recorder).run()
+        print(
+            f"run {summary.run_id}: {summary.status}, {summary.iterations} iterations in "
+            f"{summary.seconds:.0f} s (warm start and set-up included; "
+            f"{(time.time() - started) / 60:.1f} min); rows in {path}"
+        )
+        rows = recorder.rows
+        (args.out / "soak_summary.json").write_text(
+            json.dumps({"run_id": summary.run_id, "status": summary.status}, indent=1)
+        )
+    last = int(float(rows[-1]["iteration"]))
+    fits = analyze(rows, args.warmup)
+    print_table(fits, args.warmup, last)
+    loads = [float(r["load1"]) for r in rows]
+    print(f"\nload average (1 min) during the run: {min(loads):.1f}-{max(loads):.1f}")
+
+
+if __name__ == "__main__":
+    main()
