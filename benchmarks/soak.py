@@ -9,8 +9,8 @@ defaults. The run is a real ``Trainer`` (local Ray, SQLite MLflow) in this proce
 this process is the driver.
 
 After every ``--every``-th iteration one CSV row records: the iteration's time
-(``timing/iteration`` and the wall time since the previous row), the resident memory
-(RSS, MB) of the driver, of each Ray actor this run started (rollout workers, their
+(``timing/iteration`` and the wall time since the previous row), the memory (RSS, and
+USS: the pages no other process shares, MB) of the driver, of each Ray actor this run started (rollout workers, their
 environment pools, the learner; found as this process's ``ray::`` descendants) and of
 Ray's own processes (raylet, GCS: everything else this process started), the disk use
 (MB) of the output directory, the MLflow store (``mlflow.db`` with its WAL), the
@@ -97,24 +97,33 @@ def role(proc: psutil.Process) -> str:
     return "ray_system"
 
 
+def memory_mb(proc: psutil.Process) -> tuple[float, float]:
+    """(RSS, USS) in MB. USS counts only the pages no other process maps: RSS also grows
+    as a process touches more of the shared Ray object store (weights pass through it
+    every iteration) or of shared libraries, which is not a leak of that process."""
+    info = proc.memory_full_info()
+    return info.rss / MB, info.uss / MB
+
+
 def rss_by_process() -> dict[str, float]:
-    """RSS (MB) of the driver and of every process it started, by role; several actors
-    of one role are numbered in pid order (``rollout_worker0``, ``rollout_worker1``)."""
+    """RSS and USS (MB) of the driver and of every process it started, by role; several
+    actors of one role are numbered in pid order (``rollout_worker0``, ...)."""
     me = psutil.Process()
-    out = {"rss_driver": me.memory_info().rss / MB}
-    by_role: dict[str, list[tuple[int, float]]] = {}
+    out = dict(zip(("rss_driver", "uss_driver"), memory_mb(me), strict=True))
+    by_role: dict[str, list[tuple[int, float, float]]] = {}
     for child in me.children(recursive=True):
         try:
-            rss = child.memory_info().rss / MB
+            rss, uss = memory_mb(child)
         except psutil.Error:
             continue
-        by_role.setdefault(role(child), []).append((child.pid, rss))
+        by_role.setdefault(role(child), []).append((child.pid, rss, uss))
     for name, procs in by_role.items():
         if name == "ray_system":
-            out["rss_ray_system"] = sum(rss for _, rss in procs)
+            out["rss_ray_system"] = sum(rss for _, rss, _ in procs)
+            out["uss_ray_system"] = sum(uss for _, _, uss in procs)
             continue
-        for k, (pid, rss) in enumerate(sorted(procs)):
-            out[f"rss_{name}{k}"] = rss
+        for k, (pid, rss, uss) in enumerate(sorted(procs)):
+            out[f"rss_{name}{k}"], out[f"uss_{name}{k}"] = rss, uss
             out[f"pid_{name}{k}"] = pid
     return out
 
@@ -136,8 +145,9 @@ def disk_by_part(output_dir: Path) -> dict[str, float]:
 class Recorder:
     """The run's event hook: a CSV row after every ``every``-th iteration."""
 
-    def __init__(self, path: Path, output_dir: Path, every: int) -> None:
-        self.path, self.output_dir, self.every = path, output_dir, every
+    def __init__(self, path: Path, cfg, every: int) -> None:
+        self.path, self.cfg, self.every = path, cfg, every
+        self.output_dir = Path(cfg.experiment.output_dir).resolve()
         self.rows: list[dict] = []
         self.last = time.perf_counter()
         self.fields: list[str] | None = None
@@ -147,13 +157,17 @@ class Recorder:
             print(f"[{kind}] {data.get('message')}", flush=True)
         if kind != "iteration" or data["iteration"] % self.every:
             return
-        now = time.perf_counter()
+        from tether.platform.cadence import due
+
+        now, it, c = time.perf_counter(), data["iteration"], self.cfg
         row = {
-            "iteration": data["iteration"],
+            "iteration": it,
             "wall_s": now - self.last,
             "iteration_s": data.get("timing/iteration", math.nan),
-            "diagnosed": float(any(k.startswith("collapse/") for k in data)),
-            "validated": float("val/success" in data),
+            # the iterations that do more than the loop's stages (cadence.due's rule)
+            "diagnosed": float(c.diagnostics.enabled and due(it, c.diagnostics.every, first=True)),
+            "validated": float(due(it, c.trainer.val_every, last=c.trainer.iterations)),
+            "checkpointed": float(due(it, c.trainer.checkpoint_every, last=c.trainer.iterations)),
             **rss_by_process(),
             **disk_by_part(self.output_dir),
             "load1": os.getloadavg()[0],
@@ -213,11 +227,15 @@ def analyze(rows: list[dict], warmup: int) -> dict[str, dict]:
     columns = [
         c
         for c in post[0]
-        if c.startswith(("rss_", "disk_", "files_")) or c in ("iteration_s", "wall_s")
+        if c.startswith(("rss_", "uss_", "disk_", "files_")) or c in ("iteration_s", "wall_s")
     ]
     its = [int(float(r["iteration"])) for r in post]
     fits = {c: fit(its, [float(r.get(c) or "nan") for r in post]) for c in columns}
-    plain = [r for r in post if float(r["diagnosed"]) == 0 and float(r["validated"]) == 0]
+    plain = [
+        r
+        for r in post
+        if not any(float(r.get(k) or 0) for k in ("diagnosed", "validated", "checkpointed"))
+    ]
     if len(plain) > 2:
         fits["iteration_s (plain iterations)"] = fit(
             [int(float(r["iteration"])) for r in plain], [float(r["iteration_s"]) for r in plain]
@@ -234,12 +252,44 @@ def print_table(fits: dict[str, dict], warmup: int, last: int) -> None:
     print(header)
     print("-" * len(header))
     for name, f in fits.items():
-        unit = "s" if "_s" in name else ("n" if name.startswith("files_") else "MB")
+        unit = "s" if "_s " in f"{name} " or "_s (" in name else "MB"
+        unit = "n" if name.startswith("files_") else unit
         print(
             f"{name:34s} {unit:>4s} {f['mean']:9.3f} {f['slope']:+9.3f} "
             f"[{f['low']:+9.3f}, {f['high']:+9.3f}] {f['r1']:5.2f} "
             f"[{f['low_ar']:+9.3f}, {f['high_ar']:+9.3f}]"
         )
+
+
+def plot(rows: list[dict], warmup: int, path: Path) -> None:
+    """Memory (USS solid, RSS dotted) by process, disk by part and iteration time."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    its = [int(float(r["iteration"])) for r in rows]
+
+    def series(name):
+        return [float(r.get(name) or "nan") for r in rows]
+
+    fig, (mem, disk, times) = plt.subplots(3, 1, figsize=(8, 9), sharex=True)
+    for name in [c for c in rows[0] if c.startswith("uss_")]:
+        (line,) = mem.plot(its, series(name), lw=1, label=name.removeprefix("uss_"))
+        mem.plot(its, series("rss_" + name[4:]), lw=0.6, ls=":", color=line.get_color())
+    mem.set_ylabel("MB (USS solid, RSS dotted)")
+    mem.legend(fontsize=7, ncol=3)
+    for name in ("disk_output_dir", "disk_mlflow_db", "disk_artifacts", "disk_checkpoints"):
+        disk.plot(its, series(name), lw=1, label=name.removeprefix("disk_"))
+    disk.set_ylabel("MB on disk")
+    disk.legend(fontsize=7)
+    times.plot(its, series("iteration_s"), lw=0.5, color="gray")
+    times.set_ylabel("s per iteration")
+    times.set_xlabel("iteration")
+    for ax in (mem, disk, times):
+        ax.axvline(warmup, color="k", lw=0.5, ls="--")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 def main() -> None:
@@ -251,6 +301,7 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=1, help="a row every N iterations")
     parser.add_argument("--warmup", type=int, default=50, help="iterations left out of fits")
     parser.add_argument("--analyze", type=Path, help="fit an existing CSV; no run")
+    parser.add_argument("--figure", type=Path, help="also draw the series to this PNG")
     parser.add_argument("overrides", nargs="*", help="config overrides, section.key=value")
     args = parser.parse_args()
 
@@ -263,7 +314,7 @@ def main() -> None:
         args.out.mkdir(parents=True, exist_ok=True)
         cfg = soak_config(args.out, args.models, args.iterations, args.overrides)
         path = args.csv or args.out / "soak.csv"
-        recorder = Recorder(path, Path(cfg.experiment.output_dir).resolve(), args.every)
+        recorder = Recorder(path, cfg, args.every)
         started = time.time()
         summary = Trainer(cfg, on_event=recorder).run()
         print(
@@ -280,6 +331,8 @@ def main() -> None:
     print_table(fits, args.warmup, last)
     loads = [float(r["load1"]) for r in rows]
     print(f"\nload average (1 min) during the run: {min(loads):.1f}-{max(loads):.1f}")
+    if args.figure:
+        plot(rows, args.warmup, args.figure)
 
 
 if __name__ == "__main__":

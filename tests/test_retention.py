@@ -198,8 +198,12 @@ def server(tmp_path_factory):
 
 
 def test_a_tracking_server_deletes_its_proxied_artifacts(server, tmp_path):
+    from tether.platform.tracking import Tracker
+
     cfg = _config(tmp_path, f"tracking.uri={server.uri}")
-    tracker = _open(cfg, tmp_path)
+    # An experiment made without an artifact root: its artifacts live on the server
+    # (``tether run`` makes its experiments with the output directory as their root).
+    tracker = Tracker(server.uri, "retention-proxied", retention=cfg.retention)
     _write_iterations(tracker, cfg, range(1, ITERATIONS + 1))
     client = MlflowClient(server.uri)
     assert client.get_run(tracker.run_id).info.artifact_uri.startswith("mlflow-artifacts:")
