@@ -1,7 +1,8 @@
 """A long run of the micro policy, watched: does anything grow?
 
 Runs ``--iterations`` (default 500) iterations of the micro policy (the tests' micro
-config: FrozenLake, 2 rollout workers, 2 groups of 4) with the shipped cadences of
+config: FrozenLake, 2 rollout workers, 2 groups of 4; 8 validation episodes) with the
+shipped cadences of
 everything that writes or holds state: collapse diagnostics every 5 (heatmaps and the
 information chain every 10, gradient SNR every 10), sample transcripts every 5,
 validation every 10, a checkpoint every 10, and the retention settings at their
@@ -57,7 +58,7 @@ def soak_config(out: Path, models: Path, iterations: int, overrides: list[str]):
     from tether.platform.config import build_config
 
     data = micro_config_dict(out)
-    data["trainer"] = {"iterations": iterations, "val_episodes": 16}
+    data["trainer"] = {"iterations": iterations, "val_episodes": 8}
     data["tracking"] = {"log_model": False}
     cfg = build_config(data, overrides)
     cfg.model.cache_dir = models
