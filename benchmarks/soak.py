@@ -5,8 +5,8 @@ config: FrozenLake, 2 rollout workers, 2 groups of 4; 8 validation episodes) wit
 shipped cadences of everything that writes or holds state: collapse diagnostics every 5
 (heatmaps and the information chain every 10, gradient SNR every 10), sample transcripts
 every 5, validation every 10, a checkpoint every 10, and the retention settings at
-their defaults. The run is a real ``Trainer`` (local Ray, SQLite MLflow) in this process, so
-this process is the driver.
+their defaults. The run is a real ``Trainer`` (local Ray, SQLite MLflow) in this
+process, so this process is the driver.
 
 After every ``--every``-th iteration one CSV row records: the iteration's time
 (``timing/iteration`` and the wall time since the previous row), the memory (RSS, and
