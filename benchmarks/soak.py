@@ -221,6 +221,36 @@ def fit(iterations, values) -> dict[str, float]:
     }
 
 
+def fit_with_load(iterations, values, loads) -> dict[str, float]:
+    """The iteration slope of ``values ~ a + b * iteration + c * load1`` (per 100
+    iterations, 95 % t interval): the machine's load, shared with other jobs, moves
+    iteration time, and a load that falls during the run would pass for a trend."""
+    import numpy as np
+    from scipy import stats
+
+    x = np.column_stack([np.ones(len(values)), iterations, loads]).astype(float)
+    y = np.asarray(values, float)
+    coef, *_ = np.linalg.lstsq(x, y, rcond=None)
+    residuals = y - x @ coef
+    dof = len(y) - 3
+    cov = (residuals @ residuals / dof) * np.linalg.inv(x.T @ x)
+    slope, half = 100 * coef[1], 100 * stats.t.ppf(0.975, dof) * math.sqrt(cov[1, 1])
+    r1 = float(np.corrcoef(residuals[:-1], residuals[1:])[0, 1])
+    widen = math.sqrt((1 + max(r1, 0.0)) / (1 - min(max(r1, 0.0), 0.99)))
+    return {
+        "n": len(y),
+        "mean": float(y.mean()),
+        "first": float(y[0]),
+        "last": float(y[-1]),
+        "slope": slope,
+        "low": slope - half,
+        "high": slope + half,
+        "r1": r1,
+        "low_ar": slope - half * widen,
+        "high_ar": slope + half * widen,
+    }
+
+
 def analyze(rows: list[dict], warmup: int) -> dict[str, dict]:
     """Fits of every RSS, time and disk series over the iterations after ``warmup``."""
     post = [r for r in rows if int(float(r["iteration"])) > warmup]
@@ -236,9 +266,12 @@ def analyze(rows: list[dict], warmup: int) -> dict[str, dict]:
         for r in post
         if not any(float(r.get(k) or 0) for k in ("diagnosed", "validated", "checkpointed"))
     ]
-    if len(plain) > 2:
-        fits["iteration_s (plain iterations)"] = fit(
-            [int(float(r["iteration"])) for r in plain], [float(r["iteration_s"]) for r in plain]
+    if len(plain) > 3:
+        plain_its = [int(float(r["iteration"])) for r in plain]
+        plain_s = [float(r["iteration_s"]) for r in plain]
+        fits["iteration_s (plain iterations)"] = fit(plain_its, plain_s)
+        fits["iteration_s (plain, load-adjusted)"] = fit_with_load(
+            plain_its, plain_s, [float(r["load1"]) for r in plain]
         )
     return fits
 
