@@ -106,6 +106,18 @@ class ArtifactThinning:
         self.written[artifact_file] = iteration
         return True
 
+    def refused(self, exc: BaseException, artifact_path: str) -> str | None:
+        """The store did not delete ``artifact_path``: from now on thin by not writing.
+        The line to say, the first time only."""
+        if not self.can_delete:
+            return None
+        self.can_delete = False
+        return (
+            f"the artifact store did not delete {artifact_path} ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0][:160]}); older per-iteration artifacts stay, and "
+            "from now on only those retention.artifacts_every keeps for good are written"
+        )
+
     def adopt(self, list_artifacts: Callable[[str], list[str]]) -> None:
         """Take on the thinned artifacts a run's earlier processes wrote (a resumed run):
         ``list_artifacts(directory)`` lists a directory of the run's artifacts."""
@@ -127,6 +139,15 @@ class ArtifactThinning:
         for path in drop:
             del self.written[path]
         return sorted(drop)
+
+
+def delete_artifact(client, run_id: str, tracking_uri: str, artifact_path: str) -> None:
+    """Delete one artifact (a file or a directory) of a run through MLflow's artifact
+    repository of the run's artifact URI (``ArtifactRepository.delete_artifacts``)."""
+    from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+
+    uri = client.get_run(run_id).info.artifact_uri
+    get_artifact_repository(uri, tracking_uri=tracking_uri).delete_artifacts(artifact_path)
 
 
 def deletion_refused(exc: BaseException) -> bool:

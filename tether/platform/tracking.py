@@ -15,10 +15,7 @@ identical in key, timestamp, step and value; params, tags and artifacts overwrit
 the same content. The run's final status is itself a record, so it is set only after
 everything before it has landed. What a run could not replay before it ended stays on
 disk: ``tether run --resume`` replays it first, or ``tether sync-tracking DIR``.
-
-With ``retention`` settings, per-iteration artifacts (sample transcripts, heatmaps) are
-thinned with age as they are written (``retention.py``): a delete is one more record, so
-it is spooled and replayed in order like the writes.
+Per-iteration artifacts are thinned with age (``retention.py``); a delete is a record too.
 """
 
 from __future__ import annotations
@@ -28,7 +25,6 @@ import logging
 import math
 import os
 import re
-import shutil
 import tempfile
 import time
 import urllib.error
@@ -42,7 +38,8 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from .retention import ArtifactThinning, deletion_refused, thinned_iteration
+from .retention import ArtifactThinning, delete_artifact, deletion_refused, thinned_iteration
+from .spool import Spool
 
 if TYPE_CHECKING:
     from .config import TrackingConfig
@@ -155,57 +152,6 @@ def ensure_experiment(client: MlflowClient, name: str, artifact_root: Path | Non
     return experiment_id
 
 
-class Spool:
-    """The writes of one run that await the server: ``spool.jsonl`` (one JSON record a
-    line, appended and fsynced in order) and ``files/<n>/`` (copies of artifact files,
-    so the originals may change or go). ``meta.json`` names the tracking URI and run."""
-
-    def __init__(self, directory: Path, uri: str, run_id: str) -> None:
-        self.directory, self.file = Path(directory), Path(directory) / "spool.jsonl"
-        self.meta = {"tracking_uri": uri, "run_id": run_id}
-        self.records: list[dict] = []
-        if self.file.is_file():  # left by an earlier process of this run
-            self.records = [
-                json.loads(line) for line in self.file.read_text().splitlines() if line.strip()
-            ]
-        self.replayed = 0  # records already replayed by this process
-
-    @property
-    def pending(self) -> int:
-        return len(self.records) - self.replayed
-
-    def append(self, record: dict) -> None:
-        """Store ``record`` durably; a file or directory it names (``path``) is copied in."""
-        self.directory.mkdir(parents=True, exist_ok=True)
-        meta = self.directory / "meta.json"
-        if not meta.exists():
-            meta.write_text(json.dumps(self.meta, indent=1))
-        if "path" in record:
-            source = Path(record["path"])
-            target = self.directory / "files" / str(len(self.records)) / source.name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            if source.is_dir():
-                shutil.copytree(source, target)
-            else:
-                shutil.copy2(source, target)
-            record = {**record, "path": str(target.relative_to(self.directory))}
-        with self.file.open("a") as out:
-            out.write(json.dumps(record) + "\n")
-            out.flush()
-            os.fsync(out.fileno())
-        self.records.append(record)
-
-    def resolve(self, record: dict) -> dict:
-        """The record with its ``path`` made absolute again."""
-        return (
-            {**record, "path": str(self.directory / record["path"])} if "path" in record else record
-        )
-
-    def clear(self) -> None:
-        shutil.rmtree(self.directory, ignore_errors=True)
-        self.records, self.replayed = [], 0
-
-
 class Tracker:
     """Writes one run: params, per-iteration metrics, tags, text and file artifacts.
 
@@ -261,7 +207,6 @@ class Tracker:
         )
         self._next_probe = 0.0
         self.thinning = ArtifactThinning(retention) if retention is not None else None
-        self._artifact_repo = None  # the run's artifact repository, for deletes
         if self.spool is not None and self.spool.pending:  # an earlier process's writes first
             self.notify(
                 f"tracking: replaying {self.spool.pending} spooled writes from "
@@ -273,12 +218,7 @@ class Tracker:
         if run_id is not None and reopen:  # after the replay: it may end in a final status
             self.opened_tags = self.client.get_run(run_id).data.tags
             self._write({"op": "reopen"})
-            if self.thinning is not None:  # what earlier processes of the run wrote
-                try:
-                    self.thinning.adopt(self._listed_artifacts)
-                except Exception as exc:  # gone again since the replay: not thinned
-                    if not transient(exc):
-                        raise
+            self._adopt_artifacts()
 
     # -- the writes ---------------------------------------------------------------------
     def log_params(self, params: dict[str, Any]) -> None:
@@ -362,32 +302,26 @@ class Tracker:
                 self._write({"op": "delete", "artifact_path": old})
         return None
 
-    def _listed_artifacts(self, directory: str) -> list[str]:
-        return [f.path for f in self.client.list_artifacts(self.run_id, directory)]
+    def _adopt_artifacts(self) -> None:
+        """A reopened run: thin what its earlier processes wrote too."""
+        if self.thinning is None:
+            return
+        try:
+            self.thinning.adopt(
+                lambda where: [f.path for f in self.client.list_artifacts(self.run_id, where)]
+            )
+        except Exception as exc:  # gone again since the replay: those stay
+            if not transient(exc):
+                raise
 
     def _delete(self, artifact_path: str) -> None:
-        """Delete one artifact of the run; a store that does not delete (or refuses for
-        good) is said once, and the thinning stops writing what it would delete."""
         try:
-            if self._artifact_repo is None:
-                from mlflow.store.artifact.artifact_repository_registry import (
-                    get_artifact_repository,
-                )
-
-                uri = self.client.get_run(self.run_id).info.artifact_uri
-                self._artifact_repo = get_artifact_repository(uri, tracking_uri=self.uri)
-            self._artifact_repo.delete_artifacts(artifact_path)
+            delete_artifact(self.client, self.run_id, self.uri, artifact_path)
         except Exception as exc:
             if transient(exc) and not deletion_refused(exc):
-                raise
-            if self.thinning is not None and self.thinning.can_delete:
-                self.thinning.can_delete = False
-                self.notify(
-                    f"tracking: the artifact store of run {self.run_id} did not delete "
-                    f"{artifact_path} ({type(exc).__name__}: {str(exc).splitlines()[0][:160]}); "
-                    "older per-iteration artifacts stay, and from now on only those "
-                    "retention.artifacts_every keeps for good are written"
-                )
+                raise  # the server is away: spooled, replayed later
+            if self.thinning is not None and (said := self.thinning.refused(exc, artifact_path)):
+                self.notify(f"tracking: run {self.run_id}: {said}")
 
     # -- direct or spooled ------------------------------------------------------------
     def _write(self, record: dict) -> None:

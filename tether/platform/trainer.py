@@ -335,21 +335,14 @@ class Trainer:
         when ``trainer.checkpoint_every`` is 0); a failed write: ``recovery``."""
         if not self.cfg.trainer.checkpoint_every:  # 0: this run keeps no checkpoints
             return None
-        learner_state = self.learner.full_state()
-        directory = self.checkpoint_dir()
+        learner_state, directory = self.learner.full_state(), self.checkpoint_dir()
         self.responder.note_checkpoint(
             it, checkpoint_path(directory, it), self.last_metrics, self.last_diagnostics
         )
-        state = self.run_state(it)
-        learner_and_driver = {"learner": learner_state, "driver": state.to_checkpoint()}
-        try:
-            path = save_checkpoint(
-                directory,
-                it,
-                learner_and_driver,
-                keep=self.cfg.retention.checkpoints,
-                protect=self.responder.protected(),
-            )
+        state = {"learner": learner_state, "driver": self.run_state(it).to_checkpoint()}
+        keep, protect = self.cfg.retention.checkpoints, self.responder.protected()
+        try:  # the newest ``keep`` stay, and the protected (a rollback's targets)
+            path = save_checkpoint(directory, it, state, keep, protect)
         except CheckpointError as exc:
             return checkpoint_failed(exc, self.cfg.trainer, self.responder, self.tracker, self.emit)
         self.tracker.set_tags({"tether.last_checkpoint": str(path)})
