@@ -81,8 +81,8 @@ def du_mb(path: Path) -> float:
 
 
 def role(proc: psutil.Process) -> str:
-    """``rollout_worker`` / ``env_pool`` / ``learner`` for a Ray actor, else ``ray_system``
-    (raylet, GCS, idle Ray workers, the log monitor)."""
+    """``rollout_worker`` / ``env_pool`` / ``learner`` for a Ray actor, ``gcs_server`` and
+    ``raylet``, else ``ray_system`` (idle Ray workers, the log monitor, Ray's agents)."""
     try:
         title = " ".join(proc.cmdline()[:1])
     except (psutil.Error, OSError):
@@ -94,7 +94,9 @@ def role(proc: psutil.Process) -> str:
     ):
         if title.startswith(name):
             return label
-    return "ray_system"
+    # Ray's own processes: the two that hold cluster state apart, the rest together
+    name = os.path.basename(title.split()[0]) if title else ""
+    return {"gcs_server": "gcs_server", "raylet": "raylet"}.get(name, "ray_system")
 
 
 def memory_mb(proc: psutil.Process) -> tuple[float, float]:
@@ -118,9 +120,9 @@ def rss_by_process() -> dict[str, float]:
             continue
         by_role.setdefault(role(child), []).append((child.pid, rss, uss))
     for name, procs in by_role.items():
-        if name == "ray_system":
-            out["rss_ray_system"] = sum(rss for _, rss, _ in procs)
-            out["uss_ray_system"] = sum(uss for _, _, uss in procs)
+        if name in ("ray_system", "gcs_server", "raylet"):
+            out[f"rss_{name}"] = sum(rss for _, rss, _ in procs)
+            out[f"uss_{name}"] = sum(uss for _, _, uss in procs)
             continue
         for k, (pid, rss, uss) in enumerate(sorted(procs)):
             out[f"rss_{name}{k}"], out[f"uss_{name}{k}"] = rss, uss
