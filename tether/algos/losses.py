@@ -67,7 +67,9 @@ def turn_count(mask: Tensor) -> int:
 def _turn_mean(values: Tensor, mask: Tensor, denominator: float | None) -> Tensor:
     turns = turn_index(mask)  # [B,T]
     width = int(turns.max()) + 1 if turns.numel() else 1
-    bucket = (torch.arange(values.shape[0], device=values.device)[:, None] * width + turns).flatten()
+    bucket = (
+        torch.arange(values.shape[0], device=values.device)[:, None] * width + turns
+    ).flatten()
     size = values.shape[0] * width
     sums = values.new_zeros(size).scatter_add(0, bucket, (values * mask).flatten())
     tokens = values.new_zeros(size).scatter_add(0, bucket, mask.flatten())

@@ -1,11 +1,12 @@
 """The single-controller driver: one iteration reads top to bottom.
 
-    collect -> filter -> [dynamic sampling] -> diagnose -> prepare (old/ref log-probs)
+    collect (or wait for the batch collected ahead) -> filter -> [dynamic sampling] -> diagnose -> prepare (old/ref log-probs)
             -> advantages -> [gradient SNR] -> update -> sync weights
             -> validate, log, alarms, checkpoint
 
 The Trainer conducts; its parts hold the state: the ``RolloutFleet`` (workers,
-collection, weight sync), the learner group, ``Diagnosis`` (MI running averages),
+collection, weight sync), the ``RolloutPipeline`` (batches collected ahead of the
+learner, ``rollout.max_staleness``), the learner group, ``Diagnosis`` (MI running averages),
 the ``AlarmResponder`` (alarms, act-mode knobs, grounded checkpoints) and the
 ``LevelSampler``.  ``RunState`` is what a checkpoint keeps of them; ``recovery`` handles a
 dead learner and a checkpoint that cannot be written; ``cadence.due`` decides every
@@ -47,6 +48,7 @@ from .launch import (
     open_tracker,
     start_learner,
 )
+from .pipeline import RolloutPipeline
 from .recovery import LearnerRecovery, checkpoint_failed, record_resume
 from .run_state import RunState
 from .session import check_resources, stop_ray
@@ -122,6 +124,9 @@ class Trainer:
             top_p=cfg.rollout.top_p,
         )
         self.fleet = RolloutFleet(cfg.rollout, self.emit)
+        self.pipeline = RolloutPipeline(
+            self.fleet, self.sampler, cfg.rollout.max_staleness, cfg.trainer.iterations
+        )
         self.responder = AlarmResponder(cfg, self.emit)
         self.diagnosis = Diagnosis(cfg.diagnostics, cfg.experiment.seed)
         self.recovery = LearnerRecovery(cfg.trainer, self.emit)
@@ -193,16 +198,13 @@ class Trainer:
 
     def iteration(self, it: int) -> dict[str, float]:
         timers, cfg = Timers(), self.cfg
-        with timers("collect"):
-            collected = self.collect(
-                self.sampler.specs(cfg.rollout.groups, cfg.rollout.group_size, 0),
-                self.sampling,
-                seeds.collection(cfg.experiment.seed, it),
-            )
+        with timers("collect"):  # with max_staleness >= 1: collected ahead, waited for here
+            collected = self.pipeline.batch(it, self.training_request, self.collect)
         metrics = rollout_metrics(collected, reasoning_tokens=self.count_tokens)
         metrics["rollout/tokens_per_s"] = (
             metrics["rollout/generated_tokens"] / timers["timing/collect"]
         )
+        metrics.update(self.pipeline.metrics())
         with timers("filter"):
             filtered, kept = filter_groups(collected, self.responder.filter_cfg)
         metrics.update(filtered.metrics)
@@ -226,7 +228,7 @@ class Trainer:
             with timers("update"):
                 metrics.update(self.learner.update(train))
             with timers("sync"):
-                self.fleet.sync_weights(self.learner, it)
+                self.pipeline.sync_weights(self.learner)
         metrics["filter/update_skipped"] = float(not kept)
         metrics.update(self.responder.metrics())
         metrics["rollout/worker_failures"] = float(self.fleet.failures)
@@ -263,8 +265,18 @@ class Trainer:
         return False
 
     # -- the stages' calls ------------------------------------------------------------
+    def training_request(self, it: int) -> tuple:
+        """Iteration ``it``'s training collection: (specs, sampling, seed)."""
+        r = self.cfg.rollout
+        return (
+            self.sampler.specs(r.groups, r.group_size, 0),
+            self.sampling,
+            seeds.collection(self.cfg.experiment.seed, it),
+        )
+
     def collect(self, specs, sampling: SamplingParams, seed: int):
-        """Episodes from the fleet (one place a subclass may wrap every collection)."""
+        """Episodes from the fleet (one place a subclass may wrap every synchronous
+        collection; batches collected ahead, max_staleness >= 1, do not pass here)."""
         return self.fleet.collect(specs, sampling, seed)
 
     def resample(self, it: int, collected, kept: set[int]):
@@ -321,7 +333,7 @@ class Trainer:
             iteration=it,
             run_id=self.tracker.run_id,
             config=self.cfg.model_dump(mode="json"),
-            sampler_position=self.sampler.position,
+            sampler_position=self.pipeline.sampler_position(),
             mi_ema_state=self.diagnosis.ema_state,
             alarms=self.responder.alarms.state_dict(),
             worker_failures=self.fleet.failures,
@@ -369,7 +381,8 @@ class Trainer:
         self.fleet.failures = state.worker_failures
         self.val_history, self.val_intervals = state.val_history, state.val_intervals
         state.restore_rng()
-        self.fleet.sync_weights(self.learner, state.iteration)
+        self.pipeline.drop()  # sampled by weights this state is not the ancestor of
+        self.fleet.sync_weights(self.learner)
         self.iteration_done = state.iteration
         return state.iteration
 
@@ -426,6 +439,7 @@ class Trainer:
         them for the next run if this one finished; otherwise they end (a worker's
         environment pool goes with it), so a Ray that outlives the run gets their
         resources back. Stop Ray if this run started it."""
+        self.pipeline.drop()
         if self.tracker is not None:
             close_tracker(self.tracker, status, self.iteration_done, self.responder.stop_reason)
         self.actor_pool.checkin(healthy=status == "FINISHED")
