@@ -7,6 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from tether import seeds
+from tether.platform.config import build_config
 from tether.platform.pipeline import RolloutPipeline
 from tether.platform.stages import LevelSampler
 
@@ -43,17 +45,23 @@ class FakeFleet:
 
 
 def _pipeline(k, last=10):
+    """(fleet, sampler, pipeline, sampling); batch i's seed is ``seeds.collection(0, i)``."""
     fleet, sampler = FakeFleet(), LevelSampler(0, 10_000)
-    pipeline = RolloutPipeline(fleet, sampler, k, last)
+    cfg = build_config(
+        {
+            "rollout": {"max_staleness": k, "groups": 2, "group_size": 2},
+            "trainer": {"iterations": last},
+        }
+    )
+    return fleet, sampler, RolloutPipeline(fleet, sampler, cfg), "sampling"
 
-    def request(it):
-        return sampler.specs(2, 2, 0), "sampling", 1000 + it
 
-    return fleet, sampler, pipeline, request
+def _seed(it):
+    return seeds.collection(0, it)
 
 
 def test_k0_is_one_synchronous_collection_per_iteration():
-    fleet, sampler, pipeline, request = _pipeline(0)
+    fleet, sampler, pipeline, sampling = _pipeline(0)
     calls = []
 
     def collect(specs, sampling, seed):
@@ -61,34 +69,34 @@ def test_k0_is_one_synchronous_collection_per_iteration():
         return fleet.collect(specs, sampling, seed)
 
     for it in (1, 2, 3):
-        pipeline.batch(it, request, collect)
+        pipeline.batch(it, sampling, collect)
         assert pipeline.metrics() == {}
         pipeline.sync_weights(None)
-    assert calls == [1001, 1002, 1003] and fleet.waited == [True] * 3
+    assert calls == [_seed(1), _seed(2), _seed(3)] and fleet.waited == [True] * 3
     assert sampler.position == 3 * 2 and not pipeline.in_flight
 
 
 @pytest.mark.parametrize("k", [1, 2, 3])
 def test_batches_run_k_ahead_and_stay_within_the_bound(k):
-    fleet, sampler, pipeline, request = _pipeline(k, last=6)
+    fleet, sampler, pipeline, sampling = _pipeline(k, last=6)
     lags = {}
     for it in range(1, 7):
-        collected = pipeline.batch(it, request, None)
+        collected = pipeline.batch(it, sampling, None)
         lags[it] = fleet.weights_version - min(t.policy_version for t in collected)
         assert sorted(pipeline.in_flight) == list(range(it + 1, min(it + k, 6) + 1))
         assert pipeline.metrics()["async/staleness_max"] == lags[it]
         pipeline.sync_weights(None)  # one update per iteration
     assert lags == {it: min(it - 1, k) for it in range(1, 7)}  # k behind once running
-    assert fleet.sent == [1000 + it for it in range(1, 7)]  # each batch once, in order
+    assert fleet.sent == [_seed(it) for it in range(1, 7)]  # each batch once, in order
     assert fleet.waited == [False] * 6 and pipeline.refused == 0
 
 
 def test_a_batch_too_old_is_refused_and_collected_again():
-    fleet, sampler, pipeline, request = _pipeline(1)
-    pipeline.batch(1, request, None)
+    fleet, sampler, pipeline, sampling = _pipeline(1)
+    pipeline.batch(1, sampling, None)
     pipeline.sync_weights(None)
     pipeline.sync_weights(None)  # an extra sync (a rollback): batch 2 is now 2 behind
-    collected = pipeline.batch(2, request, None)
+    collected = pipeline.batch(2, sampling, None)
     assert all(t.policy_version == fleet.weights_version for t in collected)
     assert pipeline.metrics()["async/staleness_max"] == 0
     assert pipeline.metrics()["async/refused_batches"] == 1
@@ -96,12 +104,12 @@ def test_a_batch_too_old_is_refused_and_collected_again():
         fleet.events[0][0] == "batch_refused"
         and "max_staleness = 1" in (fleet.events[0][1]["message"])
     )
-    assert fleet.sent[-1] == 1002  # the same batch (levels, seed) again
+    assert fleet.sent[-1] == _seed(2)  # the same batch (levels, seed) again
 
 
 def test_checkpoint_position_is_before_the_batches_in_flight_and_drop_cancels():
-    fleet, sampler, pipeline, request = _pipeline(2)
-    pipeline.batch(1, request, None)  # batches 2 and 3 in flight: 4 levels taken ahead
+    fleet, sampler, pipeline, sampling = _pipeline(2)
+    pipeline.batch(1, sampling, None)  # batches 2 and 3 in flight: 4 levels taken ahead
     assert sampler.position == 3 * 2 and pipeline.sampler_position() == 2
     in_flight = [c for c, _ in pipeline.in_flight.values()]
     pipeline.drop()

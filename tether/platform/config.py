@@ -82,12 +82,9 @@ class RolloutConfig(StrictSection):
     max_staleness: int = Field(
         0,
         ge=0,
-        description="Asynchronous rollouts: how many weight versions a trained batch may "
-        "lag the learner (0 = synchronous: collect, then update). With k >= 1 the workers "
-        "collect the next k batches while the learner updates, and new weights reach them "
-        "after the collection they are running; pair with algo.off_policy and give "
-        "workers and learner their own CPUs (num_cpus_per_worker, algo.num_cpus, "
-        "algo.threads). docs/architecture.md, asynchronous rollouts.",
+        description="Asynchronous rollouts: weight versions a trained batch may lag the "
+        "learner (0 = synchronous). k >= 1: the workers collect the next k batches while "
+        "the learner updates (docs/architecture.md); pair with algo.off_policy.",
     )
     num_cpus_per_worker: float = Field(
         1.0, gt=0.0, description="Ray CPUs per rollout worker (also its torch threads, rounded up)."

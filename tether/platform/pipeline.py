@@ -2,14 +2,16 @@
 than ``rollout.max_staleness`` weight versions old (docs/architecture.md, "Asynchronous
 rollouts"; docs/methods.md for the off-policy correction that goes with it).
 
-    pipeline = RolloutPipeline(fleet, sampler, max_staleness=k, last_iteration=n)
-    collected = pipeline.batch(it, request, collect)   # iteration it's batch
+    pipeline = RolloutPipeline(fleet, sampler, cfg)    # k = cfg.rollout.max_staleness
+    collected = pipeline.batch(it, sampling, collect)  # iteration it's batch
     metrics.update(pipeline.metrics())                 # async/staleness_* (k >= 1)
     pipeline.sync_weights(learner)                     # after the update
+    pipeline.restart(learner)                          # a restored learner: drop, sync
     pipeline.drop()                                    # nothing in flight any more
 
-``request(j)`` gives iteration j's (specs, sampling, seed); ``collect`` is the
-synchronous collection.  k = 0 is the synchronous loop exactly: ``collect(*request(it))``
+Iteration j's batch is the sampler's next ``rollout.groups`` levels, ``group_size``
+episodes each, with the collection seed of iteration j; ``collect`` is the synchronous
+collection.  k = 0 is the synchronous loop exactly: ``collect(specs, sampling, seed)``
 now, the update, then a weight sync that waits for every worker.
 
 With k >= 1, before the learner updates on batch it the batches of iterations it+1 ..
@@ -35,6 +37,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from .. import seeds
+from .config import TetherConfig
 from .events import Event
 from .fleet import Collection, RolloutFleet
 from .stages import LevelSampler
@@ -46,30 +50,31 @@ def staleness(trajectories, version: int) -> np.ndarray:
 
 
 class RolloutPipeline:
-    def __init__(
-        self,
-        fleet: RolloutFleet,
-        sampler: LevelSampler,
-        max_staleness: int,
-        last_iteration: int,
-    ) -> None:
-        self.fleet, self.sampler = fleet, sampler
-        self.max_staleness, self.last_iteration = max_staleness, last_iteration
+    def __init__(self, fleet: RolloutFleet, sampler: LevelSampler, cfg: TetherConfig) -> None:
+        self.fleet, self.sampler, self.rollout = fleet, sampler, cfg.rollout
+        self.run_seed, self.last_iteration = cfg.experiment.seed, cfg.trainer.iterations
+        self.max_staleness = cfg.rollout.max_staleness
         #: iteration -> (its collection in flight, the sampler position before its levels)
         self.in_flight: dict[int, tuple[Collection, int]] = {}
         #: batches refused for staleness and collected again (this process)
         self.refused = 0
         self.lag = np.zeros(0, dtype=np.int64)  # the last batch's staleness per trajectory
 
-    def batch(self, it: int, request: Callable[[int], tuple], collect: Callable) -> list:
+    def request(self, it: int, sampling) -> tuple:
+        """Iteration ``it``'s training collection: (specs, sampling, seed)."""
+        r = self.rollout
+        specs = self.sampler.specs(r.groups, r.group_size, 0)
+        return specs, sampling, seeds.collection(self.run_seed, it)
+
+    def batch(self, it: int, sampling, collect: Callable) -> list:
         """Iteration ``it``'s trajectories; with k >= 1 also send the batches up to
         iteration it+k (at most the run's last) to the workers."""
         if self.max_staleness == 0:
-            return collect(*request(it))
+            return collect(*self.request(it, sampling))
         for j in range(it, min(it + self.max_staleness, self.last_iteration) + 1):
             if j not in self.in_flight:
                 position = self.sampler.position
-                self.in_flight[j] = (self.fleet.collect_async(*request(j)), position)
+                self.in_flight[j] = (self.fleet.collect_async(*self.request(j, sampling)), position)
         collection, _ = self.in_flight.pop(it)
         collected = collection.result()
         self.lag = staleness(collected, self.fleet.weights_version)
@@ -102,6 +107,13 @@ class RolloutPipeline:
         """The update's weights to the workers: waited for at k = 0; with k >= 1 they
         queue behind the collections in flight."""
         self.fleet.sync_weights(learner, wait=self.max_staleness == 0)
+
+    def restart(self, learner) -> None:
+        """A restored learner (checkpoint, rebuild): the batches in flight were sampled by
+        weights it does not descend from, so they are dropped; its weights are sent and
+        waited for."""
+        self.drop()
+        self.fleet.sync_weights(learner)
 
     def sampler_position(self) -> int:
         """The sampler position a checkpoint keeps: before the batches in flight."""

@@ -1,17 +1,16 @@
 """The single-controller driver: one iteration reads top to bottom.
 
-    collect (or wait for the batch collected ahead) -> filter -> [dynamic sampling] -> diagnose -> prepare (old/ref log-probs)
+    collect -> filter -> [dynamic sampling] -> diagnose -> prepare (old/ref log-probs)
             -> advantages -> [gradient SNR] -> update -> sync weights
             -> validate, log, alarms, checkpoint
 
 The Trainer conducts; its parts hold the state: the ``RolloutFleet`` (workers,
-collection, weight sync), the ``RolloutPipeline`` (batches collected ahead of the
-learner, ``rollout.max_staleness``), the learner group, ``Diagnosis`` (MI running averages),
-the ``AlarmResponder`` (alarms, act-mode knobs, grounded checkpoints) and the
-``LevelSampler``.  ``RunState`` is what a checkpoint keeps of them; ``recovery`` handles a
-dead learner and a checkpoint that cannot be written; ``cadence.due`` decides every
-"every N iterations".  Every computation is a call into the pure core
-(``tether.agent``, ``tether.algos``) or an actor.
+collection, weight sync), the ``RolloutPipeline`` (batches collected ahead), the learner
+group, ``Diagnosis`` (MI running averages), the ``AlarmResponder`` (alarms, act-mode
+knobs, grounded checkpoints), the ``LevelSampler``.  ``RunState`` is what a checkpoint
+keeps of them; ``recovery`` handles a dead learner and a checkpoint that cannot be
+written; ``cadence.due`` decides every "every N iterations".  Every computation is a
+call into the pure core (``tether.agent``, ``tether.algos``) or an actor.
 """
 
 from __future__ import annotations
@@ -124,9 +123,7 @@ class Trainer:
             top_p=cfg.rollout.top_p,
         )
         self.fleet = RolloutFleet(cfg.rollout, self.emit)
-        self.pipeline = RolloutPipeline(
-            self.fleet, self.sampler, cfg.rollout.max_staleness, cfg.trainer.iterations
-        )
+        self.pipeline = RolloutPipeline(self.fleet, self.sampler, cfg)
         self.responder = AlarmResponder(cfg, self.emit)
         self.diagnosis = Diagnosis(cfg.diagnostics, cfg.experiment.seed)
         self.recovery = LearnerRecovery(cfg.trainer, self.emit)
@@ -199,7 +196,7 @@ class Trainer:
     def iteration(self, it: int) -> dict[str, float]:
         timers, cfg = Timers(), self.cfg
         with timers("collect"):  # with max_staleness >= 1: collected ahead, waited for here
-            collected = self.pipeline.batch(it, self.training_request, self.collect)
+            collected = self.pipeline.batch(it, self.sampling, self.collect)
         metrics = rollout_metrics(collected, reasoning_tokens=self.count_tokens)
         metrics["rollout/tokens_per_s"] = (
             metrics["rollout/generated_tokens"] / timers["timing/collect"]
@@ -265,18 +262,8 @@ class Trainer:
         return False
 
     # -- the stages' calls ------------------------------------------------------------
-    def training_request(self, it: int) -> tuple:
-        """Iteration ``it``'s training collection: (specs, sampling, seed)."""
-        r = self.cfg.rollout
-        return (
-            self.sampler.specs(r.groups, r.group_size, 0),
-            self.sampling,
-            seeds.collection(self.cfg.experiment.seed, it),
-        )
-
     def collect(self, specs, sampling: SamplingParams, seed: int):
-        """Episodes from the fleet (one place a subclass may wrap every synchronous
-        collection; batches collected ahead, max_staleness >= 1, do not pass here)."""
+        """Episodes from the fleet (a subclass may wrap every synchronous collection here)."""
         return self.fleet.collect(specs, sampling, seed)
 
     def resample(self, it: int, collected, kept: set[int]):
@@ -381,8 +368,7 @@ class Trainer:
         self.fleet.failures = state.worker_failures
         self.val_history, self.val_intervals = state.val_history, state.val_intervals
         state.restore_rng()
-        self.pipeline.drop()  # sampled by weights this state is not the ancestor of
-        self.fleet.sync_weights(self.learner)
+        self.pipeline.restart(self.learner)  # batches in flight dropped, weights sent
         self.iteration_done = state.iteration
         return state.iteration
 
