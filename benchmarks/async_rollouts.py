@@ -1,12 +1,12 @@
 """Iterations per minute with asynchronous rollouts (``rollout.max_staleness`` = 0, 1, 2),
 the cores split between rollout and learner or both stages on all of them, side by side.
 
-    # the quickstart, 8 iterations per arm, arms interleaved, 2 rounds; the table at the end
-    python benchmarks/async_rollouts.py --iterations 8 --repeats 2 --out /tmp/async_bench
+    # the quickstart, 10 iterations per arm, arms interleaved, 2 rounds; the table at the end
+    python benchmarks/async_rollouts.py --iterations 10 --repeats 2 --out /tmp/async_bench
     # smoke check (seconds-scale): the micro model, tiny batches
-    python benchmarks/async_rollouts.py --iterations 3 --repeats 1 --warmup 1 \\
+    python benchmarks/async_rollouts.py --iterations 4 --repeats 1 --warmup 1 \\
         --config experiments/micro.yaml --out /tmp/async_smoke \\
-        rollout.groups=2 rollout.group_size=2 trainer.val_episodes=2
+        --set rollout.groups=2 rollout.group_size=2 trainer.val_episodes=2
 
 Arms (``--arms``; ``shared-k0`` is the baseline every ratio is against):
 
@@ -18,7 +18,8 @@ Arms (``--arms``; ``shared-k0`` is the baseline every ratio is against):
 
 What is measured: the wall time between consecutive iterations' ends (the driver's
 ``iteration`` events), the first ``--warmup`` iterations left out (fresh actors, first
-collections); iterations per minute = 60 / its mean.  The ratio to the baseline has a
+collections) and the last (it holds the end-of-run validation); iterations per
+minute = 60 / its mean.  The ratio to the baseline has a
 95 % bootstrap interval over those per-iteration times (both arms resampled), and every
 round's arms run one after the other (A B C ... A B C ...) so they share the machine's
 load.  Also per arm: the peak resident memory of the run's processes
@@ -96,12 +97,11 @@ def run_arm(arm: str, repeat: int, args) -> dict:
     cfg = load_config(args.config, overrides + args.overrides)
     clock = IterationClock()
     summary = Trainer(cfg, on_event=clock).run()
-    # The first interval holds the start-up validation; then one interval per iteration.
-    intervals = np.diff(clock.ends)[1 + args.warmup :].tolist()
-    peaks = [m for m in clock.metrics]
+    # The first interval holds the start-up validation, the last the end-of-run one.
+    intervals = np.diff(clock.ends)[1 + args.warmup : -1].tolist()
 
     def peak(prefix: str) -> float:
-        values = [v for m in peaks for k, v in m.items() if k.startswith(prefix)]
+        values = [v for m in clock.metrics for k, v in m.items() if k.startswith(prefix)]
         return max(values, default=float("nan"))
 
     staleness = [m["async/staleness_mean"] for m in clock.metrics if "async/staleness_mean" in m]
@@ -171,15 +171,23 @@ def main() -> None:
     parser.add_argument("--baseline", default="shared-k0")
     parser.add_argument("--cores", type=int, default=2, help="cores the run may use")
     parser.add_argument("--rollout-cores", type=int, default=1, help="split arms: the worker's")
-    parser.add_argument("--iterations", type=int, default=8)
+    parser.add_argument("--iterations", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2, help="iterations left out at the start")
     parser.add_argument("--repeats", type=int, default=2, help="rounds of all arms")
     parser.add_argument("--model-cache", default=None, help="model.cache_dir (a warmed cache)")
     parser.add_argument("--out", default="/tmp/tether_async_rollouts")
-    parser.add_argument("overrides", nargs="*", help="more dotted config overrides")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="KEY=VALUE",
+        help="more dotted config overrides",
+    )
     args = parser.parse_args()
-    if args.iterations <= args.warmup:
-        raise SystemExit("--iterations must exceed --warmup")
+    if args.iterations < args.warmup + 2:
+        raise SystemExit("--iterations must be at least --warmup + 2 (the last is not timed)")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results = []
