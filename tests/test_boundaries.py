@@ -243,7 +243,7 @@ def _choices(model, field: str) -> set[str]:
 def test_config_choices_are_the_registries():
     from tether.algos.advantages import ADVANTAGE_ESTIMATORS
     from tether.algos.filters import FILTER_METRICS, FILTER_STRATEGIES, LOSS_SCALINGS
-    from tether.algos.losses import AGGREGATION_MODES, KL_ESTIMATORS
+    from tether.algos.losses import AGGREGATION_MODES, KL_ESTIMATORS, OFF_POLICY_CORRECTIONS
     from tether.algos.presets import PRESETS
     from tether.algos.settings import AlgoConfig, FilterConfig
 
@@ -251,6 +251,7 @@ def test_config_choices_are_the_registries():
     assert _choices(AlgoConfig, "loss_agg") == set(AGGREGATION_MODES)
     assert _choices(AlgoConfig, "kl_estimator") == set(KL_ESTIMATORS)
     assert _choices(AlgoConfig, "preset") == set(PRESETS)
+    assert _choices(AlgoConfig, "off_policy") == {"none", *OFF_POLICY_CORRECTIONS}
     assert _choices(FilterConfig, "strategy") == set(FILTER_STRATEGIES)
     assert _choices(FilterConfig, "loss_scaling") == set(LOSS_SCALINGS)
     assert _choices(FilterConfig, "metric") == set(FILTER_METRICS)

@@ -139,6 +139,7 @@ def test_run_display_shows_every_event_the_run_emits():
         Event.ACTION: {"iteration": 1, "alarm": "a", "kind": "k", "message": "kl up"},
         Event.LEARNER_FAILED: {"error": "dead", "restart": 1, "checkpoint": "/c"},
         Event.CHECKPOINT_FAILED: {"message": "disk full"},
+        Event.BATCH_REFUSED: {"message": "batch 3 versions old"},
         Event.TRACKING: {"message": "spooling"},
     }
     assert set(samples) == set(Event)
@@ -160,6 +161,7 @@ def test_run_display_shows_every_event_the_run_emits():
         "ACTION iteration 1: kl up",
         "learner died (dead); restart 1: rebuilding from /c",
         "disk full",
+        "batch 3 versions old",
         "spooling",
     ]
     bars = RunDisplay(Console(file=io.StringIO(), width=200), plain=False)

@@ -17,7 +17,9 @@ from .env_pool import EnvPoolActor, RemoteEnvBatch
 from .memory import peak_rss_gb
 
 
-@ray.remote(max_restarts=-1, max_task_retries=0)
+# Readings ("status") run on their own thread: with asynchronous rollouts a worker is
+# busy collecting ahead when the driver asks, and must not make it wait for that.
+@ray.remote(max_restarts=-1, max_task_retries=0, concurrency_groups={"status": 1})
 class RolloutWorker:
     def __init__(
         self,
@@ -70,10 +72,16 @@ class RolloutWorker:
         seed: int,
         max_turns: int | None = None,
     ) -> list[Trajectory]:
-        return run_episodes(
+        """The episodes, each stamped with the weight version that sampled them (weights
+        change only between calls: an actor runs one call at a time)."""
+        trajectories = run_episodes(
             self.engine, self.formatter, self.envs, specs, sampling, seed, max_turns=max_turns
         )
+        for trajectory in trajectories:  # -1: the model path's own weights, version 0
+            trajectory.policy_version = max(self.weights_version, 0)
+        return trajectories
 
+    @ray.method(concurrency_group="status")
     def peak_rss_gb(self) -> float:
         """Peak resident memory (GiB) since the previous call (`memory.peak_rss_gb`)."""
         return peak_rss_gb(reset=True)

@@ -44,6 +44,9 @@ class Trajectory:
     success: bool = False
     #: The episode stopped because the next prompt would not fit the model window.
     context_truncated: bool = False
+    #: The weight version that sampled it (``RolloutFleet.weights_version``: 0 = the run's
+    #: starting weights, +1 at every weight sync), stamped by the rollout worker.
+    policy_version: int = 0
 
     @property
     def reward(self) -> float:

@@ -67,7 +67,9 @@ def turn_count(mask: Tensor) -> int:
 def _turn_mean(values: Tensor, mask: Tensor, denominator: float | None) -> Tensor:
     turns = turn_index(mask)  # [B,T]
     width = int(turns.max()) + 1 if turns.numel() else 1
-    bucket = (torch.arange(values.shape[0], device=values.device)[:, None] * width + turns).flatten()
+    bucket = (
+        torch.arange(values.shape[0], device=values.device)[:, None] * width + turns
+    ).flatten()
     size = values.shape[0] * width
     sums = values.new_zeros(size).scatter_add(0, bucket, (values * mask).flatten())
     tokens = values.new_zeros(size).scatter_add(0, bucket, mask.flatten())
@@ -113,12 +115,15 @@ def policy_loss(
     agg: str = "token-mean",
     dual_clip: float | None = None,
     denominator: float | None = None,
+    token_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """PPO clipped surrogate with separate low/high clip (DAPO's clip-higher).
 
     per token: max(−A·ρ, −A·clip(ρ, 1−clip_low, 1+clip_high)), ρ = exp(logπ − logπ_old).
     ``dual_clip`` = c > 1 additionally caps the loss of negative-advantage tokens at
     −A·c (Ye et al. 2020), so a huge ratio on a bad token cannot blow up the update.
+    ``token_weights`` [B,T] (no gradient) multiply each token's term before aggregation:
+    the off-policy correction's behaviour weights (``behaviour_weights``).
     """
     if dual_clip is not None and dual_clip <= 1.0:
         raise ValueError(f"dual_clip must be > 1 (got {dual_clip})")
@@ -134,6 +139,8 @@ def policy_loss(
         cap = -advantages * dual_clip  # [B,T]
         dual_clipped = (advantages < 0) & (pg > cap)
         pg = torch.where(advantages < 0, torch.minimum(pg, cap), pg)
+    if token_weights is not None:
+        pg = pg * token_weights.detach()  # [B,T]
     loss = aggregate(pg, maskf, agg, denominator)
 
     with torch.no_grad():
@@ -151,6 +158,66 @@ def policy_loss(
             "actor/ratio_mean": _masked_mean_float(ratio.detach(), maskf),
         }
     return loss, metrics
+
+
+# --------------------------------------------------------------------------- off-policy correction
+
+
+def _tis_weights(ratio: Tensor, cap: float) -> Tensor:
+    # truncated importance sampling (Yao et al. 2025, as in veRL and SkyRL): min(w, C)
+    return ratio.clamp(max=cap)
+
+
+def _decoupled_weights(ratio: Tensor, cap: float) -> Tensor:
+    # the decoupled PPO objective's behaviour weight (Fu et al. 2025, AReaL): w, and tokens
+    # whose w exceeds the cap are left out (weight 0) rather than truncated
+    return torch.where(ratio <= cap, ratio, torch.zeros_like(ratio))
+
+
+#: Names as in ``settings.OFF_POLICY_NAMES`` (``algo.off_policy``); "none" has no weights.
+OFF_POLICY_CORRECTIONS: dict[str, Callable[[Tensor, float], Tensor]] = {
+    "tis": _tis_weights,
+    "decoupled": _decoupled_weights,
+}
+
+
+def behaviour_weights(
+    old_logprobs: Tensor, behaviour_logprobs: Tensor, mode: str, cap: float
+) -> Tensor:
+    """Per-token weight [B,T] of the off-policy correction ``mode`` (no gradient).
+
+    w = π_old / π_behaviour = exp(logπ_old − logπ_behaviour): π_old is the learner's policy
+    when the batch arrived (its recomputed log-probs: the proximal policy of the decoupled
+    objective), π_behaviour the (possibly older) policy that sampled the tokens.
+    ``tis``: min(w, cap); ``decoupled``: w where w <= cap, else 0."""
+    if mode not in OFF_POLICY_CORRECTIONS:
+        raise ValueError(
+            f"unknown off-policy correction {mode!r}; valid: {sorted(OFF_POLICY_CORRECTIONS)}"
+        )
+    with torch.no_grad():
+        log_ratio = (old_logprobs - behaviour_logprobs).clamp(-20.0, 20.0)  # [B,T]
+        return OFF_POLICY_CORRECTIONS[mode](torch.exp(log_ratio), cap)
+
+
+def off_policy_metrics(
+    old_logprobs: Tensor, behaviour_logprobs: Tensor, mask: Tensor, mode: str, cap: float
+) -> dict[str, float]:
+    """How far the sampler's policy is from the learner's, over the agent tokens of a batch:
+    ``async/is_weight_mean`` and ``async/is_weight_max`` of w = π_old / π_behaviour before
+    the cap, ``async/is_clipped_frac`` (share of tokens whose w exceeds the cap: truncated
+    by ``tis``, dropped by ``decoupled``) and ``async/behaviour_kl``, the k3 estimate of
+    KL(π_behaviour ‖ π_old) from the sampled tokens: mean of w − 1 − log w."""
+    with torch.no_grad():
+        log_ratio = (old_logprobs - behaviour_logprobs).clamp(-20.0, 20.0)[mask > 0].double()
+        if log_ratio.numel() == 0:
+            return {}
+        ratio = torch.exp(log_ratio)
+        return {
+            "async/is_weight_mean": float(ratio.mean()),
+            "async/is_weight_max": float(ratio.max()),
+            "async/is_clipped_frac": float((ratio > cap).double().mean()),
+            "async/behaviour_kl": float((ratio - 1.0 - log_ratio).mean()),
+        }
 
 
 # --------------------------------------------------------------------------- KL and entropy
@@ -348,8 +415,11 @@ def ppo_objective(
     entropy_coef: float = 0.0,
     agg: str = "token-mean",
     denominator: float | None = None,
+    token_weights: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, dict[str, float]]:
     """-> (task_loss, reg_loss, metrics); minimise task_loss + reg_loss.
+
+    ``token_weights`` (the off-policy correction's) weigh the policy-gradient term only.
 
     The two are separate graphs' worth of terms on the same forward pass, so
     ``task_loss.backward(retain_graph=True)`` and ``reg_loss.backward()`` give the
@@ -365,6 +435,7 @@ def ppo_objective(
         agg=agg,
         dual_clip=dual_clip,
         denominator=denominator,
+        token_weights=token_weights,
     )
     reg_loss, reg_metrics = regularizer_loss(
         mask,

@@ -38,6 +38,8 @@ FILTER_STRATEGY_NAMES = ("none", "top_p", "top_k", "top_k_abs", "min_p")
 FILTER_METRIC_NAMES = ("reward_std", "reward_variance")
 #: ``filters.LOSS_SCALINGS``
 LOSS_SCALING_NAMES = ("none", "linear", "sqrt")
+#: ``losses.OFF_POLICY_CORRECTIONS`` and "none"
+OFF_POLICY_NAMES = ("none", "tis", "decoupled")
 #: ``presets.PRESETS``
 PRESET_NAMES = ("ppo", "grpo", "drgrpo", "dapo")
 
@@ -121,6 +123,25 @@ class AlgoConfig(StrictSection):
         "agree when weights sync every iteration; recompute "
         "when the engine's numerics differ, e.g. vLLM).",
     )
+    off_policy: Literal[OFF_POLICY_NAMES] = Field(
+        "none",
+        description="Off-policy correction of the policy-gradient term by the behaviour "
+        "weight w = π_old/π_behaviour per token (π_old: the learner's recomputed "
+        "log-probs, π_behaviour: the sampler's): none; tis = min(w, tis_cap) (truncated "
+        "importance sampling, Yao et al. 2025, veRL/SkyRL); decoupled = AReaL's decoupled "
+        "PPO (Fu et al. 2025): π_old is the proximal policy, tokens with w > "
+        "decoupled_cap are left out. Both need recompute_old_logprobs: true "
+        "(docs/methods.md, asynchronous rollouts).",
+    )
+    tis_cap: float = Field(
+        2.0, gt=0.0, description="Truncation C of the tis weight min(w, C) (Yao et al. use 2)."
+    )
+    decoupled_cap: float = Field(
+        5.0,
+        gt=1.0,
+        description="decoupled: tokens whose behaviour weight w exceeds this are left out "
+        "of the loss (AReaL's behav_imp_weight_cap; must be > 1).",
+    )
     use_critic: bool = Field(False, description="Train a value model (gae).")
     learner_world_size: int = Field(
         1,
@@ -157,6 +178,12 @@ class AlgoConfig(StrictSection):
     def _consistent(self):
         if self.advantage == "gae" and not self.use_critic:
             raise ValueError("advantage 'gae' needs use_critic: true")
+        if self.off_policy != "none" and not self.recompute_old_logprobs:
+            raise ValueError(
+                f"off_policy {self.off_policy!r} needs recompute_old_logprobs: true (its "
+                "weight compares the learner's log-probs with the sampler's; without "
+                "recomputing they are the same numbers)"
+            )
         return self
 
 

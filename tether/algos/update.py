@@ -32,7 +32,13 @@ import numpy as np
 import torch
 
 from .batch import TrajectoryBatch, token_logprobs
-from .losses import ppo_objective, turn_count, value_loss
+from .losses import (
+    behaviour_weights,
+    off_policy_metrics,
+    ppo_objective,
+    turn_count,
+    value_loss,
+)
 from .shared_prefix import group_prefix_lengths, shared_prefix_saving, shared_prefix_token_logprobs
 from .vocab import DEFAULT_CHUNK_TOKENS
 
@@ -72,6 +78,10 @@ class UpdateSettings:
     logprob_chunk_tokens: int
     #: AdamW epsilon of the policy optimiser (read when the learner builds it).
     adam_eps: float
+    #: Off-policy correction of the policy-gradient term: none, tis or decoupled
+    #: (``losses.behaviour_weights``), and its cap (tis_cap or decoupled_cap).
+    off_policy: str
+    off_policy_cap: float
 
     @classmethod
     def from_config(cls, algo: AlgoConfig, rollout_temperature: float) -> UpdateSettings:
@@ -93,6 +103,8 @@ class UpdateSettings:
             dual_clip=algo.dual_clip,
             logprob_chunk_tokens=algo.logprob_chunk_tokens,
             adam_eps=algo.adam_eps,
+            off_policy=algo.off_policy,
+            off_policy_cap=algo.decoupled_cap if algo.off_policy == "decoupled" else algo.tis_cap,
         )
 
 
@@ -105,7 +117,14 @@ def objective(
     denominator: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, dict]:
     """(task loss, regulariser loss, metrics) of a micro-batch under the settings ``s``:
-    the one objective the update minimises and the gradient-SNR analysis takes apart."""
+    the one objective the update minimises and the gradient-SNR analysis takes apart.
+    An off-policy correction weighs each token by its behaviour weight, the learner's
+    old log-probs against the sampler's (``losses.behaviour_weights``)."""
+    token_weights = None
+    if s.off_policy != "none":
+        token_weights = behaviour_weights(
+            old_logprobs, mb.sampling_logprobs, s.off_policy, s.off_policy_cap
+        )
     return ppo_objective(
         logprobs,
         old_logprobs,
@@ -121,6 +140,7 @@ def objective(
         entropy_coef=s.entropy_coef,
         agg=s.loss_agg,
         denominator=denominator,
+        token_weights=token_weights,
     )
 
 
@@ -413,6 +433,16 @@ def policy_update(
     if squares and sum(squares[1::2]) > 0:
         out["actor/update_ratio"] = math.sqrt(sum(squares[0::2]) / sum(squares[1::2]))
     out.update(advantage_metrics(batch))
+    if s.off_policy != "none":  # over the whole batch: a max is the batch's, not a mean
+        out.update(
+            off_policy_metrics(
+                batch.old_logprobs,
+                batch.sampling_logprobs,
+                batch.response_mask,
+                s.off_policy,
+                s.off_policy_cap,
+            )
+        )
     return out
 
 

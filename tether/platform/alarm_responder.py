@@ -146,7 +146,7 @@ class AlarmResponder:
             learner.load_full_state(load_checkpoint(Path(action.rollback_to["path"]))["learner"])
         self.apply_knobs(knobs, learner)
         if action.rollback_to is not None:
-            fleet.sync_weights(learner, it)
+            fleet.sync_weights(learner)
         self.emit(
             Event.ACTION,
             {

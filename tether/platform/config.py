@@ -80,6 +80,13 @@ class RolloutConfig(StrictSection):
         "dead rollout worker to restart (it reloads the model) "
         "before the iteration fails.",
     )
+    max_staleness: int = Field(
+        0,
+        ge=0,
+        description="Asynchronous rollouts: weight versions a trained batch may lag the "
+        "learner (0 = synchronous). k >= 1: the workers collect the next k batches while "
+        "the learner updates (docs/architecture.md); pair with algo.off_policy.",
+    )
     num_cpus_per_worker: float = Field(
         1.0, gt=0.0, description="Ray CPUs per rollout worker (also its torch threads, rounded up)."
     )

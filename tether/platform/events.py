@@ -20,6 +20,7 @@ action             AlarmResponder.act                      iteration, alarm, kin
                                                            rollback_to
 learner_failed     LearnerRecovery.recover                 error, restart, checkpoint
 checkpoint_failed  recovery.checkpoint_failed              message
+batch_refused      RolloutPipeline.batch (too stale)        message
 tracking           the Tracker's spool (notify)            message
 =================  ======================================  =================================
 """
@@ -43,6 +44,7 @@ class Event(StrEnum):
     ACTION = "action"
     LEARNER_FAILED = "learner_failed"
     CHECKPOINT_FAILED = "checkpoint_failed"
+    BATCH_REFUSED = "batch_refused"
     TRACKING = "tracking"
 
 
@@ -50,4 +52,4 @@ class Event(StrEnum):
 Emit = Callable[[str, dict], None]
 
 #: Events whose ``message`` a user must see even without a hook (logged as warnings).
-WARNINGS = (Event.TRACKING, Event.CHECKPOINT_FAILED)
+WARNINGS = (Event.TRACKING, Event.CHECKPOINT_FAILED, Event.BATCH_REFUSED)

@@ -4,11 +4,15 @@
     fleet.workers = [...]                       # from the actor pool (worker_request)
     stop_ids = fleet.start_run()                # this run's state on every worker
     trajectories = fleet.collect(specs, sampling, seed)
-    fleet.sync_weights(learner, iteration)      # learner -> every worker
+    handle = fleet.collect_async(specs, sampling, seed)   # non-blocking: a Collection
+    trajectories = handle.result()              # what collect() returns
+    fleet.sync_weights(learner)                 # learner -> every worker, version + 1
 
 A worker (or its environment pool) that dies is restarted by Ray; the fleet waits for
 it, gives it the current weights and collects its share again, counting the failure
-(``rollout/worker_failures``).
+(``rollout/worker_failures``).  So does a share sampled with weights older than the
+ones the fleet had sent when the collection started (a worker restarted between
+calls, which came back with the model path's weights).
 """
 
 from __future__ import annotations
@@ -73,8 +77,10 @@ class RolloutFleet:
         self.workers: list = []
         #: worker deaths survived so far in this run (a checkpoint keeps it)
         self.failures = 0
-        #: the weights the workers hold (None: the ones they loaded themselves)
+        #: the weights the workers hold (None: the ones they loaded themselves) and their
+        #: version (0: the starting weights; +1 at every sync)
         self.weights_ref, self.weights_version = None, 0
+        self.pending_loads: list = []
 
     def start_run(self) -> list[int]:
         """This run's state on every worker (new or reused); the engine's stop tokens."""
@@ -83,51 +89,17 @@ class RolloutFleet:
         return ray.get(self.workers[0].stop_token_ids.remote())
 
     def collect(self, specs: list[EpisodeSpec], sampling: SamplingParams, seed: int):
-        """Episodes spread over the workers (contiguous shares), gathered in order.
+        """Episodes spread over the workers (contiguous shares), gathered in order: the
+        result of ``collect_async``'s handle."""
+        return self.collect_async(specs, sampling, seed).result()
 
-        A share whose worker (or its environment pool) died is collected again once
-        Ray has restarted the actor and it has the current weights, so no trajectory
-        is lost or counted twice.
-        """
-        shares = [s for s in np.array_split(np.arange(len(specs)), len(self.workers)) if len(s)]
-        results: dict[int, list] = {}
-        last_error = ""
-        for attempt in range(self.rollout.max_collect_attempts):
-            refs = {
-                k: self.workers[k].collect.remote(
-                    [specs[i] for i in share],
-                    sampling,
-                    seeds.worker_share(seed, k),
-                    self.rollout.max_turns,
-                )
-                for k, share in enumerate(shares)
-                if k not in results
-            }
-            self.emit(
-                Event.COLLECTING,
-                {
-                    "attempt": attempt,
-                    "workers": sorted(refs),
-                    "episodes": sum(len(shares[k]) for k in refs),
-                },
-            )
-            for k, ref in refs.items():
-                try:
-                    results[k] = ray.get(ref)
-                except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as exc:
-                    self.failures += 1
-                    last_error = first_line(exc)
-                    self.emit(
-                        Event.WORKER_FAILED, {"worker": k, "attempt": attempt, "error": last_error}
-                    )
-                    self.restore_worker(k)
-            if len(results) == len(shares):
-                return [t for k in range(len(shares)) for t in results[k]]
-        raise RuntimeError(
-            f"rollout workers failed {self.rollout.max_collect_attempts} "
-            f"times in a row; giving up on this iteration (last error: "
-            f"{last_error})"
-        )
+    def collect_async(
+        self, specs: list[EpisodeSpec], sampling: SamplingParams, seed: int
+    ) -> Collection:
+        """Start collecting (the shares go to the workers now) and return the handle
+        whose ``result()`` waits for the episodes.  A worker runs its calls in the order
+        they were sent, so the collection samples with the weights sent before it."""
+        return Collection(self, specs, sampling, seed)
 
     def restore_worker(self, k: int) -> None:
         """Wait until a (restarting) worker answers, and give it the current weights."""
@@ -156,13 +128,26 @@ class RolloutFleet:
                     ) from None
                 time.sleep(0.25)
 
-    def sync_weights(self, learner, version: int) -> None:
-        """Learner -> rollout workers: the gathered full weights go into the Ray object
-        store once and every worker fetches them from there (the CPU path).  A GPU
-        engine that takes weights another way (vLLM: NCCL broadcast / collective RPC
-        into its workers) does it behind ``RolloutEngine.load_state_dict``."""
-        self.weights_ref, self.weights_version = learner.state_dict(), version
-        loads = [worker.set_weights.remote(self.weights_ref, version) for worker in self.workers]
+    def sync_weights(self, learner, wait: bool = True) -> None:
+        """Learner -> rollout workers as weight version ``weights_version + 1``: the
+        gathered full weights go into the Ray object store once and every worker fetches
+        them from there (the CPU path).  A GPU engine that takes weights another way
+        (vLLM: NCCL broadcast / collective RPC into its workers) does it behind
+        ``RolloutEngine.load_state_dict``.
+
+        ``wait=False`` (asynchronous rollouts): the loads queue behind the collections
+        the workers are running and this returns once the learner has the weights out; a
+        worker that misses them is caught by the next collection's version check."""
+        self.weights_ref = learner.state_dict()
+        self.weights_version += 1
+        loads = [
+            worker.set_weights.remote(self.weights_ref, self.weights_version)
+            for worker in self.workers
+        ]
+        if not wait:
+            learner.check_alive("state_dict")  # the weights' source answered
+            self.pending_loads = loads  # (dropped unread: a failed one is noticed later)
+            return
         for k, load in enumerate(loads):
             try:
                 ray.get(load)
@@ -187,3 +172,91 @@ class RolloutFleet:
             except ray.exceptions.RayActorError:
                 pass
         return peaks
+
+
+class Collection:
+    """One collection in flight: the shares were sent at construction, ``result()``
+    gathers them in order, collecting a failed share again (up to
+    ``rollout.max_collect_attempts`` attempts) once its worker is back with the current
+    weights, so no trajectory is lost or counted twice."""
+
+    def __init__(
+        self, fleet: RolloutFleet, specs: list[EpisodeSpec], sampling: SamplingParams, seed: int
+    ) -> None:
+        self.fleet, self.specs, self.sampling, self.seed = fleet, specs, sampling, seed
+        self.shares = [
+            s for s in np.array_split(np.arange(len(specs)), len(fleet.workers)) if len(s)
+        ]
+        self.results: dict[int, list] = {}
+        self.attempt, self.last_error = 0, ""
+        self.refs = self._send()
+
+    def _send(self) -> dict:
+        """The shares not collected yet, to their workers (this attempt)."""
+        fleet = self.fleet
+        #: the version every share of this attempt must at least be sampled with
+        self.min_version = fleet.weights_version
+        refs = {
+            k: fleet.workers[k].collect.remote(
+                [self.specs[i] for i in share],
+                self.sampling,
+                seeds.worker_share(self.seed, k),
+                fleet.rollout.max_turns,
+            )
+            for k, share in enumerate(self.shares)
+            if k not in self.results
+        }
+        fleet.emit(
+            Event.COLLECTING,
+            {
+                "attempt": self.attempt,
+                "workers": sorted(refs),
+                "episodes": sum(len(self.shares[k]) for k in refs),
+            },
+        )
+        return refs
+
+    def result(self) -> list:
+        fleet = self.fleet
+        while True:
+            for k, ref in self.refs.items():
+                try:
+                    share = ray.get(ref)
+                except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as exc:
+                    self._failed(k, first_line(exc))
+                    continue
+                version = min((t.policy_version for t in share), default=self.min_version)
+                if version < self.min_version:
+                    self._failed(
+                        k,
+                        f"share sampled with weight version {version} < {self.min_version} "
+                        "(the worker restarted without the current weights)",
+                    )
+                    continue
+                self.results[k] = share
+            if len(self.results) == len(self.shares):
+                return [t for k in range(len(self.shares)) for t in self.results[k]]
+            self.attempt += 1
+            if self.attempt >= fleet.rollout.max_collect_attempts:
+                raise RuntimeError(
+                    f"rollout workers failed {fleet.rollout.max_collect_attempts} "
+                    f"times in a row; giving up on this iteration (last error: "
+                    f"{self.last_error})"
+                )
+            self.refs = self._send()
+
+    def _failed(self, k: int, error: str) -> None:
+        fleet = self.fleet
+        fleet.failures += 1
+        self.last_error = error
+        fleet.emit(Event.WORKER_FAILED, {"worker": k, "attempt": self.attempt, "error": error})
+        fleet.restore_worker(k)
+
+    def cancel(self) -> None:
+        """Drop the collection: shares still queued on a worker are cancelled (one that
+        runs finishes; its result is not read)."""
+        for ref in self.refs.values():
+            try:
+                ray.cancel(ref)
+            except Exception:  # noqa: BLE001 - already done, or the worker is gone
+                pass

@@ -123,7 +123,7 @@ class RunDisplay:
     def _tracking(self, data: dict) -> None:
         self._say(f"[yellow]{data['message']}[/]")
 
-    _checkpoint_failed = _tracking
+    _checkpoint_failed = _batch_refused = _tracking
 
     def _learner_failed(self, data: dict) -> None:
         self._say(

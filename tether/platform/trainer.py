@@ -5,12 +5,12 @@
             -> validate, log, alarms, checkpoint
 
 The Trainer conducts; its parts hold the state: the ``RolloutFleet`` (workers,
-collection, weight sync), the learner group, ``Diagnosis`` (MI running averages),
-the ``AlarmResponder`` (alarms, act-mode knobs, grounded checkpoints) and the
-``LevelSampler``.  ``RunState`` is what a checkpoint keeps of them; ``recovery`` handles a
-dead learner and a checkpoint that cannot be written; ``cadence.due`` decides every
-"every N iterations".  Every computation is a call into the pure core
-(``tether.agent``, ``tether.algos``) or an actor.
+collection, weight sync), the ``RolloutPipeline`` (batches collected ahead), the learner
+group, ``Diagnosis`` (MI running averages), the ``AlarmResponder`` (alarms, act-mode
+knobs, grounded checkpoints), the ``LevelSampler``.  ``RunState`` is what a checkpoint
+keeps of them; ``recovery`` handles a dead learner and a checkpoint that cannot be
+written; ``cadence.due`` decides every "every N iterations".  Every computation is a
+call into the pure core (``tether.agent``, ``tether.algos``) or an actor.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ from .launch import (
     open_tracker,
     start_learner,
 )
+from .pipeline import RolloutPipeline
 from .recovery import LearnerRecovery, checkpoint_failed, record_resume
 from .run_state import RunState
 from .session import check_resources, stop_ray
@@ -122,6 +123,7 @@ class Trainer:
             top_p=cfg.rollout.top_p,
         )
         self.fleet = RolloutFleet(cfg.rollout, self.emit)
+        self.pipeline = RolloutPipeline(self.fleet, self.sampler, cfg)
         self.responder = AlarmResponder(cfg, self.emit)
         self.diagnosis = Diagnosis(cfg.diagnostics, cfg.experiment.seed)
         self.recovery = LearnerRecovery(cfg.trainer, self.emit)
@@ -193,16 +195,13 @@ class Trainer:
 
     def iteration(self, it: int) -> dict[str, float]:
         timers, cfg = Timers(), self.cfg
-        with timers("collect"):
-            collected = self.collect(
-                self.sampler.specs(cfg.rollout.groups, cfg.rollout.group_size, 0),
-                self.sampling,
-                seeds.collection(cfg.experiment.seed, it),
-            )
+        with timers("collect"):  # with max_staleness >= 1: collected ahead, waited for here
+            collected = self.pipeline.batch(it, self.sampling, self.collect)
         metrics = rollout_metrics(collected, reasoning_tokens=self.count_tokens)
         metrics["rollout/tokens_per_s"] = (
             metrics["rollout/generated_tokens"] / timers["timing/collect"]
         )
+        metrics.update(self.pipeline.metrics())
         with timers("filter"):
             filtered, kept = filter_groups(collected, self.responder.filter_cfg)
         metrics.update(filtered.metrics)
@@ -226,7 +225,7 @@ class Trainer:
             with timers("update"):
                 metrics.update(self.learner.update(train))
             with timers("sync"):
-                self.fleet.sync_weights(self.learner, it)
+                self.pipeline.sync_weights(self.learner)
         metrics["filter/update_skipped"] = float(not kept)
         metrics.update(self.responder.metrics())
         metrics["rollout/worker_failures"] = float(self.fleet.failures)
@@ -264,7 +263,7 @@ class Trainer:
 
     # -- the stages' calls ------------------------------------------------------------
     def collect(self, specs, sampling: SamplingParams, seed: int):
-        """Episodes from the fleet (one place a subclass may wrap every collection)."""
+        """Episodes from the fleet (a subclass may wrap every synchronous collection here)."""
         return self.fleet.collect(specs, sampling, seed)
 
     def resample(self, it: int, collected, kept: set[int]):
@@ -321,7 +320,7 @@ class Trainer:
             iteration=it,
             run_id=self.tracker.run_id,
             config=self.cfg.model_dump(mode="json"),
-            sampler_position=self.sampler.position,
+            sampler_position=self.pipeline.sampler_position(),
             mi_ema_state=self.diagnosis.ema_state,
             alarms=self.responder.alarms.state_dict(),
             worker_failures=self.fleet.failures,
@@ -366,7 +365,7 @@ class Trainer:
         self.fleet.failures = state.worker_failures
         self.val_history, self.val_intervals = state.val_history, state.val_intervals
         state.restore_rng()
-        self.fleet.sync_weights(self.learner, state.iteration)
+        self.pipeline.restart(self.learner)  # batches in flight dropped, weights sent
         self.iteration_done = state.iteration
         return state.iteration
 
@@ -423,6 +422,7 @@ class Trainer:
         them for the next run if this one finished; otherwise they end (a worker's
         environment pool goes with it), so a Ray that outlives the run gets their
         resources back. Stop Ray if this run started it."""
+        self.pipeline.drop()
         if self.tracker is not None:
             close_tracker(self.tracker, status, self.iteration_done, self.responder.stop_reason)
         self.actor_pool.checkin(healthy=status == "FINISHED")
