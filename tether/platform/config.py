@@ -70,8 +70,7 @@ class RolloutConfig(StrictSection):
     max_collect_attempts: int = Field(
         5,
         ge=1,
-        description="Collection attempts of a worker's "
-        "share before the iteration fails (workers restart).",
+        description="Collection attempts of a worker's share before the iteration fails.",
     )
     restart_timeout_s: float = Field(
         300.0,
