@@ -23,6 +23,7 @@ SITE_PATHS = {
     "CONTRIBUTING.md": "contributing.md",
     "benchmarks/RESULTS.md": "benchmarks/RESULTS.md",
     "benchmarks/scaling.png": "benchmarks/scaling.png",
+    "benchmarks/soak.png": "benchmarks/soak.png",
     **{
         str(p.relative_to(ROOT)): str(p.relative_to(ROOT))
         for p in sorted((ROOT / "benchmarks" / "learning_vs_trl").rglob("*.png"))
