@@ -204,23 +204,7 @@ def fit(iterations, values) -> dict[str, float]:
     result = stats.linregress(x, y)
     t = stats.t.ppf(0.975, len(x) - 2)
     residuals = y - (result.intercept + result.slope * x)
-    r1 = 0.0
-    if residuals.std() > 0:
-        r1 = float(np.corrcoef(residuals[:-1], residuals[1:])[0, 1])
-    widen = math.sqrt((1 + max(r1, 0.0)) / (1 - min(max(r1, 0.0), 0.99)))
-    slope, half = 100 * result.slope, 100 * t * result.stderr
-    return {
-        "n": len(x),
-        "mean": float(y.mean()),
-        "first": float(y[0]),
-        "last": float(y[-1]),
-        "slope": slope,
-        "low": slope - half,
-        "high": slope + half,
-        "r1": r1,
-        "low_ar": slope - half * widen,
-        "high_ar": slope + half * widen,
-    }
+    return _slope_row(y, residuals, 100 * result.slope, 100 * t * result.stderr)
 
 
 def fit_with_load(iterations, values, loads) -> dict[str, float]:
@@ -237,7 +221,17 @@ def fit_with_load(iterations, values, loads) -> dict[str, float]:
     dof = len(y) - 3
     cov = (residuals @ residuals / dof) * np.linalg.inv(x.T @ x)
     slope, half = 100 * coef[1], 100 * stats.t.ppf(0.975, dof) * math.sqrt(cov[1, 1])
-    r1 = float(np.corrcoef(residuals[:-1], residuals[1:])[0, 1])
+    return _slope_row(y, residuals, slope, half)
+
+
+def _slope_row(y, residuals, slope: float, half: float) -> dict[str, float]:
+    """A fitted slope's table row: its 95 % interval plain and widened by the residuals'
+    lag-1 autocorrelation r1 (factor sqrt((1 + r1) / (1 - r1)), r1 >= 0)."""
+    import numpy as np
+
+    r1 = 0.0
+    if residuals.std() > 0:
+        r1 = float(np.corrcoef(residuals[:-1], residuals[1:])[0, 1])
     widen = math.sqrt((1 + max(r1, 0.0)) / (1 - min(max(r1, 0.0), 0.99)))
     return {
         "n": len(y),
