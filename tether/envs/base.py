@@ -117,6 +117,25 @@ class MultiTurnTextEnv(TextEnv):
         self.actions_taken = 0
         self.done = False
 
+    def _reset_result(self, **info: Any) -> tuple[str, dict[str, Any]]:
+        """What reset() returns once the episode has started: the first observation, and
+        ``info`` with the length of the optimal plan from here (None: no plan)."""
+        plan = self.solve()
+        return self.render(), {**info, "optimal_plan_length": None if plan is None else len(plan)}
+
+    def _demonstration_actions(self, rng: np.random.Generator, noise: float) -> list[str]:
+        """The moves of a demonstration: the optimal plan's next moves, as many as this
+        turn may take, or, with probability ``noise`` or when there is no plan, as many
+        uniformly random moves."""
+        plan = self.solve() or []
+        budget = max(1, min(self.max_actions_per_turn, self.actions_left()))
+        n = min(budget, len(plan)) if plan else budget
+        if rng.random() < noise or not plan:
+            return [
+                self.action_names[int(i)] for i in rng.integers(0, len(self.action_names), size=n)
+            ]
+        return plan[:n]
+
     def parse_actions(self, answer: str) -> list[str] | None:
         """Split an answer into canonical action names, or None if any is invalid."""
         if not isinstance(answer, str):

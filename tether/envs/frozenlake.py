@@ -26,15 +26,11 @@ from typing import Any
 import numpy as np
 
 from .base import MultiTurnTextEnv
+from .grid import Pos, backtrack, fmt_pos
 
-Pos = tuple[int, int]
 MOVES: dict[str, Pos] = {"Left": (0, -1), "Down": (1, 0), "Right": (0, 1), "Up": (-1, 0)}
 START_MODES = ("corner", "region", "random")
 GENERATION_TRIES = 10_000
-
-
-def fmt_pos(pos: Pos) -> str:
-    return f"({pos[0]},{pos[1]})"
 
 
 def move(size: int, pos: Pos, action: str) -> Pos:
@@ -58,11 +54,7 @@ def solve_frozenlake(size: int, holes: frozenset[Pos], start: Pos, goal: Pos) ->
                 continue
             parent[nxt] = (pos, action)
             if nxt == goal:
-                plan, node = [], nxt
-                while parent[node] is not None:
-                    node, act = parent[node]  # type: ignore[misc]
-                    plan.append(act)
-                return plan[::-1]
+                return backtrack(parent, nxt)
             frontier.append(nxt)
     return None
 
@@ -160,8 +152,7 @@ class FrozenLakeEnv(MultiTurnTextEnv):
             self.board_size = self.size
         self.player = self.start_pos
         self._start_episode()
-        plan = self.solve()
-        return self.render(), {"optimal_plan_length": None if plan is None else len(plan)}
+        return self._reset_result()
 
     # -- dynamics -----------------------------------------------------------------------
     def _apply(self, action_name: str) -> tuple[float, bool, bool]:
@@ -232,13 +223,7 @@ class FrozenLakeEnv(MultiTurnTextEnv):
         ``noise`` as many random moves.  ``restate`` opens the reasoning with the map's
         rows as observed, so the holes it read are in it too, not only two coordinates."""
         assert self.player is not None
-        plan = self.solve() or []
-        budget = max(1, min(self.max_actions_per_turn, self.actions_left()))
-        n = min(budget, len(plan)) if plan else budget
-        if rng.random() < noise or not plan:
-            actions = [self.action_names[int(i)] for i in rng.integers(0, 4, size=n)]
-        else:
-            actions = plan[:n]
+        actions = self._demonstration_actions(rng, noise)
         pos, clauses = self.player, []
         for action in actions:
             pos, clause = self._describe(pos, action)

@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 
 from .base import MultiTurnTextEnv
+from .grid import Pos, backtrack, fmt_pos
 
-Pos = tuple[int, int]
 Boxes = tuple[Pos, ...]  # always sorted, so equal box sets compare equal
 
 MOVES: dict[str, Pos] = {"Up": (-1, 0), "Down": (1, 0), "Left": (0, -1), "Right": (0, 1)}
@@ -35,10 +35,6 @@ STEP_REWARD, BOX_ON_REWARD, BOX_OFF_REWARD, SOLVED_REWARD = -0.1, 1.0, -1.0, 10.
 #: BFS gives up beyond this many states (a 6x6 room with 2 boxes has a few thousand).
 MAX_SEARCH_STATES = 200_000
 GENERATION_TRIES = 2_000
-
-
-def fmt_pos(pos: Pos) -> str:
-    return f"({pos[0]},{pos[1]})"
 
 
 def _add(pos: Pos, delta: Pos) -> Pos:
@@ -95,12 +91,7 @@ def solve_sokoban(
                 continue
             parent[nxt] = (state, action)
             if set(new_boxes) == targets:
-                plan = []
-                node = nxt
-                while parent[node] is not None:
-                    node, act = parent[node]  # type: ignore[misc]
-                    plan.append(act)
-                return plan[::-1]
+                return backtrack(parent, nxt)
             if len(parent) >= max_states:
                 return None
             frontier.append((nxt, depth + 1))
@@ -198,8 +189,7 @@ class SokobanEnv(MultiTurnTextEnv):
         self.shape = (max(r for r, _ in cells) + 1, max(c for _, c in cells) + 1)
         self._start_episode()
         self.done = set(self.boxes) == self.targets
-        plan = self.solve()
-        return self.render(), {"optimal_plan_length": None if plan is None else len(plan)}
+        return self._reset_result()
 
     # -- dynamics -----------------------------------------------------------------------
     def _apply(self, action_name: str) -> tuple[float, bool, bool]:
@@ -253,13 +243,7 @@ class SokobanEnv(MultiTurnTextEnv):
         """Reasoning that names the player, boxes and targets and what each chosen
         move does (from a simulation), then the moves: the optimal plan's next
         ≤2 moves, or with probability ``noise`` as many random moves."""
-        plan = self.solve() or []
-        budget = max(1, min(self.max_actions_per_turn, self.actions_left()))
-        n = min(budget, len(plan)) if plan else budget
-        if rng.random() < noise or not plan:
-            actions = [self.action_names[int(i)] for i in rng.integers(0, 4, size=n)]
-        else:
-            actions = plan[:n]
+        actions = self._demonstration_actions(rng, noise)
         assert self.player is not None
         player, boxes, clauses = self.player, self.boxes, []
         for action in actions:

@@ -680,12 +680,7 @@ class WebShopEnv(MultiTurnTextEnv):
             self.goal = generated_goal(self.shop, rng)
         self.view, self.final_reward, self._potential_cache = View(), None, {}
         self._start_episode()
-        plan = self.solve()
-        return self.render(), {
-            "goal_asin": self.goal.asin,
-            "instruction": self.goal.instruction,
-            "optimal_plan_length": None if plan is None else len(plan),
-        }
+        return self._reset_result(goal_asin=self.goal.asin, instruction=self.goal.instruction)
 
     # -- expert -----------------------------------------------------------------------------
     def _potential(self, asin: str) -> tuple[float, dict[str, str]]:
