@@ -354,12 +354,14 @@ def test_grouped_prompts_agree_with_per_row_cache(model, group_prompts, temperat
 
 def test_grouped_prompts_auto_choice(model, group_prompts, prompts, monkeypatch):
     """Auto mode groups when at most half the rows have distinct prompts, not otherwise."""
+    from transformers import AttentionInterface
+
     from tether.rollout import hf
 
     calls = []
     real = hf._grouped_prompt_attention
     monkeypatch.setitem(
-        hf.AttentionInterface._global_mapping,
+        AttentionInterface._global_mapping,
         hf.GROUPED_PROMPT_ATTENTION,
         lambda *a, **k: calls.append(1) or real(*a, **k),
     )

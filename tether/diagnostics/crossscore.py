@@ -41,9 +41,14 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from transformers import AttentionInterface, DynamicCache
+from transformers import DynamicCache
 
-from tether.algos.attention import attention_implementation, supports_custom_attention
+from tether.algos.attention import (
+    attention_implementation,
+    prefix_and_causal_weights,
+    register_attention,
+    supports_custom_attention,
+)
 from tether.algos.vocab import DEFAULT_CHUNK_TOKENS, model_states
 from tether.diagnostics.mi import mi_proxies, prompt_columns, valid_reasoning_rate
 from tether.diagnostics.multiprefix import score_multi_prefix
@@ -184,30 +189,20 @@ def _expanded_cache(
 SHARED_PREFIX_ATTENTION = "tether_shared_prefix"
 
 
-def _shared_prefix_attention(
-    module,
-    query,
-    key,
-    value,
-    attention_mask,
-    dropout: float = 0.0,
-    scaling: float | None = None,
-    shared_prefix_kv=None,
-    **kwargs,
-):
+@register_attention(SHARED_PREFIX_ATTENTION, "shared_prefix_kv")
+def _shared_prefix_attention(module, query, key, value, scale: float, shared_prefix_kv):
     """Attention of B continuations over one shared, cached prefix plus their own tokens.
 
     query [B, Hq, T, D]; key/value [B, Hkv, T, D] (the continuation's own tokens, already
     rotated at positions P..P+T-1); ``shared_prefix_kv[layer]`` = ([1, Hkv, P, D], same).
     The prefix is never copied per row: its scores come from one matmul with the batch
     folded into the query rows. Softmax over [prefix | own causal] is merged by hand.
-    Returns ([B, T, Hq, D], None) like every HF attention function.
+    Returns [B, T, Hq, D].
     """
     prefix_k, prefix_v = shared_prefix_kv[module.layer_idx]  # [1, Hkv, P, D]
     b, hq, t, d = query.shape
     hkv, p = key.shape[1], prefix_k.shape[2]
     g = hq // hkv  # query heads per kv head
-    scale = d**-0.5 if scaling is None else scaling
     q = (query.float() * scale).reshape(b, hkv, g, t, d).permute(1, 0, 2, 3, 4)  # [Hkv, B, g, T, D]
     pk, pv = prefix_k[0].float(), prefix_v[0].float()  # [Hkv, P, D]
     s_pre = torch.bmm(q.reshape(hkv, b * g * t, d), pk.transpose(1, 2))  # [Hkv, B*g*T, P]
@@ -215,18 +210,10 @@ def _shared_prefix_attention(
     k_own = key.float().permute(1, 0, 2, 3).unsqueeze(2)  # [Hkv, B, 1, T, D]
     v_own = value.float().permute(1, 0, 2, 3).unsqueeze(2)
     s_own = torch.matmul(q, k_own.transpose(-1, -2))  # [Hkv, B, g, T, T]
-    causal = torch.ones(t, t, dtype=torch.bool, device=query.device).tril()
-    s_own = s_own.masked_fill(~causal, float("-inf"))
-    peak = torch.maximum(s_pre.amax(-1, keepdim=True), s_own.amax(-1, keepdim=True))
-    e_pre, e_own = torch.exp(s_pre - peak), torch.exp(s_own - peak)
-    denom = e_pre.sum(-1, keepdim=True) + e_own.sum(-1, keepdim=True)  # [Hkv, B, g, T, 1]
+    e_pre, e_own, denom = prefix_and_causal_weights(s_pre, s_own)  # denom [Hkv, B, g, T, 1]
     out = torch.bmm(e_pre.reshape(hkv, b * g * t, p), pv).view(hkv, b, g, t, d)
     out = (out + torch.matmul(e_own, v_own)) / denom  # [Hkv, B, g, T, D]
-    out = out.permute(1, 3, 0, 2, 4).reshape(b, t, hq, d)  # head = kv * g + group
-    return out.to(query.dtype), None
-
-
-AttentionInterface.register(SHARED_PREFIX_ATTENTION, _shared_prefix_attention)
+    return out.permute(1, 3, 0, 2, 4).reshape(b, t, hq, d)  # head = kv * g + group
 
 
 def supports_shared_prefix(model) -> bool:

@@ -24,8 +24,8 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
-from transformers import AttentionInterface
 
+from ..algos.attention import prefix_and_causal_weights, register_attention
 from ..algos.vocab import DEFAULT_CHUNK_TOKENS, model_states, split_head
 from .scoring import right_pad, target_logprobs
 
@@ -34,31 +34,21 @@ MULTI_PREFIX_ATTENTION = "tether_multi_prefix"
 CALL_OVERHEAD_TOKENS = 256
 
 
-def _multi_prefix_attention(
-    module,
-    query,
-    key,
-    value,
-    attention_mask,
-    dropout: float = 0.0,
-    scaling: float | None = None,
-    multi_prefix=None,
-    **kwargs,
-):
+@register_attention(MULTI_PREFIX_ATTENTION, "multi_prefix")
+def _multi_prefix_attention(module, query, key, value, scale: float, multi_prefix):
     """Attention of C x R rows (R continuations under each of C contexts) over their
     own context's cached prefix plus their own tokens.
 
     query [C*R, Hq, T, D] (row c*R + r is continuation r under context c); key/value
     [C*R, Hkv, T, D] (own tokens, rotated at positions P_c..); ``multi_prefix`` =
     (per-layer [(keys [C, Hkv, P, D], values)], valid [C, P] bool). Returns
-    ([C*R, T, Hq, D], None) like every HF attention function.
+    [C*R, T, Hq, D].
     """
     layers, valid = multi_prefix
     prefix_k, prefix_v = layers[module.layer_idx]  # [C, Hkv, P, D]
     c, hkv, p, d = prefix_k.shape
     bt, hq, t, _ = query.shape
     r, g = bt // c, hq // hkv
-    scale = d**-0.5 if scaling is None else scaling
     q = (
         (query.float() * scale).reshape(c, r, hkv, g, t, d).permute(0, 2, 1, 3, 4, 5)
     )  # [C, Hkv, R, g, T, D]
@@ -73,20 +63,12 @@ def _multi_prefix_attention(
     )  # [C, Hkv, R, 1, T, D]
     v_own = value.float().reshape(c, r, hkv, t, d).permute(0, 2, 1, 3, 4).unsqueeze(3)
     s_own = torch.matmul(q, k_own.transpose(-1, -2))  # [C, Hkv, R, g, T, T]
-    causal = torch.ones(t, t, dtype=torch.bool, device=query.device).tril()
-    s_own = s_own.masked_fill(~causal, float("-inf"))
-    peak = torch.maximum(s_pre.amax(-1, keepdim=True), s_own.amax(-1, keepdim=True))
-    e_pre, e_own = torch.exp(s_pre - peak), torch.exp(s_own - peak)
-    denom = e_pre.sum(-1, keepdim=True) + e_own.sum(-1, keepdim=True)
+    e_pre, e_own, denom = prefix_and_causal_weights(s_pre, s_own)
     out = torch.bmm(e_pre.reshape(c * hkv, r * g * t, p), prefix_v.float().reshape(c * hkv, p, d))
     out = (
         out.view(c, hkv, r, g, t, d) + torch.matmul(e_own, v_own)
     ) / denom  # [C, Hkv, R, g, T, D]
-    out = out.permute(0, 2, 4, 1, 3, 5).reshape(bt, t, hq, d)  # head = kv * g + group
-    return out.to(query.dtype), None
-
-
-AttentionInterface.register(MULTI_PREFIX_ATTENTION, _multi_prefix_attention)
+    return out.permute(0, 2, 4, 1, 3, 5).reshape(bt, t, hq, d)  # head = kv * g + group
 
 
 def length_chunks(

@@ -38,10 +38,13 @@ from collections.abc import Sequence
 from contextlib import nullcontext
 
 import torch
-from transformers import AttentionInterface
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
-from tether.algos.attention import attention_implementation, supports_custom_attention
+from tether.algos.attention import (
+    attention_implementation,
+    register_attention,
+    supports_custom_attention,
+)
 from tether.rollout.base import Generation, RolloutEngine, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -154,24 +157,15 @@ class _GroupedPrompts:
         self.rows_per_prompt = int(self.rank.max()) + 1
 
 
-def _grouped_prompt_attention(
-    module,
-    query,
-    key,
-    value,
-    attention_mask,
-    dropout: float = 0.0,
-    scaling: float | None = None,
-    grouped_prompts=None,
-    **kwargs,
-):
+@register_attention(GROUPED_PROMPT_ATTENTION, "grouped_prompts")
+def _grouped_prompt_attention(module, query, key, value, scale: float, grouped_prompts):
     """Decode attention of b rows over their shared prompt (stored once per distinct
     prompt) plus their own decoded tokens, softmax merged exactly across the two parts.
 
     query [b, Hq, 1, D]; key/value [b, Hkv, s, D]: each row's own decoded tokens (all
     valid).  The prompt part runs as one batched matmul per distinct prompt (its rows
     folded into the query rows), so the prompt's keys/values are read once per prompt
-    instead of once per row.  Returns ([b, 1, Hq, D], None) like HF attention functions.
+    instead of once per row.  Returns [b, 1, Hq, D].
     """
     gp: _GroupedPrompts = grouped_prompts
     pk, pv = gp.keys[module.layer_idx], gp.values[module.layer_idx]  # [U, Hkv, P, D]
@@ -180,7 +174,6 @@ def _grouped_prompt_attention(
         raise ValueError("grouped-prompt attention is for one-token decode steps")
     hkv, n_prompts, r = key.shape[1], pk.shape[0], gp.rows_per_prompt
     g = hq // hkv
-    scale = d**-0.5 if scaling is None else scaling
     q = query[:, :, 0] * scale  # [b, Hq, D]
     # Prompt part, in a padded [U, Hkv, r*g, .] layout: one matmul per distinct prompt.
     q_pad = q.new_zeros(n_prompts, r, hq, d)
@@ -207,10 +200,7 @@ def _grouped_prompt_attention(
     m = torch.maximum(m_pre, m_own)
     a, c = torch.exp(m_pre - m), torch.exp(m_own - m)
     out = (o_pre * a + o_own * c) / (l_pre * a + l_own * c)  # [b, Hkv, g, D]
-    return out.reshape(b, 1, hq, d).to(query.dtype), None
-
-
-AttentionInterface.register(GROUPED_PROMPT_ATTENTION, _grouped_prompt_attention)
+    return out.reshape(b, 1, hq, d)
 
 
 def _sample(
