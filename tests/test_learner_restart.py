@@ -1,7 +1,9 @@
 """Learner death recovered in place: a learner rank SIGKILLed mid-update (world size 1
-and 2), or as it gathers the weights for the rollout workers. The driver rebuilds the group from the last checkpoint, re-runs the lost
-iteration with the same seeds and finishes in the same MLflow run; from the restart on
-its metrics equal those of a run resumed from a copy of the same checkpoint."""
+and 2), as it gathers the weights for the rollout workers, or as the driver asks for its
+state to checkpoint an iteration it has already logged. The driver rebuilds the group
+from the last checkpoint, re-runs the lost iteration with the same seeds and finishes in
+the same MLflow run, every step logged once; from the restart on its metrics equal those
+of a run resumed from a copy of the same checkpoint."""
 
 from __future__ import annotations
 
@@ -55,7 +57,8 @@ def _config(tmp_path, models_dir, world_size):
 class Killer:
     """Wraps ``LearnerGroup.<method>`` in this (driver) process: at its KILL_AT-th call,
     rank ``rank`` is SIGKILLed 50 ms into ``update`` (while it runs), or just before
-    ``state_dict`` (the weights the rollout workers then fail to fetch)."""
+    ``state_dict`` (the weights the rollout workers then fail to fetch) or ``full_state``
+    (iteration KILL_AT's checkpoint, after its metrics were logged)."""
 
     def __init__(self, method: str, rank: int):
         self.method, self.rank, self.calls, self.killed = method, rank, 0, None
@@ -87,7 +90,9 @@ def _metrics(client, run_id, steps):
     return out
 
 
-@pytest.mark.parametrize("world_size, method", [(1, "update"), (2, "update"), (1, "state_dict")])
+@pytest.mark.parametrize(
+    "world_size, method", [(1, "update"), (2, "update"), (1, "state_dict"), (1, "full_state")]
+)
 def test_learner_rank_killed_is_rebuilt_in_place(
     micro_policy, models_dir, ray_local, tmp_path, monkeypatch, world_size, method
 ):
@@ -121,7 +126,8 @@ def test_learner_rank_killed_is_rebuilt_in_place(
         m.step: m.value
         for m in client.get_metric_history(summary.run_id, "tether.learner_restarts")
     }
-    assert restarts == {1: 0, 2: 0, 3: 1, 4: 1}
+    # (a death at the checkpoint: iteration KILL_AT had been logged, with no restart yet)
+    assert restarts == {1: 0, 2: 0, 3: 0 if method == "full_state" else 1, 4: 1}
 
     # The reference: a fresh driver resumed from the same checkpoint (as `--resume` does).
     reference = Trainer(
@@ -143,18 +149,23 @@ def test_learner_killed_before_the_first_checkpoint_is_rebuilt_from_the_start(
     """No checkpoint yet (``trainer.checkpoint_every`` = the run's length): a learner
     killed in iteration KILL_AT's update is rebuilt from the run's starting weights and
     the run starts over from iteration 1 in the same MLflow run, with the same seeds: the
-    iterations before the kill, logged twice, log equal values both times."""
+    iterations before the kill run twice with equal metrics (the events of both) and are
+    logged once."""
     from tether.platform.driver import Trainer
 
     killer = Killer("update", rank=0)
     monkeypatch.setattr(LearnerGroup, "update", lambda group, *args: killer(group, *args))
     cfg = _config(tmp_path, models_dir, world_size=1)
     cfg.trainer.checkpoint_every = ITERATIONS  # the first checkpoint: after the last iteration
-    failures = []
+    failures, runs = [], {}  # iteration -> the metrics of each time it ran
 
     def on_event(kind, data):
         if kind == "learner_failed":
             failures.append(data)
+        elif kind == "iteration":
+            runs.setdefault(data["iteration"], []).append(
+                {k: v for k, v in data.items() if not k.startswith(NOT_COMPARED)}
+            )
 
     summary = Trainer(cfg, on_event).run()
     assert killer.killed is not None
@@ -165,9 +176,14 @@ def test_learner_killed_before_the_first_checkpoint_is_rebuilt_from_the_start(
     assert tags["tether.learner_restarts"] == "1"
     assert "rebuilt from the run's starting weights" in tags["tether.learner_restart_1"]
     before_the_kill = set(range(1, KILL_AT))
-    twice = _metrics(client, summary.run_id, before_the_kill)
-    assert {len(values) for values in twice.values()} == {2} and len(twice) > 20
-    different = {k: v for k, v in twice.items() if v[0] != v[1]}
-    assert not different, different
-    once = _metrics(client, summary.run_id, set(range(KILL_AT, ITERATIONS + 1)))
-    assert {len(values) for values in once.values()} == {1}
+    assert {it for it, ran in runs.items() if len(ran) == 2} == before_the_kill
+    for it in before_the_kill:  # re-run with the same seeds from the same weights: equal
+        first, again = runs[it]
+        different = {k: (v, again.get(k)) for k, v in first.items() if again.get(k) != v}
+        assert not different and len(first) > 20, (it, different)
+    logged = _metrics(client, summary.run_id, set(range(1, ITERATIONS + 1)))
+    assert {len(values) for values in logged.values()} == {1} and len(logged) > 20 * ITERATIONS
+    first_run = {(k, it): [v] for it, ran in runs.items() for k, v in ran[0].items()}
+    assert {k: v for k, v in logged.items() if k[1] in before_the_kill} == {
+        k: v for k, v in first_run.items() if k in logged and k[1] in before_the_kill
+    }

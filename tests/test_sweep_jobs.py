@@ -109,7 +109,13 @@ def cluster(tmp_path_factory, micro_policy):
 
     try:
         _wait(dashboard_up, 240, "the Ray dashboard")
-        yield {"address": dashboard, "env": env, "models": str(Path(micro_policy).parent)}
+        yield {
+            "address": dashboard,
+            "env": env,
+            "models": str(Path(micro_policy).parent),
+            "pid": head.pid,  # its processes (workers, actors) are this one's descendants
+            "logs": Path(temp_dir) / "session_latest" / "logs",
+        }
     finally:
         for sig, grace in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
             try:
@@ -133,7 +139,9 @@ def _ray(cluster, *args, check=True, timeout=300) -> subprocess.CompletedProcess
     return proc
 
 
-def _submit(cluster, job_id: str, *sweep_args: str) -> None:
+def _submit(cluster, job_id: str, *sweep_args: str, shape: tuple[str, ...] = SHORT) -> None:
+    """``tether sweep SWEEP_YAML`` as job ``job_id``: the spec cut to ``shape``, then
+    ``sweep_args``."""
     # A longer stop grace than Ray's 3 s default, so `ray job stop` lets Tune end the
     # trials and save its state (the README's recipe).
     runtime_env = json.dumps({"env_vars": {"RAY_JOB_STOP_WAIT_TIME_S": "90"}})
@@ -154,7 +162,7 @@ def _submit(cluster, job_id: str, *sweep_args: str) -> None:
         "tether",
         "sweep",
         SWEEP_YAML,
-        *SHORT,
+        *shape,
         *sweep_args,
     )
 

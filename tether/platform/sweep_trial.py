@@ -31,10 +31,14 @@ def run_trial(config: dict[str, Any], spec_json: str, parent_run_id: str) -> Non
         **{f"sweep.param.{k}": v for k, v in flat_values(values).items()},
     }
 
+    reported = [0]  # the last iteration Tune has
+
     def on_event(kind: str, data: dict) -> None:
         if kind == Event.TRACKING:  # the spool's start and drain lines, into the trial's log
             print(data["message"], flush=True)
-        elif kind == Event.ITERATION:
+        elif kind == Event.ITERATION and data["iteration"] > reported[0]:
+            # (an iteration re-run after a learner rebuild is reported, as logged, once)
+            reported[0] = data["iteration"]
             tune.report(
                 {
                     k: float(v)

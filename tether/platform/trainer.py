@@ -133,6 +133,9 @@ class Trainer:
         self.tokenizer, self.spans, self.learner = None, None, None
         self.tracker = None
         self.iteration_done = 0
+        #: the last iteration whose metrics this process logged: a learner rebuilt in place
+        #: re-runs iterations after its checkpoint, and those already logged stay logged once
+        self.logged_through = 0
         self.start_state: RunState | None = None  # the driver's parts before iteration 1
         self.val_history: dict[int, float] = {}
         self.val_intervals: dict[int, tuple[float, float]] = {}
@@ -241,12 +244,16 @@ class Trainer:
         t = self.cfg.trainer
         if due(it, t.val_every, last=t.iterations):
             self.log_validation(it, metrics)
-        logging_started = time.perf_counter()
-        self.tracker.log_metrics(metrics, step=it)
-        log_samples(self.tracker, self.cfg.trainer, it, self.last_collected, self.tokenizer.decode)
-        # The logging's own time cannot be in the dict it logs: it follows on its own.
-        metrics["timing/log"] = time.perf_counter() - logging_started
-        self.tracker.log_metrics({"timing/log": metrics["timing/log"]}, step=it)
+        if it > self.logged_through:  # else re-run after a learner rebuild: logged already
+            logging_started = time.perf_counter()
+            self.tracker.log_metrics(metrics, step=it)
+            log_samples(
+                self.tracker, self.cfg.trainer, it, self.last_collected, self.tokenizer.decode
+            )
+            # The logging's own time cannot be in the dict it logs: it follows on its own.
+            metrics["timing/log"] = time.perf_counter() - logging_started
+            self.tracker.log_metrics({"timing/log": metrics["timing/log"]}, step=it)
+            self.logged_through = it
         self.iteration_done, self.last_metrics = it, metrics
         if any(key.startswith("collapse/") for key in metrics):
             self.last_diagnostics = {
