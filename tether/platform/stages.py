@@ -186,3 +186,15 @@ def log_samples(
             {"iteration": it, "groups": group_rewards(trajectories)},
             f"prompts/iter_{it:04d}.json",
         )
+
+
+def log_iteration(
+    tracker: Tracker, t: TrainerConfig, it: int, metrics: dict, trajectories, decode: Callable
+) -> None:
+    """Iteration ``it``'s metrics and samples; ``timing/log`` (the logging's own time,
+    which cannot be in the dict it logs) follows on its own and is added to ``metrics``."""
+    started = time.perf_counter()
+    tracker.log_metrics(metrics, step=it)
+    log_samples(tracker, t, it, trajectories, decode)
+    metrics["timing/log"] = time.perf_counter() - started
+    tracker.log_metrics({"timing/log": metrics["timing/log"]}, step=it)

@@ -59,7 +59,7 @@ from .stages import (
     advantages,
     dynamic_sampling,
     filter_groups,
-    log_samples,
+    log_iteration,
     memory_metrics,
     validation_episodes,
 )
@@ -245,14 +245,7 @@ class Trainer:
         if due(it, t.val_every, last=t.iterations):
             self.log_validation(it, metrics)
         if it > self.logged_through:  # else re-run after a learner rebuild: logged already
-            logging_started = time.perf_counter()
-            self.tracker.log_metrics(metrics, step=it)
-            log_samples(
-                self.tracker, self.cfg.trainer, it, self.last_collected, self.tokenizer.decode
-            )
-            # The logging's own time cannot be in the dict it logs: it follows on its own.
-            metrics["timing/log"] = time.perf_counter() - logging_started
-            self.tracker.log_metrics({"timing/log": metrics["timing/log"]}, step=it)
+            log_iteration(self.tracker, t, it, metrics, self.last_collected, self.tokenizer.decode)
             self.logged_through = it
         self.iteration_done, self.last_metrics = it, metrics
         if any(key.startswith("collapse/") for key in metrics):
