@@ -20,6 +20,7 @@ import gc
 import math
 import socket
 from contextlib import nullcontext
+from dataclasses import replace
 from pathlib import Path
 
 import ray
@@ -30,6 +31,7 @@ from ..algos.update import UpdateSettings, policy_update, prepare_batch
 from ..policy.critic import ValueModel
 from ..policy.load import load_model, load_tokenizer
 from ..policy.lora import LoraConfig, add_lora, merged_state_dict
+from ..policy.precision import resolve_autocast
 from .memory import peak_rss_gb
 
 
@@ -133,7 +135,7 @@ class Learner:
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         torch.manual_seed(seed)
-        self.settings = settings
+        self.settings = self._resolved(settings)
         self.model, self.peft = self._load_policy()
         self.critic = ValueModel(self.model_path, self.dtype) if self.use_critic else None
         #: The frozen initial policy, for the KL regulariser (LoRA: the policy itself with
@@ -160,11 +162,15 @@ class Learner:
         self.updates = 0
         self.extractor = None
 
+    def _resolved(self, settings: UpdateSettings) -> UpdateSettings:
+        """``settings`` with ``autocast: auto`` decided for this process's device."""
+        return replace(settings, autocast=resolve_autocast(settings.autocast, self.device.type))
+
     def adjust(self, settings: UpdateSettings, lr: float) -> None:
         """New update settings and policy learning rate mid-run (an act-mode alarm's
         response).  A KL coefficient raised from 0 loads the reference policy (the run's
         initial weights) the first time (LoRA: nothing to load, the base weights are it)."""
-        self.settings = settings
+        self.settings = self._resolved(settings)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         if settings.kl_coef > 0 and self.reference is None and self.peft is None:
@@ -299,8 +305,13 @@ class Learner:
         return peak_rss_gb(reset=True)
 
     def dtype_effective(self) -> str:
-        """The dtype the policy's parameters really have (``model.dtype`` as loaded)."""
-        return str(next(self.model.parameters()).dtype).removeprefix("torch.")
+        """The dtype the policy's parameters really have (``model.dtype`` as loaded), and
+        the autocast its forwards run in (``algo.autocast`` as decided here), if any."""
+        dtype = str(next(self.model.parameters()).dtype).removeprefix("torch.")
+        autocast = getattr(getattr(self, "settings", None), "autocast", "none")
+        if autocast != "none":
+            return f"{dtype} ({autocast} autocast)"
+        return dtype
 
     # -- weights and checkpoints ------------------------------------------------------
     def state_dict(self) -> dict:

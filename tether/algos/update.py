@@ -82,6 +82,8 @@ class UpdateSettings:
     #: (``losses.behaviour_weights``), and its cap (tis_cap or decoupled_cap).
     off_policy: str
     off_policy_cap: float
+    #: Mixed precision of the learner's forwards: none or bfloat16 (``autocast``).
+    autocast: str
 
     @classmethod
     def from_config(cls, algo: AlgoConfig, rollout_temperature: float) -> UpdateSettings:
@@ -105,6 +107,7 @@ class UpdateSettings:
             adam_eps=algo.adam_eps,
             off_policy=algo.off_policy,
             off_policy_cap=algo.decoupled_cap if algo.off_policy == "decoupled" else algo.tis_cap,
+            autocast=algo.autocast,
         )
 
 
@@ -197,6 +200,15 @@ def _device(model) -> torch.device:
     return next(model.parameters()).device
 
 
+def autocast(model, precision: str) -> AbstractContextManager:
+    """The learner's forwards in ``precision`` (``UpdateSettings.autocast``): bfloat16
+    autocast on the model's device, or nothing.  The vocabulary head and the
+    log-softmax leave autocast (`vocab.head_logits`), so log-probs stay float32."""
+    if precision == "none":
+        return nullcontext()
+    return torch.autocast(_device(model).type, dtype=torch.bfloat16)
+
+
 def group_ordered(rows: torch.Tensor, group_index: torch.Tensor) -> torch.Tensor:
     """``rows`` reordered so each group's rows are adjacent (stable within a group)."""
     return rows[torch.argsort(group_index[rows], stable=True)]
@@ -245,6 +257,7 @@ def batch_logprobs(
     world_size: int = 1,
     shared_prefix: bool = True,
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    precision: str = "none",
 ):
     """Per-token log-probs of the batch under ``model`` (no grad), [B, T].
 
@@ -257,9 +270,10 @@ def batch_logprobs(
         rows_all = group_ordered(rows_all, batch.group_index)
     for rows, weight in rank_micro_batches(rows_all, micro_batch_size, rank, world_size):
         sub = trimmed_rows(batch, rows, _device(model))
-        lp, _ = micro_batch_logprobs(
-            model, sub, temperature, shared_prefix=shared_prefix, chunk_tokens=chunk_tokens
-        )
+        with autocast(model, precision):
+            lp, _ = micro_batch_logprobs(
+                model, sub, temperature, shared_prefix=shared_prefix, chunk_tokens=chunk_tokens
+            )
         if weight:
             out[rows, : lp.shape[1]] = lp.float().cpu()
     return out
@@ -311,6 +325,7 @@ def prepare_batch(
             s.micro_batch_size,
             shared_prefix=s.shared_prefix,
             chunk_tokens=s.logprob_chunk_tokens,
+            precision=s.autocast,
             **split,
         )
 
@@ -382,9 +397,15 @@ def policy_update(
                 critic_optimizer.zero_grad(set_to_none=True)
             for rows, weight in rank_micro_batches(mb_rows, s.micro_batch_size, rank, world_size):
                 mb = trimmed_rows(batch, rows, device)
-                logprobs, entropy = micro_batch_logprobs(
-                    model, mb, s.temperature, need_entropy, shared_prefix, s.logprob_chunk_tokens
-                )
+                with autocast(model, s.autocast):
+                    logprobs, entropy = micro_batch_logprobs(
+                        model,
+                        mb,
+                        s.temperature,
+                        need_entropy,
+                        shared_prefix,
+                        s.logprob_chunk_tokens,
+                    )
                 if s.entropy_coef == 0.0 and entropy is not None:
                     entropy = entropy.detach()
                 task_loss, reg_loss, m = objective(

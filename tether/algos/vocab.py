@@ -66,9 +66,20 @@ def model_states(model, **inputs) -> tuple[Tensor, torch.nn.Module | None]:
     return backbone(**inputs).last_hidden_state, head
 
 
+def head_logits(states: Tensor, head: torch.nn.Module | None) -> Tensor:
+    """float32 logits of hidden ``states`` (or of logits, ``head`` None).  Under autocast
+    (``algo.autocast``) the head leaves it: a bfloat16 logit of 10 is off by up to 0.03,
+    which would move a log-prob, and a PPO ratio, by as much."""
+    if head is None:
+        return states.float()
+    if torch.is_autocast_enabled(states.device.type):
+        with torch.autocast(states.device.type, enabled=False):
+            return head(states.float())
+    return head(states).float()
+
+
 def _chunk_logprobs(states, targets, head, temperature: float, with_entropy: bool):
-    logits = states if head is None else head(states)  # [n, V]
-    logits = logits.float()
+    logits = head_logits(states, head)  # [n, V] float32
     if temperature > 0 and temperature != 1.0:
         logits = logits / temperature
     log_probs = torch.log_softmax(logits, dim=-1)  # [n, V] float32

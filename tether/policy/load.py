@@ -16,6 +16,7 @@ from filelock import FileLock
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from .. import seeds
+from .precision import resolve_autocast
 from .warmstart import (
     build_tokenizer,
     demonstration_episodes,
@@ -47,7 +48,10 @@ def recipe(model_cfg, env_cfg, seed: int, max_reply_tokens: int) -> dict:
         "max_context": model_cfg.max_context,
         "max_reply_tokens": max_reply_tokens,
         "seed": seed if ws.seed is None else ws.seed,
-        "warm_start": ws.model_dump(mode="json", exclude={"seed"}),
+        # ``autocast`` is dumped only when set, so recipes without it keep their keys.
+        "warm_start": ws.model_dump(
+            mode="json", exclude={"seed"} | ({"autocast"} if ws.autocast == "none" else set())
+        ),
     }
 
 
@@ -127,6 +131,8 @@ def build_warm_model(spec: dict, out_dir: Path, progress=None, isolation: str = 
         "demo_episodes": len(sequences),
     }
     if ws["episodes"] > 0:
+        ws = {**ws, "autocast": resolve_autocast(ws.get("autocast", "none"), "cpu")}
+        stats["autocast"] = ws["autocast"]
         stats.update(
             warm_start_stages(model, formatter, episodes, sequences, ws, spec["seed"], progress)
         )
@@ -163,6 +169,7 @@ def warm_start_stages(
             ws["lr"],
             seed,
             counted(0),
+            ws.get("autocast", "none"),
         )
         stats.update({f"state_turn_{k}": v for k, v in first.items()})
     stats.update(
@@ -175,6 +182,7 @@ def warm_start_stages(
             ws["lr"],
             seed,
             counted(first_steps),
+            ws.get("autocast", "none"),
         )
     )
     return stats

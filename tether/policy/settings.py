@@ -52,6 +52,14 @@ class WarmStartConfig(StrictSection):
         description="Demonstration reasoning opens with the whole "
         "observed state (FrozenLake: the map's rows), where the env supports it.",
     )
+    autocast: Literal["none", "bfloat16", "auto"] = Field(
+        "none",
+        description="Mixed precision of the warm start: bfloat16 runs its forward and "
+        "backward in bfloat16 autocast (weights, AdamW state and the loss in float32), "
+        "1.7x faster on a CPU with AVX512-BF16 (benchmarks/RESULTS.md, 'Mixed "
+        "precision'); none = float32 throughout; auto = bfloat16 where the CPU or GPU "
+        "computes it natively, else none (tether.policy.precision).",
+    )
     seed: int | None = Field(
         None,
         description="Seed of the warm start (demonstrations, "

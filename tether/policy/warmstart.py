@@ -130,8 +130,10 @@ def supervised_finetune(
     lr: float,
     seed: int,
     progress=None,
+    autocast: str = "none",
 ) -> dict:
-    """Next-token cross-entropy on the masked (assistant) tokens; returns final stats."""
+    """Next-token cross-entropy on the masked (assistant) tokens; returns final stats.
+    ``autocast`` bfloat16 runs the forward in bfloat16 autocast (the loss in float32)."""
     model.train()
     generator = np.random.default_rng(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
@@ -159,9 +161,12 @@ def supervised_finetune(
                 target = torch.tensor(ids)
                 target[torch.tensor(mask) == 0] = -100
                 labels[row, : len(ids)] = target
-            logits = model(input_ids=input_ids, attention_mask=attention).logits  # [B, T, V]
+            with torch.autocast(
+                input_ids.device.type, dtype=torch.bfloat16, enabled=autocast == "bfloat16"
+            ):
+                logits = model(input_ids=input_ids, attention_mask=attention).logits  # [B, T, V]
             loss = torch.nn.functional.cross_entropy(
-                logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1)
+                logits[:, :-1].float().reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1)
             )
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
