@@ -81,7 +81,7 @@ LAYER_MAP: dict[str, set[str] | str] = {
     "agent": {"envs", "rollout.base", "seeds"},
     "diagnostics": {"algos", "agent", "lazy", "sections"},
     "policy": {"agent", "envs", "seeds", "sections"},
-    "rollout": {"algos", "seeds"},
+    "rollout": {"algos", "seeds", "sections"},
     "testing": {"actors", "algos", "diagnostics", "policy", "platform"},
     "analysis": {"platform.tracking", "platform.sweep_spec"},
     "actors": {"agent", "algos", "diagnostics", "envs", "policy", "rollout", "seeds"},

