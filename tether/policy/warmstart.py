@@ -121,6 +121,16 @@ def build_tokenizer(episodes: list[DemoEpisode], vocab_size: int, numerals: str 
     return train_tokenizer((e.text() for e in episodes), vocab_size=vocab_size, numerals=numerals)
 
 
+def _logits(model, input_ids, attention, autocast: str) -> torch.Tensor:
+    """float32 logits; with ``autocast`` bfloat16 the body runs in bfloat16 autocast and
+    the head in float32 on float32 states, as in the learner (`algos/vocab.head_logits`)."""
+    if autocast != "bfloat16":
+        return model(input_ids=input_ids, attention_mask=attention).logits.float()
+    with torch.autocast(input_ids.device.type, dtype=torch.bfloat16):
+        states = model.model(input_ids=input_ids, attention_mask=attention).last_hidden_state
+    return model.lm_head(states.float())
+
+
 def supervised_finetune(
     model,
     sequences: list[tuple[list[int], list[int]]],
@@ -161,12 +171,9 @@ def supervised_finetune(
                 target = torch.tensor(ids)
                 target[torch.tensor(mask) == 0] = -100
                 labels[row, : len(ids)] = target
-            with torch.autocast(
-                input_ids.device.type, dtype=torch.bfloat16, enabled=autocast == "bfloat16"
-            ):
-                logits = model(input_ids=input_ids, attention_mask=attention).logits  # [B, T, V]
+            logits = _logits(model, input_ids, attention, autocast)  # [B, T, V] float32
             loss = torch.nn.functional.cross_entropy(
-                logits[:, :-1].float().reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1)
+                logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1)
             )
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
