@@ -34,7 +34,7 @@ def trial(trial_id, status, iteration=0, success=None):
 
 @pytest.fixture
 def callback(monkeypatch):
-    monkeypatch.setattr(sweep_progress, "finalize_child", lambda *a: None)  # no MLflow here
+    monkeypatch.setattr(sweep_progress, "finalize_child", lambda *a: True)  # no MLflow here
     spec = load_sweep_spec(ROOT / "experiments" / "filters_smoke.yaml")
     return sweep.SweepProgress("sqlite:///unused.db", "0", "parent", spec.to_json())
 
@@ -169,3 +169,28 @@ def test_run_display_shows_every_event_the_run_emits():
         bars(Event.WARM_START, samples[Event.WARM_START])
         bars(Event.ITERATION, samples[Event.ITERATION])
     assert set(bars.tasks) == {"warm", "train"}
+
+
+def test_a_trial_ending_while_the_tracking_server_is_away_does_not_end_the_sweep(
+    monkeypatch, capsys
+):
+    """Tune's trial-end callback closes a run Tune ended; with the server away it says so
+    in one line and leaves the run to the sweep's end, where it used to raise out of the
+    callback (which ends the whole sweep)."""
+    import socket
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # fail fast, not in minutes
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    spec = load_sweep_spec(ROOT / "experiments" / "filters_smoke.yaml")
+    cb = sweep.SweepProgress(f"http://127.0.0.1:{port}", "0", "parent", spec.to_json())
+    a = trial("a", "RUNNING")
+    cb.on_trial_complete(2, [a], a)
+    cb.on_trial_error(2, [a], a)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == (
+        f"trial a: tracking server http://127.0.0.1:{port} is away; its run is closed at "
+        "the sweep's end, once the server answers"
+    )
+    assert lines[1] == "trial a finished" and lines[3].startswith("trial a FAILED")

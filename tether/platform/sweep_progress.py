@@ -73,18 +73,24 @@ class SweepProgress(Callback):
         )
 
     def on_trial_complete(self, iteration, trials, trial, **info):
-        finalize_child(
-            self.tracking_uri, self.experiment_id, self.parent_run_id, trial.trial_id, "FINISHED"
-        )
+        self._finalize(trial, "FINISHED")
         _say(f"trial {trial.trial_id} finished")
         self._draw(trials, ended=trial.trial_id)
 
     def on_trial_error(self, iteration, trials, trial, **info):
-        finalize_child(
-            self.tracking_uri, self.experiment_id, self.parent_run_id, trial.trial_id, "FAILED"
-        )
+        self._finalize(trial, "FAILED")
         _say(f"trial {trial.trial_id} FAILED (error log: {trial.local_path})")
         self._draw(trials, ended=trial.trial_id)
+
+    def _finalize(self, trial, status: str) -> None:
+        """Close the trial's MLflow run if Tune ended it; with the server away, say so and
+        leave it to the sweep's end (never raise: that would end the sweep)."""
+        ids = (self.tracking_uri, self.experiment_id, self.parent_run_id)
+        if not finalize_child(*ids, trial.trial_id, status):
+            _say(
+                f"trial {trial.trial_id}: tracking server {self.tracking_uri} is away; its "
+                "run is closed at the sweep's end, once the server answers"
+            )
 
 
 _display = None  # the driver's SweepDisplay while Tune runs (never pickled)

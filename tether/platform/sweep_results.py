@@ -33,15 +33,28 @@ def _children(uri: str, experiment_id: str, parent_run_id: str, extra: str = "")
 
 def finalize_child(
     uri: str, experiment_id: str, parent_run_id: str, trial_id: str, status: str
-) -> None:
-    """Tune ended a trial (early stop, error) that could not close its own MLflow run."""
+) -> bool:
+    """Tune ended a trial (early stop, error) that could not close its own MLflow run.
+
+    With the tracking server away (checked once, then any availability error of the
+    writes) it does nothing and returns False: a Tune callback that raised would end the
+    whole sweep, and the sweep's end (``end_of_sweep``) replays the trials' spools and
+    closes what is still RUNNING once the server answers."""
+    if not server_healthy(uri, 5):
+        return False
     client = MlflowClient(uri)
-    for run in _children(
-        uri, experiment_id, parent_run_id, f"tags.`sweep.trial_id` = '{trial_id}'"
-    ):
-        if run.info.status == "RUNNING":
-            client.set_tag(run.info.run_id, "sweep.ended_by", "tune")
-            client.set_terminated(run.info.run_id, status)
+    try:
+        for run in _children(
+            uri, experiment_id, parent_run_id, f"tags.`sweep.trial_id` = '{trial_id}'"
+        ):
+            if run.info.status == "RUNNING":
+                client.set_tag(run.info.run_id, "sweep.ended_by", "tune")
+                client.set_terminated(run.info.run_id, status)
+    except Exception as exc:
+        if not (isinstance(exc, TrackingError) or transient(exc)):
+            raise
+        return False
+    return True
 
 
 def close_stale_children(uri: str, experiment_id: str, parent_run_id: str) -> int:
