@@ -68,7 +68,7 @@ def sft_step(precision: str) -> None:
 
 
 def update_pass(precision: str) -> None:
-    with autocast(model, precision):
+    with autocast(model, "none" if precision == "float32" else precision):
         logprobs, entropy = token_logprobs(model, input_ids, attention, with_entropy=True)
     ((logprobs + 0.001 * entropy) * reply).sum().backward()
     model.zero_grad(set_to_none=True)
