@@ -35,3 +35,25 @@ def assert_actor_processes_ended(timeout: float = 60.0) -> None:
     (within ``timeout`` seconds): whatever ended the run ended its actors too."""
     left = tether_actor_processes(timeout)
     assert left == [], f"actor processes still alive after {timeout:g} s: {left}"
+
+
+def group_processes(pgid: int) -> list[int]:
+    """The live (not zombie) processes of process group ``pgid``."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            state, _ppid, pgrp = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[:3]
+        except (OSError, ValueError):
+            continue
+        if int(pgrp) == pgid and state != "Z":
+            found.append(int(pid))
+    return found
+
+
+def wait_for_group_to_end(pgid: int, timeout: float) -> list[int]:
+    """Poll until process group ``pgid`` has no live process or ``timeout`` seconds
+    passed; what is left (empty: the group ended)."""
+    deadline = time.monotonic() + timeout
+    while (left := group_processes(pgid)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left

@@ -17,9 +17,19 @@ def _closed_port() -> int:
         return s.getsockname()[1]
 
 
-def test_unreachable_address_says_so_within_30_seconds(tmp_path):
+def test_unreachable_address_says_so_before_ray_is_imported(tmp_path):
+    """One line, and in seconds: the refusal comes from one refused connection before
+    Ray is imported (``ray.init`` keeps retrying an unreachable GCS for minutes).  What
+    ran is checked, not how long it took (a loaded machine stretches a stopwatch): a
+    ``ray`` first on the path that notes its import and fails stands in for Ray."""
     port = _closed_port()
-    started = time.monotonic()
+    stand_in, imported = tmp_path / "stand_in", tmp_path / "ray_imported"
+    (stand_in / "ray").mkdir(parents=True)
+    (stand_in / "ray" / "__init__.py").write_text(
+        f"open({str(imported)!r}, 'w').close()\n"
+        "raise ImportError('ray imported before the address was checked')\n"
+    )
+    pythonpath = os.pathsep.join(filter(None, [str(stand_in), os.environ.get("PYTHONPATH")]))
     done = subprocess.run(
         [
             sys.executable,
@@ -34,15 +44,15 @@ def test_unreachable_address_says_so_within_30_seconds(tmp_path):
         ],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=120,  # a hang guard, not the check
         cwd=Path(__file__).parent.parent,
+        env={**os.environ, "PYTHONPATH": pythonpath},
     )
-    elapsed = time.monotonic() - started
     assert done.returncode == 2, done.stdout + done.stderr
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, done.stderr
     assert f"127.0.0.1:{port} is unreachable" in lines[0] and "ray start --head" in lines[0]
-    assert elapsed < 30, f"took {elapsed:.1f} s"
+    assert not imported.exists(), "ray was imported before the refusal"
     assert not (tmp_path / "models").exists()  # failed before the warm start
 
 

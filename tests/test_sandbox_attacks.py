@@ -362,12 +362,15 @@ def test_no_result_crashes_the_judge(isolation, answer, expected):
     ],
 )
 def test_the_os_layer_alone_holds_the_classic_attacks(name, code, status, needle):
-    started = time.perf_counter()
     run = run_python(code, limits=ON, bootstrap=UNGUARDED)
     assert run.status in (status if isinstance(status, tuple) else (status,)), (name, run)
     assert needle in run.stderr + run.stdout, (name, run)
     if name == "infinite loop":  # RLIMIT_CPU's SIGXCPU, or the wall clock on a busy machine
         assert run.returncode in (128 + signal.SIGXCPU, -signal.SIGKILL), run
-    assert time.perf_counter() - started < 6
+    # Every attack ends, and what ended it is checked rather than timed (a loaded machine
+    # stretches a stopwatch): ok or error, it ended on its own before the 3 s deadline
+    # (past it, the status is timeout); timeout or output_limit, the parent killed it.
+    if run.status in ("timeout", "output_limit"):
+        assert run.returncode == -signal.SIGKILL, (name, run)
     if name == "host /tmp":  # only the run's own directory
         assert eval(run.stdout) == ["sandbox"]

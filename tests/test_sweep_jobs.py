@@ -25,6 +25,8 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from tests.processes import wait_for_group_to_end
+
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
@@ -126,7 +128,7 @@ def cluster(tmp_path_factory, micro_policy):
                 head.wait(grace)
             except subprocess.TimeoutExpired:
                 continue
-            time.sleep(2)  # let the group's other processes go too
+            wait_for_group_to_end(head.pid, grace)  # its other processes too (else SIGKILL)
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 

@@ -240,11 +240,24 @@ def test_an_unreachable_server_refuses_the_run_before_ray_or_the_warm_start(tmp_
     monkeypatch.setattr(preflight, "connect", work("Ray"))
     monkeypatch.setattr(preflight, "wait_until_fits", lambda *args, **kwargs: None)
     monkeypatch.setattr(preflight, "resolve_model", work("the warm start"))
+    # Refused in seconds: after one /health request with a timeout of at most 5 s (and,
+    # by the stand-ins above, before Ray, the MLflow client with its retry budget or the
+    # warm start).  The requests are recorded, not timed: a loaded machine cannot fail it.
+    from tether.platform import tracking
+
+    probes, urlopen = [], tracking.urllib.request.urlopen
+
+    def recorded(url, *args, timeout=None, **kwargs):
+        probes.append((url, timeout))
+        return urlopen(url, *args, timeout=timeout, **kwargs)
+
+    monkeypatch.setattr(tracking.urllib.request, "urlopen", recorded)
     ray_before = ray.is_initialized()  # an earlier test of the session may have started it
-    started = time.monotonic()
     with pytest.raises(TrackingError) as refused:
         Trainer(cfg).run()
-    assert time.monotonic() - started < 30 and ray.is_initialized() == ray_before
+    assert [url for url, _ in probes] == [f"{uri}/health"], probes
+    assert 0 < probes[0][1] <= 5.0, probes
+    assert ray.is_initialized() == ray_before
     message = str(refused.value)
     assert (
         message.startswith(f"MLflow tracking server {uri} is unreachable") and "\n" not in message
