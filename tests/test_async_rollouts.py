@@ -3,7 +3,8 @@
 - k = 0 is the synchronous loop bit for bit: the first 3 iterations log exactly the
   metrics the loop before the pipeline logged (recorded on main at a57160c with
   ``python tests/test_async_rollouts.py OUT.json``, on the micro policy whose weights'
-  digest the file holds);
+  digest the file holds); the update's own metrics to 1e-6, since its micro-batches
+  are cut by length (2026-11-26: the same sums added in another order);
 - k = 1 and 2: every trained batch is at most k weight versions behind the learner,
   read from the trajectories' own ``policy_version`` (not from the pipeline's metric),
   and the pipeline really runs ahead (a batch k versions old is trained on);
@@ -27,6 +28,14 @@ from tether.platform.config import build_config
 
 RECORDED = Path(__file__).parent / "data" / "sync_loop_metrics.json"
 NOT_COMPARED = ("timing/", "system/", "rollout/tokens_per_s")
+#: Metrics of the update itself: equal up to the order of its floating-point sums.
+SUM_ORDER = ("actor/", "collapse/reasoning_token_entropy")
+
+
+def _same(key: str, logged: float | None, recorded: float) -> bool:
+    if logged is None or not key.startswith(SUM_ORDER):
+        return logged == recorded
+    return abs(logged - recorded) <= 1e-6 * (1 + abs(recorded))
 
 
 def _config(tmp_path, models_dir, iterations: int, rollout=None, algo=None):
@@ -84,7 +93,9 @@ def test_k0_logs_what_the_synchronous_loop_logged(micro_policy, models_dir, ray_
     logged = _logged(summary, {1, 2, 3})
     assert len(logged) > 60 and not any(k.startswith("async/") for k in logged)
     different = {
-        k: (logged.get(k), v) for k, v in recorded["metrics"].items() if logged.get(k) != v
+        k: (logged.get(k), v)
+        for k, v in recorded["metrics"].items()
+        if not _same(k.split("@")[0], logged.get(k), v)
     }
     assert not different and set(logged) == set(recorded["metrics"]), different
 

@@ -106,7 +106,7 @@ def test_multi_prefix_without_a_plain_head_matches_naive():
 
 
 def test_length_chunks_split_off_long_outliers():
-    from tether.diagnostics.multiprefix import length_chunks
+    from tether.algos.micro_batches import length_chunks
 
     lengths = [3, 2, 40, 3, 2, 4, 3, 2]
     chunks = length_chunks(lengths, max_rows=128, overhead=4)

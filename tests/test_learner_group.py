@@ -19,12 +19,14 @@ from tether.testing.settings import update_settings
 
 def test_rank_micro_batches_cover_rows_once_with_equal_pass_counts():
     rows = torch.arange(10)
-    split = [rank_micro_batches(rows, 3, r, 3) for r in range(3)]  # 4 micro-batches, 3 ranks
+    split = [
+        rank_micro_batches(list(torch.split(rows, 3)), r, 3) for r in range(3)
+    ]  # 4 micro-batches, 3 ranks
     assert [len(s) for s in split] == [2, 2, 2]
     real = torch.cat([r for s in split for r, w in s if w == 1.0])
     assert sorted(real.tolist()) == list(range(10))
     assert [w for s in split for _, w in s].count(0.0) == 2
-    assert [r.tolist() for r, _ in rank_micro_batches(rows, 4)] == [
+    assert [r.tolist() for r, _ in rank_micro_batches(list(torch.split(rows, 4)))] == [
         [0, 1, 2, 3],
         [4, 5, 6, 7],
         [8, 9],

@@ -193,3 +193,95 @@ def test_one_step_loss_and_gradients_match_the_unoptimised_path(
     assert plain_metrics["actor/kl_loss"] > 1e-4 and abs(plain_metrics["actor/pg_loss"]) > 1e-4
     assert plain_grad.abs().max() > 1e-3
     assert torch.allclose(fast_grad, plain_grad, atol=1e-5, rtol=1e-4)
+
+
+def _cut_rows(batch, keep, pad_id):
+    """A copy of ``batch`` whose row r keeps its first ``keep[r]`` tokens."""
+    batch = copy.deepcopy(batch)
+    for row, end in enumerate(keep):
+        for name in ("attention_mask", "response_mask", "token_rewards", "sampling_logprobs"):
+            getattr(batch, name)[row, end:] = 0
+        batch.input_ids[row, end:] = pad_id
+    return batch
+
+
+@pytest.fixture(scope="module")
+def ragged_batch(policy, frozenlake_batch):
+    """Rows of every group alternately short (first turn only) and long: a multi-turn
+    batch whose episodes end after different numbers of turns."""
+    _, tok = policy
+    batch = _sampled_batch(
+        policy, "tether/FrozenLake-v0", groups=4, group_size=4, max_new=12, seed=3
+    )
+    lengths = batch.attention_mask.sum(-1)
+    first_reply = [int(batch.response_mask[r].nonzero()[0]) for r in range(batch.size)]
+    keep = [int(lengths[r]) if r % 2 else first_reply[r] + 4 for r in range(batch.size)]
+    return _cut_rows(batch, keep, tok.pad_token_id)
+
+
+def test_ragged_rows_are_cut_by_length_and_equal_groups_by_group(ragged_batch, countdown_batch):
+    from tether.algos.micro_batches import forward_positions, plan_micro_batches
+
+    def positions(batch, plan):
+        return sum(forward_positions(batch, chunk, True) for chunk in plan)
+
+    # Rows of distinct prompts (as in a minibatch cut from many groups): no prefix to
+    # share, so short and long rows go to separate micro-batches.
+    batch = copy.deepcopy(ragged_batch)
+    batch.group_index = torch.arange(batch.size)
+    rows = torch.arange(batch.size)
+    plan = plan_micro_batches(batch, rows, 4, shared_prefix=True)
+    assert sorted(torch.cat(plan).tolist()) == rows.tolist()  # every row once
+    assert all(len(chunk) <= 4 for chunk in plan)
+    long = batch.attention_mask.sum(-1) > batch.attention_mask.sum(-1).median()
+    assert all(len(set(long[chunk].tolist())) == 1 for chunk in plan)
+    assert positions(batch, plan) < positions(batch, list(torch.split(rows, 4)))
+
+    # One turn, rows of a group about equally long: whole groups, each prompt run once.
+    rows = torch.arange(countdown_batch.size)
+    plan = plan_micro_batches(countdown_batch, rows, 4, shared_prefix=True)
+    assert [len(set(countdown_batch.group_index[c].tolist())) for c in plan] == [1, 1, 1]
+
+
+@pytest.mark.parametrize("shared_prefix", [False, True])
+def test_the_update_is_the_same_however_its_rows_are_cut(policy, ragged_batch, shared_prefix):
+    """Micro-batches planned by length (3 rows at most) against one plain forward per
+    minibatch: the same gradient, and the same logged losses and fractions."""
+    model, _ = policy
+    batch = copy.deepcopy(ragged_batch)
+    batch.scores = torch.arange(batch.size, dtype=torch.float32) % 3
+    batch.sampling_logprobs = (
+        batch.sampling_logprobs
+        + 0.1
+        * torch.randn(batch.sampling_logprobs.shape, generator=torch.Generator().manual_seed(0))
+        * batch.response_mask
+    )
+    reference = copy.deepcopy(model).requires_grad_(False)
+    with torch.no_grad():
+        for p in reference.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(1)))
+    common = dict(kl_coef=0.04, entropy_coef=0.01, minibatches=2, max_grad_norm=1e9)
+    whole, whole_grad, _ = _one_step(
+        model,
+        reference,
+        batch,
+        update_settings(micro_batch_size=batch.size, shared_prefix=False, **common),
+    )
+    planned, planned_grad, _ = _one_step(
+        model,
+        reference,
+        batch,
+        update_settings(micro_batch_size=3, shared_prefix=shared_prefix, **common),
+    )
+    assert torch.allclose(planned_grad, whole_grad, atol=1e-5, rtol=1e-4)
+    assert whole_grad.abs().max() > 1e-3
+    for key in (
+        "actor/pg_loss",
+        "actor/kl_loss",
+        "actor/entropy_loss",
+        "actor/pg_clipfrac",
+        "actor/approx_kl",
+        "actor/entropy",
+    ):
+        assert planned[key] == pytest.approx(whole[key], abs=1e-5), key
+    assert whole["actor/pg_clipfrac"] > 0 and abs(whole["actor/pg_loss"]) > 1e-4

@@ -10,14 +10,15 @@ group sums (not averages) the gradients, so the step equals the world-size-1 ste
 Every rank runs the same number of forward/backward passes (FSDP's collectives run
 in lockstep): a rank short of micro-batches runs a copy of one with weight 0.
 
-Shared prefixes (``UpdateSettings.shared_prefix``, on by default): a minibatch's rows
-are ordered by group before they are cut into micro-batches, so a micro-batch holds
-whole GRPO groups, and each group's common prompt is run once per forward
-(``shared_prefix.py``).  Which rows share a micro-batch changes, the minibatch and
-its summed gradient do not; ``shared_prefix=False`` is the plain path the
-equivalence test compares against.  Data parallel (world size > 1) keeps the plain
-forward: whether a micro-batch takes one forward or two depends on its rows, and
-FSDP's per-forward all-gathers must run the same number of times on every rank.
+Which rows share a micro-batch (``micro_batches.plan_micro_batches``): whole GRPO
+groups, each group's common prompt run once per forward (``shared_prefix.py``;
+``UpdateSettings.shared_prefix``, on by default), or rows of similar length, whichever
+computes fewer token positions.  The minibatch and its summed gradient do not change;
+``shared_prefix=False`` with one row per micro-batch is the plain path the equivalence
+tests compare against.  Data parallel (world size > 1) keeps the plain forward: whether
+a micro-batch takes one forward or two depends on its rows, and FSDP's per-forward
+all-gathers must run the same number of times on every rank.  The logged metrics do
+not depend on the cut either (``_reduce``).
 """
 
 from __future__ import annotations
@@ -39,15 +40,12 @@ from .losses import (
     turn_count,
     value_loss,
 )
-from .shared_prefix import group_prefix_lengths, shared_prefix_saving, shared_prefix_token_logprobs
+from .micro_batches import plan_micro_batches, shared_prefix_plan
+from .shared_prefix import shared_prefix_token_logprobs
 from .vocab import DEFAULT_CHUNK_TOKENS
 
 if TYPE_CHECKING:
     from .settings import AlgoConfig
-
-#: Use the shared-prefix forward when it runs at most this fraction of the plain
-#: forward's token positions (below it, the two-forward overhead is not worth it).
-SHARED_PREFIX_MAX_FRACTION = 0.8
 
 
 @dataclass(frozen=True)
@@ -183,12 +181,11 @@ def trimmed_rows(
 
 
 def rank_micro_batches(
-    rows: torch.Tensor, micro_batch_size: int, rank: int = 0, world_size: int = 1
+    chunks: list[torch.Tensor], rank: int = 0, world_size: int = 1
 ) -> list[tuple[torch.Tensor, float]]:
-    """This rank's micro-batches of ``rows`` as (rows, weight): micro-batch k goes to
+    """This rank's micro-batches of ``chunks`` as (rows, weight): micro-batch k goes to
     rank k % world_size; a rank left short pads with a one-row copy of weight 0, so
     every rank makes ceil(n_micro / world_size) passes."""
-    chunks = list(torch.split(rows, micro_batch_size))
     passes = math.ceil(len(chunks) / world_size)
     return [
         (chunks[k], 1.0) if k < len(chunks) else (chunks[0][:1], 0.0)
@@ -209,11 +206,6 @@ def autocast(model, precision: str) -> AbstractContextManager:
     return torch.autocast(_device(model).type, dtype=torch.bfloat16)
 
 
-def group_ordered(rows: torch.Tensor, group_index: torch.Tensor) -> torch.Tensor:
-    """``rows`` reordered so each group's rows are adjacent (stable within a group)."""
-    return rows[torch.argsort(group_index[rows], stable=True)]
-
-
 def micro_batch_logprobs(
     model,
     mb: TrajectoryBatch,
@@ -225,23 +217,22 @@ def micro_batch_logprobs(
     """(log-probs, entropy or None) [b, T] of a micro-batch: the shared-prefix forward
     when its rows share enough leading tokens, else the plain one.  Both agree on
     every non-padding position."""
-    if shared_prefix and mb.size > 1:
-        mask = mb.attention_mask.cpu()
-        prefixes = group_prefix_lengths(mb.input_ids.cpu(), mask, mb.group_index.cpu())
-        if (
-            int(prefixes[2].min()) >= 1
-            and shared_prefix_saving(mask, prefixes[0], prefixes[2]) <= SHARED_PREFIX_MAX_FRACTION
-        ):
-            return shared_prefix_token_logprobs(
-                model,
-                mb.input_ids,
-                mb.attention_mask,
-                mb.group_index,
-                temperature,
-                with_entropy,
-                prefixes=prefixes,
-                chunk_tokens=chunk_tokens,
-            )
+    prefixes = (
+        shared_prefix_plan(mb.input_ids, mb.attention_mask, mb.group_index)
+        if shared_prefix
+        else None
+    )
+    if prefixes is not None:
+        return shared_prefix_token_logprobs(
+            model,
+            mb.input_ids,
+            mb.attention_mask,
+            mb.group_index,
+            temperature,
+            with_entropy,
+            prefixes=prefixes,
+            chunk_tokens=chunk_tokens,
+        )
     return token_logprobs(
         model, mb.input_ids, mb.attention_mask, temperature, with_entropy, chunk_tokens
     )
@@ -264,11 +255,9 @@ def batch_logprobs(
     With ``world_size`` > 1 only this rank's rows are filled (the others stay 0), so
     the ranks' outputs sum to the whole batch's."""
     out = torch.zeros(batch.input_ids.shape)
-    rows_all = torch.arange(batch.size)
     shared_prefix = shared_prefix and world_size == 1  # FSDP ranks: same forward count
-    if shared_prefix:
-        rows_all = group_ordered(rows_all, batch.group_index)
-    for rows, weight in rank_micro_batches(rows_all, micro_batch_size, rank, world_size):
+    chunks = plan_micro_batches(batch, torch.arange(batch.size), micro_batch_size, shared_prefix)
+    for rows, weight in rank_micro_batches(chunks, rank, world_size):
         sub = trimmed_rows(batch, rows, _device(model))
         with autocast(model, precision):
             lp, _ = micro_batch_logprobs(
@@ -285,9 +274,8 @@ def batch_values(
 ):
     """Critic values [B, T]; rows split over ranks as in ``batch_logprobs``."""
     out = torch.zeros(batch.input_ids.shape)
-    for rows, weight in rank_micro_batches(
-        torch.arange(batch.size), micro_batch_size, rank, world_size
-    ):
+    chunks = list(torch.split(torch.arange(batch.size), micro_batch_size))
+    for rows, weight in rank_micro_batches(chunks, rank, world_size):
         sub = trimmed_rows(batch, rows, _device(critic))
         v = critic(sub.input_ids, sub.attention_mask)
         if weight:
@@ -353,9 +341,29 @@ def clip_grad_norm(parameters, max_norm: float) -> torch.Tensor:
     return total
 
 
-def _accumulate(metrics: dict[str, list[float]], new: dict[str, float]) -> None:
+def _accumulate(metrics: dict[str, list], new: dict[str, float], weight: float) -> None:
+    """One micro-batch's metrics, each with the micro-batch's weight (its loss tokens)."""
     for key, value in new.items():
-        metrics.setdefault(key, []).append(float(value))
+        metrics.setdefault(key, []).append((float(value), float(weight)))
+
+
+def _reduce(metrics: dict[str, list], steps: int) -> dict[str, float]:
+    """The update's metrics from its micro-batches' (value, weight) pairs.  A ``*_loss``
+    is a micro-batch's share of its optimiser step's loss (the step's denominator), so
+    the shares are summed and averaged over the ``steps``; every other metric (clip
+    fractions, ratios, entropy, grad norm) is a weighted mean.  Neither depends on how
+    the steps' rows were cut into micro-batches."""
+    out = {}
+    for key, pairs in metrics.items():
+        values = np.array([v for v, _ in pairs])
+        weights = np.array([w for _, w in pairs])
+        if key.endswith("_loss"):
+            out[key] = float(values.sum() / steps)
+        elif weights.sum() > 0:
+            out[key] = float((values * weights).sum() / weights.sum())
+        else:
+            out[key] = float(values.mean())
+    return out
 
 
 def policy_update(
@@ -368,7 +376,7 @@ def policy_update(
     critic_optimizer=None,
     rank: int = 0,
     world_size: int = 1,
-    gather_metrics: Callable[[dict[str, list[float]]], dict[str, list[float]]] | None = None,
+    gather_metrics: Callable[[dict[str, list]], dict[str, list]] | None = None,
 ) -> dict[str, float]:
     """PPO epochs over ``batch`` (advantages and old log-probs already set).
 
@@ -379,7 +387,7 @@ def policy_update(
     model.train()
     device = _device(model)
     rng = np.random.default_rng(seed)
-    metrics: dict[str, list[float]] = {}
+    metrics: dict[str, list] = {}
     need_entropy = True  # logged always; differentiated only when entropy_coef > 0
     shared_prefix = s.shared_prefix and world_size == 1  # FSDP ranks: same forward count
     # Token entropy on the reasoning tokens, token-weighted over the update's forwards.
@@ -388,14 +396,13 @@ def policy_update(
     for _ in range(s.ppo_epochs):
         order = torch.as_tensor(rng.permutation(batch.size))
         for mb_rows in torch.tensor_split(order, min(s.minibatches, batch.size)):
-            if shared_prefix:  # whole groups per micro-batch; the minibatch is unchanged
-                mb_rows = group_ordered(mb_rows, batch.group_index)
             mb_mask = batch.response_mask[mb_rows]
             denominator = aggregation_denominator(mb_mask, s.loss_agg)
             optimizer.zero_grad(set_to_none=True)
             if critic_optimizer is not None:
                 critic_optimizer.zero_grad(set_to_none=True)
-            for rows, weight in rank_micro_batches(mb_rows, s.micro_batch_size, rank, world_size):
+            chunks = plan_micro_batches(batch, mb_rows, s.micro_batch_size, shared_prefix)
+            for rows, weight in rank_micro_batches(chunks, rank, world_size):
                 mb = trimmed_rows(batch, rows, device)
                 with autocast(model, s.autocast):
                     logprobs, entropy = micro_batch_logprobs(
@@ -412,8 +419,9 @@ def policy_update(
                     s, logprobs, mb.old_logprobs, mb, entropy, denominator
                 )
                 (weight * (task_loss + reg_loss)).backward()
+                tokens = float(mb.response_mask.sum())
                 if weight:
-                    _accumulate(metrics, m)
+                    _accumulate(metrics, m, tokens)
                     if mb.reasoning_mask is not None:
                         with torch.no_grad():
                             reasoning_entropy += torch.stack(
@@ -431,10 +439,10 @@ def policy_update(
                     )
                     (weight * vf_loss).backward()
                     if weight:
-                        _accumulate(metrics, vm)
+                        _accumulate(metrics, vm, tokens)
             grad_norm = clip_grad_norm(model.parameters(), s.max_grad_norm)
             if rank == 0:  # the same (whole-model) norm on every rank: count it once
-                _accumulate(metrics, {"actor/grad_norm": float(grad_norm)})
+                _accumulate(metrics, {"actor/grad_norm": float(grad_norm)}, 1.0)
             if torch.isfinite(grad_norm):
                 optimizer.step()
             if critic is not None:
@@ -448,7 +456,7 @@ def policy_update(
         metrics = gather_metrics(metrics)
     pairs = metrics.pop("_reasoning_entropy", [])
     squares = metrics.pop("_update_sq", [])
-    out = {k: float(np.mean(v)) for k, v in metrics.items()}
+    out = _reduce(metrics, steps=s.ppo_epochs * min(s.minibatches, batch.size))
     if pairs and sum(pairs[1::2]) > 0:
         out["collapse/reasoning_token_entropy"] = float(sum(pairs[0::2]) / sum(pairs[1::2]))
     if squares and sum(squares[1::2]) > 0:

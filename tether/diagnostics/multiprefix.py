@@ -26,12 +26,11 @@ import numpy as np
 import torch
 
 from ..algos.attention import prefix_and_causal_weights, register_attention
+from ..algos.micro_batches import length_chunks
 from ..algos.vocab import DEFAULT_CHUNK_TOKENS, model_states, split_head
 from .scoring import right_pad, target_logprobs
 
 MULTI_PREFIX_ATTENTION = "tether_multi_prefix"
-# Fixed cost of one model call, in padded-token equivalents, for `length_chunks`.
-CALL_OVERHEAD_TOKENS = 256
 
 
 @register_attention(MULTI_PREFIX_ATTENTION, "multi_prefix")
@@ -69,33 +68,6 @@ def _multi_prefix_attention(module, query, key, value, scale: float, multi_prefi
         out.view(c, hkv, r, g, t, d) + torch.matmul(e_own, v_own)
     ) / denom  # [C, Hkv, R, g, T, D]
     return out.permute(0, 2, 4, 1, 3, 5).reshape(bt, t, hq, d)  # head = kv * g + group
-
-
-def length_chunks(
-    lengths: Sequence[int], max_rows: int, overhead: int = CALL_OVERHEAD_TOKENS
-) -> list[np.ndarray]:
-    """Split continuations (by index) into chunks of similar length.
-
-    Sorted by length, the cut points minimise Σ_chunks (rows x longest + overhead)
-    (dynamic programming), with at most ``max_rows`` per chunk: one long outlier no
-    longer pads every short continuation to its length.
-    """
-    order = np.argsort(np.asarray(lengths), kind="stable")
-    sorted_len = np.asarray(lengths)[order]
-    m = len(order)
-    best = np.full(m + 1, np.inf)
-    best[0] = 0.0
-    cut = np.zeros(m + 1, dtype=np.int64)
-    for end in range(1, m + 1):  # chunk = sorted[start:end]
-        for start in range(max(0, end - max_rows), end):
-            cost = best[start] + (end - start) * int(sorted_len[end - 1]) + overhead
-            if cost < best[end]:
-                best[end], cut[end] = cost, start
-    chunks, end = [], m
-    while end > 0:
-        chunks.append(order[cut[end] : end])
-        end = cut[end]
-    return chunks[::-1]
 
 
 def _encode_contexts(model, contexts: Sequence[Sequence[int]], device):

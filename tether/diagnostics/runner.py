@@ -134,6 +134,7 @@ def gradient_snr(
     import torch
 
     from ..algos.batch import token_logprobs
+    from ..algos.micro_batches import length_chunks
     from ..algos.update import (
         aggregation_denominator,
         micro_batch_logprobs,
@@ -146,7 +147,6 @@ def gradient_snr(
         grad_snr_metrics,
         rv_buckets,
     )
-    from .multiprefix import length_chunks
 
     device = next(model.parameters()).device
     n_groups = int(batch.group_index.max()) + 1
