@@ -3,6 +3,9 @@ Qwen2.5-0.5B-shaped size (its config and its padded tokenizer; the 0.5 B iterati
 itself is a measurement, benchmarks/RESULTS.md)."""
 
 import math
+import re
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,7 +13,7 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from tests.conftest import micro_config_dict
-from tether.actors.memory import peak_rss_gb
+from tether.actors.memory import peak_rss_gb, release_free_memory
 from tether.platform.config import build_config
 from tether.platform.driver import Trainer
 
@@ -115,3 +118,22 @@ def test_peak_rss_of_every_model_holding_process_is_logged(bf16_run):
     # Each such process holds torch and a model: more than 100 MiB, less than the machine.
     assert all(0.1 < p < 64 for p in peaks), dict(zip(names, peaks))
     assert metrics["system/peak_rss_gb"] == pytest.approx(sum(peaks))
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="glibc's malloc_trim, /proc")
+def test_free_heap_pages_go_back_to_the_system():
+    """Blocks of varying size below mmap's threshold, most freed, leave their pages in
+    glibc's heap until ``release_free_memory`` trims it (the learner does after every
+    update)."""
+
+    def rss_mb() -> float:
+        status = Path("/proc/self/status").read_text()
+        return int(re.search(r"^VmRSS:\s+(\d+) kB", status, re.M).group(1)) / 1024
+
+    blocks = [np.ones(8_000 + (i % 7) * 1_000) for i in range(3_000)]  # 64-120 kB each
+    kept = blocks[::20]  # every 20th stays: the freed ones sit between live blocks
+    del blocks
+    before = rss_mb()
+    assert release_free_memory()
+    assert rss_mb() < before - 100, (before, rss_mb())  # ~230 MB of the ~270 MB freed
+    assert sum(len(b) for b in kept) > 0

@@ -32,7 +32,7 @@ from ..policy.critic import ValueModel
 from ..policy.load import load_model, load_tokenizer
 from ..policy.lora import LoraConfig, add_lora, merged_state_dict
 from ..policy.precision import resolve_autocast
-from .memory import peak_rss_gb
+from .memory import peak_rss_gb, release_free_memory
 
 
 def shard_with_fsdp(model: torch.nn.Module, mesh) -> torch.nn.Module:
@@ -236,6 +236,7 @@ class Learner:
             gather_metrics=self._gather_metrics,
         )
         self.updates += 1
+        release_free_memory()  # this update's activations, of this batch's shapes
         return metrics
 
     # -- analyses (on the whole policy) -----------------------------------------------

@@ -32,3 +32,18 @@ def peak_rss_gb(reset: bool = False) -> float:
         except OSError:
             pass
     return kib * 1024 / GIB
+
+
+def release_free_memory() -> bool:
+    """Hand the heap's free pages back to the system (glibc's ``malloc_trim(0)``); True
+    if it released any.  A learner's batches change shape every iteration, and glibc
+    keeps the freed chunks of each shape in its arenas: without this the process's
+    resident memory wanders upward over hundreds of iterations (benchmarks/RESULTS.md,
+    "Soak").  Elsewhere than glibc, nothing to do: False."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    return bool(libc.malloc_trim(0))
