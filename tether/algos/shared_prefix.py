@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import torch
 
-from .vocab import DEFAULT_CHUNK_TOKENS, chunked_logprobs, model_states
+from .vocab import DEFAULT_CHUNK_TOKENS, chunked_logprobs, model_states, with_cache
 
 Tensor = torch.Tensor
 
@@ -118,7 +118,7 @@ def shared_prefix_token_logprobs(
         input_ids=prefix_ids,
         attention_mask=prefix_mask,
         position_ids=prefix_pos,
-        past_key_values=cache,
+        **with_cache(model, cache),
         use_cache=True,
     )  # [G, Pmax, H] (or logits [G, Pmax, V], head None)
     for layer in cache.layers:  # expand K/V to the rows; gradients flow back into the prefix
@@ -136,7 +136,7 @@ def shared_prefix_token_logprobs(
         input_ids=suffix_ids,
         attention_mask=mask,
         position_ids=cols,
-        past_key_values=cache,
+        **with_cache(model, cache),
         use_cache=True,
     )  # [B, S, H]
 

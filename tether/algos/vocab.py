@@ -26,6 +26,9 @@ is chunked.
 
 from __future__ import annotations
 
+import inspect
+from functools import cache
+
 import torch
 from torch.utils.checkpoint import checkpoint
 
@@ -54,6 +57,25 @@ def split_head(model):
     if isinstance(model, FSDPModule):
         return None
     return backbone, head
+
+
+@cache
+def _takes_cache(forward_owner: type) -> bool:
+    return "cache" in inspect.signature(forward_owner.forward).parameters
+
+
+def with_cache(model, kv_cache) -> dict:
+    """The keyword argument that hands ``kv_cache`` to ``model``'s forward: ``cache`` in
+    the transformers releases that renamed it (``past_key_values`` is deprecated there,
+    to be removed in 5.40), ``past_key_values`` in the older ones."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft
+    return {"cache" if _takes_cache(type(base)) else "past_key_values": kv_cache}
+
+
+def returned_cache(out):
+    """The KV cache a forward returned, under either release's name."""
+    kv_cache = out.get("cache")
+    return kv_cache if kv_cache is not None else out.past_key_values
 
 
 def model_states(model, **inputs) -> tuple[Tensor, torch.nn.Module | None]:

@@ -49,7 +49,7 @@ from tether.algos.attention import (
     register_attention,
     supports_custom_attention,
 )
-from tether.algos.vocab import DEFAULT_CHUNK_TOKENS, model_states
+from tether.algos.vocab import DEFAULT_CHUNK_TOKENS, model_states, returned_cache, with_cache
 from tether.diagnostics.mi import mi_proxies, prompt_columns, valid_reasoning_rate
 from tether.diagnostics.multiprefix import score_multi_prefix
 from tether.diagnostics.scoring import right_pad, target_logprobs
@@ -250,7 +250,7 @@ def _score_prefix(
         ctx = torch.as_tensor([list(context)], dtype=torch.long, device=device)  # [1, P]
         out = model(input_ids=ctx, use_cache=True, logits_to_keep=1)
         last_logits = out.logits[:, -1]  # [1, V]
-        prefix_kv = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+        prefix_kv = [(layer.keys, layer.values) for layer in returned_cache(out).layers]
         p = ctx.shape[1]
         for rows, (ids, valid) in zip(chunks, padded):
             b, width = ids.shape
@@ -280,7 +280,7 @@ def _score_prefix(
                         input_ids=ids[:, :-1],
                         attention_mask=attn,
                         position_ids=positions,
-                        past_key_values=_expanded_cache(prefix_kv, b, model.config),
+                        **with_cache(model, _expanded_cache(prefix_kv, b, model.config)),
                         use_cache=True,
                     )  # [B, W-1, H]
                 logp = target_logprobs(

@@ -122,10 +122,11 @@ def gradient_snr(
     ``batch`` holds every collected group (before filtering) with advantages set;
     the losses are those of the update (same clip, coefficients and aggregation).
     ``micro_batched`` (the fast path) runs a bucket the way the update runs a minibatch:
-    its rows group by group in micro-batches of at most ``settings.micro_batch_size``,
-    each trimmed of its all-padding columns, each group's common prompt computed once
-    (the update's shared-prefix forward, when ``settings.shared_prefix``), with the
-    bucket's aggregation denominator, and the per-part gradients summed
+    its rows cut into micro-batches of at most ``settings.micro_batch_size`` as the
+    update cuts a minibatch (`micro_batches.plan_micro_batches`: whole groups, each
+    group's common prompt computed once, or rows of similar length, whichever computes
+    fewer positions), each trimmed of its all-padding columns, with the bucket's
+    aggregation denominator, and the per-part gradients summed
     (`bucket_grad_norms_accumulated`).  A part whose advantages are all zero (a group
     whose rewards are all equal) has an exactly zero task gradient, so its task backward
     pass is skipped.  Same losses and norms as one forward over the bucket padded to the
@@ -134,7 +135,7 @@ def gradient_snr(
     import torch
 
     from ..algos.batch import token_logprobs
-    from ..algos.micro_batches import length_chunks
+    from ..algos.micro_batches import plan_micro_batches
     from ..algos.update import (
         aggregation_denominator,
         micro_batch_logprobs,
@@ -173,9 +174,10 @@ def gradient_snr(
         def parts(groups: list[int]):
             rows = bucket_rows(groups)
             denominator = aggregation_denominator(batch.response_mask[rows], settings.loss_agg)
-            lengths = batch.attention_mask[rows].sum(dim=1).tolist()
-            for chunk in length_chunks(lengths, max(1, settings.micro_batch_size), overhead=512):
-                sub = trimmed_rows(batch, rows[torch.as_tensor(chunk)], device)
+            for chunk in plan_micro_batches(
+                batch, rows, max(1, settings.micro_batch_size), settings.shared_prefix
+            ):
+                sub = trimmed_rows(batch, chunk, device)
                 logprobs, entropy = micro_batch_logprobs(
                     model,
                     sub,
