@@ -399,3 +399,42 @@ def test_autocast_logprobs_are_the_learners(model, group_prompts, grouped):
     assert mean(to_learner) < 0.05 and 0 < mean(to_full) < 0.1
     with pytest.raises(ValueError, match="autocast"):
         HFRolloutEngine(model, pad_token_id=PAD, autocast="float16")
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+def test_a_next_turn_reuses_the_replies_keys_and_values(model, group_prompts, grouped):
+    """Turn 2 of a multi-turn batch (each prompt = turn 1's prompt, its reply and an
+    observation) on the engine that sampled turn 1 prefills only the observation, and
+    samples what an engine that prefills everything samples, with the same log-probs;
+    rows that stopped early in turn 1 (compacted away) are kept too."""
+    first = HFRolloutEngine(model, pad_token_id=PAD, grouped_prompts=grouped)
+    probe = first.generate(group_prompts, SamplingParams(max_new_tokens=10), seed=4)
+    stops = (probe[0].token_ids[2], probe[5].token_ids[6])
+    turn1_params = SamplingParams(max_new_tokens=10, stop_token_ids=stops)
+    first = HFRolloutEngine(model, pad_token_id=PAD, grouped_prompts=grouped)
+    turn1 = first.generate(group_prompts, turn1_params, seed=4)
+    assert len({len(g.token_ids) for g in turn1}) > 1  # rows stopped early
+    g = torch.Generator().manual_seed(3)
+    turn2 = [
+        p + t.token_ids + torch.randint(1, 512, (3 + i % 4,), generator=g).tolist()
+        for i, (p, t) in enumerate(zip(group_prompts, turn1))
+    ]
+    fresh = HFRolloutEngine(model, pad_token_id=PAD, reuse_turns=False)
+    for temperature in (0.0, 1.0):
+        params = SamplingParams(max_new_tokens=10, temperature=temperature, stop_token_ids=stops)
+        before = first.reused_tokens
+        reused = first.generate(turn2, params, seed=7)
+        # Every row's turn-1 prompt and reply but the reply's last token came from the cache.
+        assert first.reused_tokens - before == sum(
+            len(p) + len(t.token_ids) - 1 for p, t in zip(group_prompts, turn1)
+        )
+        again = fresh.generate(turn2, params, seed=7)
+        assert [r.token_ids for r in reused] == [a.token_ids for a in again]
+        for r, a in zip(reused, again):
+            assert r.logprobs == pytest.approx(a.logprobs, abs=1e-4)
+        first.load_state_dict(model.state_dict())  # new weights: the kept rows are dropped
+        before = first.reused_tokens
+        first.generate(turn2, params, seed=7)
+        assert first.reused_tokens == before
+        first.generate(group_prompts, turn1_params, seed=4)  # turn 1 again, for the next pass
+    assert fresh.reused_tokens == 0

@@ -45,7 +45,7 @@ from tether.algos.attention import (
     register_attention,
     supports_custom_attention,
 )
-from tether.algos.vocab import head_logits, split_head
+from tether.algos.vocab import head_logits, split_head, with_cache
 from tether.rollout.base import Generation, RolloutEngine, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -251,7 +251,7 @@ class HFRolloutEngine(RolloutEngine):
 
     Args:
         model: a ``transformers`` causal LM (``forward`` takes ``input_ids``,
-            ``attention_mask``, ``position_ids``, ``past_key_values``, ``logits_to_keep``).
+            ``attention_mask``, ``position_ids``, its KV cache (``vocab.with_cache``), ``logits_to_keep``).
         pad_token_id: id used to left-pad prompts (never attended to).
         eos_token_ids: ids that always end a reply, in addition to ``SamplingParams.stop_token_ids``.
         device: where the model and batch tensors live.
@@ -269,6 +269,13 @@ class HFRolloutEngine(RolloutEngine):
             one prompt cache instead of 16 copies).  ``None`` (auto) uses it when at most
             ``grouped_max_distinct`` of the rows have distinct prompts and the model
             dispatches full attention through HF's ``AttentionInterface``.
+        reuse_turns: keep each reply's keys/values until the next call, and prefill only
+            what a new prompt adds to a kept one (a multi-turn episode's next prompt is its
+            last prompt, the reply and the environment's answer: without this every turn
+            prefills the whole conversation again, most of a FrozenLake collection's
+            time).  Same tokens and log-probs up to floating-point order
+            (``tests/test_rollout_hf.py``); the kept keys/values are dropped when the
+            weights change.  Full-attention models only.
     """
 
     def __init__(
@@ -285,6 +292,7 @@ class HFRolloutEngine(RolloutEngine):
         grouped_prompts: bool | None = None,
         grouped_max_distinct: float = 0.5,
         autocast: str = "none",
+        reuse_turns: bool = True,
     ):
         if prefill_chunk is not None and prefill_chunk < 1:
             raise ValueError(
@@ -327,6 +335,12 @@ class HFRolloutEngine(RolloutEngine):
         self.grouped_prompts = supported if grouped_prompts is None else bool(grouped_prompts)
         self.grouped_max_distinct = grouped_max_distinct
         self._force_grouped = bool(grouped_prompts)
+        self.reuse_turns = bool(reuse_turns) and self._preallocate
+        #: The previous call's rows: {length: {token ids: per-layer (keys, values) [H, L, D]}}.
+        self._kept: dict[int, dict[tuple, list]] = {}
+        self._keeping: dict[int, dict[tuple, list]] = {}
+        #: Prompt tokens whose keys/values came from a kept reply (since construction).
+        self.reused_tokens = 0
 
     @property
     def max_context(self) -> int:
@@ -348,6 +362,7 @@ class HFRolloutEngine(RolloutEngine):
         with torch.no_grad():
             for name, tensor in state_dict.items():
                 own[name].copy_(tensor)
+        self._kept = {}  # keys/values of the old weights
 
     def _tied_names(self) -> set[str]:
         tied = getattr(self.model, "_tied_weights_keys", None) or {}
@@ -387,7 +402,9 @@ class HFRolloutEngine(RolloutEngine):
         try:
             with torch.inference_mode():
                 tokens, logprobs, n_out, stopped, order = self._run(kept, params, generator)
+            self._kept = self._keeping  # this call's replies, for the next call
         finally:
+            self._keeping = {}
             self.model.train(was_training)
 
         out: list[Generation | None] = [None] * len(prompts)
@@ -469,12 +486,33 @@ class HFRolloutEngine(RolloutEngine):
 
         with attention:
             tokens, logprobs, n_out, stopped = self._decode(
-                params, generator, steps, longest, lengths, budget, cache, logits, attn, shared
+                params,
+                generator,
+                steps,
+                longest,
+                lengths,
+                budget,
+                cache,
+                logits,
+                attn,
+                shared,
+                prompts,
             )
         return tokens, logprobs, n_out.tolist(), stopped.tolist(), order
 
     def _decode(
-        self, params, generator, steps, longest, lengths, budget, cache, logits, attn, shared
+        self,
+        params,
+        generator,
+        steps,
+        longest,
+        lengths,
+        budget,
+        cache,
+        logits,
+        attn,
+        shared,
+        prompts,
     ):
         """The decode loop: sample, record, drop finished rows, one forward per step.
         ``shared`` (grouped prompts): the cache holds decoded tokens only, no mask is built.
@@ -506,6 +544,11 @@ class HFRolloutEngine(RolloutEngine):
             done = active & (hit_stop | (budget[live] <= step + 1))
             if bool(done.any()):
                 n_out[live[done]], stopped[live[done]] = step + 1, hit_stop[done]
+                if self.reuse_turns:
+                    where = (longest, lengths, first_col, cache, shared)
+                    for position in done.nonzero().squeeze(-1).tolist():
+                        row = int(live[position])
+                        self._keep(prompts[row], tokens[row, :step].tolist(), position, where)
                 active &= ~done
                 n_active = int(active.sum())
                 if n_active == 0:
@@ -530,14 +573,14 @@ class HFRolloutEngine(RolloutEngine):
                     input_ids=tok[:, None],
                     attention_mask=attn[:, :kv_len],
                     position_ids=positions,
-                    past_key_values=cache,
+                    **with_cache(self.model, cache),
                     use_cache=True,
                 )
             else:
                 logits = self._last_logits(
                     input_ids=tok[:, None],
                     position_ids=positions,
-                    past_key_values=cache,
+                    **with_cache(self.model, cache),
                     use_cache=True,
                     grouped_prompts=shared,
                 )
@@ -586,12 +629,21 @@ class HFRolloutEngine(RolloutEngine):
                 inverse.append(len(unique) - 1)
             inverse_t = torch.tensor(inverse, device=self.device)
             width = lengths[start]
+            recalled = [self._recalled(p) for p in unique]
+            # Columns every row of the bucket must run: those past its kept prefix.
+            window = (
+                max(len(p) - n for p, (n, _) in zip(unique, recalled))
+                if all(kv is not None for _, kv in recalled)
+                else width
+            )
             rows_per_forward = max(1, (self.prefill_chunk or width * len(unique)) // width)
             for u0 in range(0, len(unique), rows_per_forward):
                 u1 = min(u0 + rows_per_forward, len(unique))
                 ids, mask = self._left_pad(unique[u0:u1], width)
                 part = DynamicCache(config=self.model.config)
-                part_logits = self._forward_chunked(ids, mask, part)  # [u, V]
+                if window < width:
+                    self._fill_kept(part, unique[u0:u1], recalled[u0:u1], width, window)
+                part_logits = self._forward_chunked(ids, mask, part, width - window)  # [u, V]
                 sel = ((inverse_t >= u0) & (inverse_t < u1)).nonzero().squeeze(-1)
                 rows = slice(start + int(sel[0]), start + int(sel[-1]) + 1)
                 src = inverse_t[sel] - u0
@@ -610,6 +662,60 @@ class HFRolloutEngine(RolloutEngine):
             layer.length = longest
             layer._sync_views()
         return cache, logits
+
+    # ------------------------------------------------------ turn-to-turn reuse
+
+    def _keep(self, prompt, generated, position: int, where) -> None:
+        """Keep a finished row's keys/values: its prompt and every sampled token but the
+        last (the last was never fed), i.e. the start of its next turn's prompt."""
+        longest, lengths, first_col, cache, shared = where
+        row_len, n = len(prompt), len(generated)
+        kv = []
+        for index, layer in enumerate(cache.layers):
+            if shared is None:  # the prompt right-aligned at `longest`, then the decoded columns
+                start = longest - row_len - first_col
+                cols = slice(start, start + row_len + n)
+                kv.append(
+                    (layer.keys[position, :, cols].clone(), layer.values[position, :, cols].clone())
+                )
+            else:  # the prompt's keys/values are its group's; the cache holds decoded ones
+                u, width = int(shared.row_prompt[position]), shared.keys[index].shape[2]
+                kv.append(
+                    tuple(
+                        torch.cat([part[u, :, width - row_len :], own[position, :, :n]], dim=1)
+                        for part, own in (
+                            (shared.keys[index], layer.keys),
+                            (shared.values[index], layer.values),
+                        )
+                    )
+                )
+        key = tuple(prompt) + tuple(generated)
+        self._keeping.setdefault(len(key), {})[key] = kv
+
+    def _recalled(self, prompt: list[int]) -> tuple[int, list | None]:
+        """(n, keys/values) of the longest kept row that is a proper prefix of ``prompt``,
+        or (0, None)."""
+        for n in sorted(self._kept, reverse=True):
+            if n < len(prompt):
+                kv = self._kept[n].get(tuple(prompt[:n]))
+                if kv is not None:
+                    return n, kv
+        return 0, None
+
+    def _fill_kept(self, part: DynamicCache, prompts, recalled, width: int, window: int) -> None:
+        """Columns [0, width - window) of a bucket's cache from the kept rows: prompt p's
+        first len(p) - window tokens right-aligned there, zeros (masked) left of them."""
+        for index in range(len(recalled[0][1])):
+            keys, values = [], []
+            for p, (_, kv) in zip(prompts, recalled):
+                reused = max(0, len(p) - window)  # a shorter row lies wholly in the window
+                k, v = kv[index]
+                pad = width - window - reused
+                keys.append(torch.nn.functional.pad(k[:, :reused], (0, 0, pad, 0)))
+                values.append(torch.nn.functional.pad(v[:, :reused], (0, 0, pad, 0)))
+                if index == 0:
+                    self.reused_tokens += reused
+            part.update(torch.stack(keys), torch.stack(values), index)
 
     def _allocate(self, like: DynamicCache, batch: int, capacity: int) -> DynamicCache:
         cache = DynamicCache(config=self.model.config)
@@ -635,19 +741,20 @@ class HFRolloutEngine(RolloutEngine):
         return ids.to(self.device), mask.to(self.device)
 
     def _forward_chunked(
-        self, ids: torch.Tensor, mask: torch.Tensor, cache: DynamicCache
+        self, ids: torch.Tensor, mask: torch.Tensor, cache: DynamicCache, start: int = 0
     ) -> torch.Tensor:
-        """Prefill [b, L] into ``cache``, at most ``prefill_chunk`` tokens per forward; last logits [b, V]."""
+        """Prefill columns [start, L) of [b, L] into ``cache`` (which holds columns [0,
+        start)), at most ``prefill_chunk`` tokens per forward; last logits [b, V]."""
         width = ids.shape[1]
         cols = width if self.prefill_chunk is None else max(1, self.prefill_chunk // ids.shape[0])
         positions = (mask.cumsum(-1) - 1).clamp(min=0)  # [b, L]
-        for c0 in range(0, width, cols):
+        for c0 in range(start, width, cols):
             c1 = min(c0 + cols, width)
             logits = self._last_logits(
                 input_ids=ids[:, c0:c1],
                 attention_mask=mask[:, :c1],
                 position_ids=positions[:, c0:c1],
-                past_key_values=cache,
+                **with_cache(self.model, cache),
                 use_cache=True,
             )
         return logits
