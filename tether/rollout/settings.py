@@ -68,7 +68,9 @@ class RolloutConfig(StrictSection):
         description="Extra engine "
         "constructor arguments, e.g. for vllm "
         "gpu_memory_utilization, enforce_eager, "
-        "tensor_parallel_size.",
+        "tensor_parallel_size; for hf reuse_turns (default true: a turn prefills only "
+        "what the environment added to the kept conversation, docs/performance.md), "
+        "prefill_chunk, pad_tolerance.",
     )
 
     @field_validator("engine")
