@@ -486,39 +486,18 @@ class HFRolloutEngine(RolloutEngine):
 
         with attention:
             tokens, logprobs, n_out, stopped = self._decode(
-                params,
-                generator,
-                steps,
-                longest,
-                lengths,
-                budget,
-                cache,
-                logits,
-                attn,
-                shared,
-                prompts,
+                params, generator, steps, prompts, budget, cache, logits, attn, shared
             )
         return tokens, logprobs, n_out.tolist(), stopped.tolist(), order
 
-    def _decode(
-        self,
-        params,
-        generator,
-        steps,
-        longest,
-        lengths,
-        budget,
-        cache,
-        logits,
-        attn,
-        shared,
-        prompts,
-    ):
+    def _decode(self, params, generator, steps, prompts, budget, cache, logits, attn, shared):
         """The decode loop: sample, record, drop finished rows, one forward per step.
         ``shared`` (grouped prompts): the cache holds decoded tokens only, no mask is built.
         Returns the sampled tokens and their log-probs [B, steps], each row's count of
         tokens [B] and whether a stop token or string ended it [B]."""
-        dev, batch = self.device, len(lengths)
+        dev, batch = self.device, len(prompts)
+        longest = len(prompts[0])  # sorted by descending length
+        lengths = torch.tensor([len(p) for p in prompts], device=dev)  # [B]
         stop_ids = torch.tensor(
             sorted(set(params.stop_token_ids) | set(self.eos_token_ids)),
             dtype=torch.long,
