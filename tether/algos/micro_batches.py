@@ -71,18 +71,17 @@ def group_ordered(rows: torch.Tensor, group_index: torch.Tensor) -> torch.Tensor
 def shared_prefix_plan(
     input_ids: torch.Tensor, attention_mask: torch.Tensor, group_index: torch.Tensor
 ):
-    """The groups' prefixes (`group_prefix_lengths`) of right-padded rows if the
-    shared-prefix forward pays for them, else None."""
+    """(the groups' prefixes (`group_prefix_lengths`), the fraction of the plain forward's
+    positions the shared-prefix forward runs) of right-padded rows if that forward pays
+    for them, else None."""
     if input_ids.shape[0] < 2:
         return None
     mask = attention_mask.cpu()
     prefixes = group_prefix_lengths(input_ids.cpu(), mask, group_index.cpu())
-    if (
-        int(prefixes[2].min()) >= 1
-        and shared_prefix_saving(mask, prefixes[0], prefixes[2]) <= SHARED_PREFIX_MAX_FRACTION
-    ):
-        return prefixes
-    return None
+    if int(prefixes[2].min()) < 1:
+        return None
+    fraction = shared_prefix_saving(mask, prefixes[0], prefixes[2])
+    return (prefixes, fraction) if fraction <= SHARED_PREFIX_MAX_FRACTION else None
 
 
 def forward_positions(batch: TrajectoryBatch, rows: torch.Tensor, shared_prefix: bool) -> int:
@@ -92,12 +91,11 @@ def forward_positions(batch: TrajectoryBatch, rows: torch.Tensor, shared_prefix:
     width = int(mask.sum(-1).max())
     plain = len(rows) * width
     if shared_prefix:
-        prefixes = shared_prefix_plan(
+        plan = shared_prefix_plan(
             batch.input_ids[rows, :width], mask[:, :width], batch.group_index[rows]
         )
-        if prefixes is not None:
-            fraction = shared_prefix_saving(mask[:, :width], prefixes[0], prefixes[2])
-            return int(fraction * plain) + 2 * CALL_OVERHEAD_TOKENS
+        if plan is not None:
+            return int(plan[1] * plain) + 2 * CALL_OVERHEAD_TOKENS
     return plain + CALL_OVERHEAD_TOKENS
 
 

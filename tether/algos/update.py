@@ -217,12 +217,12 @@ def micro_batch_logprobs(
     """(log-probs, entropy or None) [b, T] of a micro-batch: the shared-prefix forward
     when its rows share enough leading tokens, else the plain one.  Both agree on
     every non-padding position."""
-    prefixes = (
+    plan = (
         shared_prefix_plan(mb.input_ids, mb.attention_mask, mb.group_index)
         if shared_prefix
         else None
     )
-    if prefixes is not None:
+    if plan is not None:
         return shared_prefix_token_logprobs(
             model,
             mb.input_ids,
@@ -230,7 +230,7 @@ def micro_batch_logprobs(
             mb.group_index,
             temperature,
             with_entropy,
-            prefixes=prefixes,
+            prefixes=plan[0],
             chunk_tokens=chunk_tokens,
         )
     return token_logprobs(
