@@ -138,3 +138,22 @@ def test_cli_takes_overrides_without_a_yaml(tmp_path):
     assert "lr: 0.0123" in result.output and "groups: 3" in result.output
     missing = CliRunner().invoke(app, ["config", str(tmp_path / "nope.yaml")])
     assert missing.exit_code != 0 and "not found" in missing.output
+
+
+def test_a_misspelt_hf_engine_argument_fails_at_config_time():
+    with pytest.raises(ConfigError, match="reuse_turn.*reuse_turns"):
+        build_config(None, ["rollout.engine_kwargs={reuse_turn: false}"])
+    assert build_config(None, ["rollout.engine_kwargs={reuse_turns: false}"]).rollout.engine_kwargs == {
+        "reuse_turns": False
+    }
+
+
+def test_the_hf_engine_arguments_a_config_may_set_are_the_constructors():
+    import inspect
+
+    from tether.rollout import HFRolloutEngine
+    from tether.rollout.settings import HF_ENGINE_KWARGS
+
+    given_by_the_run = {"self", "model", "pad_token_id", "eos_token_ids", "tokenizer", "autocast"}
+    parameters = set(inspect.signature(HFRolloutEngine.__init__).parameters) - given_by_the_run
+    assert parameters == set(HF_ENGINE_KWARGS)

