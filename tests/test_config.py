@@ -143,9 +143,9 @@ def test_cli_takes_overrides_without_a_yaml(tmp_path):
 def test_a_misspelt_hf_engine_argument_fails_at_config_time():
     with pytest.raises(ConfigError, match="reuse_turn.*reuse_turns"):
         build_config(None, ["rollout.engine_kwargs={reuse_turn: false}"])
-    assert build_config(None, ["rollout.engine_kwargs={reuse_turns: false}"]).rollout.engine_kwargs == {
-        "reuse_turns": False
-    }
+    assert build_config(
+        None, ["rollout.engine_kwargs={reuse_turns: false}"]
+    ).rollout.engine_kwargs == {"reuse_turns": False}
 
 
 def test_the_hf_engine_arguments_a_config_may_set_are_the_constructors():
