@@ -230,6 +230,12 @@ def main() -> None:
     parser.add_argument("--pool-replies", type=int, default=12)
     parser.add_argument("--seed", type=int, default=2026)
     parser.add_argument(
+        "--interval",
+        choices=("bootstrap", "jackknife"),
+        default="bootstrap",
+        help="the proxies' interval (diagnostics.interval; default the shipped one)",
+    )
+    parser.add_argument(
         "--variant",
         action="append",
         default=[],
@@ -240,7 +246,7 @@ def main() -> None:
     args = parser.parse_args()
     started = time.perf_counter()
     variants = [parse_variant(v) for v in args.variant] or [("shipped", {})]
-    cfg, uncertainty = HarnessConfig(seed=args.seed), Uncertainty()
+    cfg, uncertainty = HarnessConfig(seed=args.seed), Uncertainty(interval=args.interval)
     with torch_threads(1):
         pools = {
             q: build_pool(q, cfg, args.pool_prompts, args.pool_replies, args.seed) for q in SHARES

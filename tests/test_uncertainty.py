@@ -9,7 +9,8 @@ import pytest
 from tether.diagnostics.mi import mi_proxies
 from tether.diagnostics.uncertainty import CI_KEYS, NULL_KEYS, Uncertainty, mi_uncertainty
 
-FAST = Uncertainty(bootstrap=400, permutations=400)
+FAST = Uncertainty(bootstrap=400, permutations=400)  # the shipped interval: bootstrap
+JACK = Uncertainty(bootstrap=400, permutations=400, interval="jackknife")
 
 
 def null_matrix(rng, m=32, n=8):
@@ -19,11 +20,12 @@ def null_matrix(rng, m=32, n=8):
     return L, column
 
 
-def test_grounded_matrix_is_significant_with_intervals_around_the_estimates():
+@pytest.mark.parametrize("settings", [FAST, JACK], ids=["bootstrap", "jackknife"])
+def test_grounded_matrix_is_significant_with_intervals_around_the_estimates(settings):
     rng = np.random.default_rng(0)
     L, column = null_matrix(rng)
     L[np.arange(len(column)), column] += 1.0  # each reasoning fits its own prompt
-    metrics, _ = mi_proxies(L, 5 * L, column, None, FAST, rng)
+    metrics, _ = mi_proxies(L, 5 * L, column, None, settings, rng)
     assert metrics["p_grounded"] == pytest.approx(1 / 401) and metrics["grounded"] == 1.0
     assert (
         metrics["retrieval_acc_p_grounded"] < 0.01 and metrics["mi_seq_estimate_p_grounded"] < 0.01
@@ -86,8 +88,11 @@ def test_zero_resamples_switch_each_part_off_and_a_seed_repeats():
     assert not any(k.endswith("_ci_low") for k in no_ci) and "p_grounded" in no_ci
     no_test = mi_uncertainty(L, L, column, None, Uncertainty(bootstrap=100, permutations=0))
     assert "p_grounded" not in no_test and "mi_estimate_ci_low" in no_test
-    again = [mi_uncertainty(L, L, column, 0.5, FAST, np.random.default_rng(9)) for _ in range(2)]
-    assert again[0] == again[1] and "mi_zscore_ema_ci_low" in again[0]
+    for settings in (FAST, JACK):
+        again = [
+            mi_uncertainty(L, L, column, 0.5, settings, np.random.default_rng(9)) for _ in range(2)
+        ]
+        assert again[0] == again[1] and "mi_zscore_ema_ci_low" in again[0]
 
 
 def test_resampled_marginals_and_retrieval_equal_the_direct_computation():
@@ -115,3 +120,57 @@ def test_resampled_marginals_and_retrieval_equal_the_direct_computation():
             beaten = (L[i, drawn] > own).sum()
             ties = (L[i, drawn] == own).sum()
             assert out["hit"][b, i] == pytest.approx(float(beaten == 0) / ties)
+
+
+def test_jackknife_replicates_equal_the_proxies_of_each_batch_with_a_prompt_left_out():
+    from tether.diagnostics.uncertainty import _jackknife, _row_quantities
+
+    rng = np.random.default_rng(6)
+    n, g = 6, 4
+    column = np.repeat(np.arange(n), g)
+    L = rng.normal(size=(n * g, n))
+    L[np.arange(n * g), column] += 1.5
+    S = 7 * L + rng.normal(size=L.shape)
+    replicates = _jackknife(L, S, column, _row_quantities(L, S, column), 0.5)
+    keys = ("mi_estimate", "mi_seq_estimate", "mi_zscore", "mi_seq_zscore", "retrieval_acc")
+    for k in range(n):
+        keep = column != k
+        others = [j for j in range(n) if j != k]
+        new_column = np.searchsorted(others, column[keep])
+        sub, _ = mi_proxies(L[keep][:, others], S[keep][:, others], new_column)
+        for key in (*keys, "conditional_entropy_est", "reasoning_entropy_seq_est"):
+            assert replicates[key][k] == pytest.approx(sub[key], abs=1e-9), (key, k)
+        assert replicates["mi_zscore_ema"][k] == pytest.approx(sub["mi_estimate"] / (0.5 + 1e-3))
+
+
+def population_batch(rng, read: float, prompts: int = 8, replies: int = 4):
+    """A batch drawn from a population of policies' replies: each reply reads its prompt
+    (its own column scores high) with probability ``read``; prompts differ in how well
+    they are read and every reply has its own offset."""
+    column = np.repeat(np.arange(prompts), replies)
+    m = len(column)
+    ease = rng.beta(2, 2, prompts)[column]  # how readable each drawn prompt is
+    L = rng.normal(-3, 0.4, (m, prompts)) + rng.normal(0, 0.5, (m, 1))
+    reads = rng.random(m) < read * 2 * ease
+    L[np.arange(m), column] += np.where(reads, 2.0, 0.0)
+    return L, column
+
+
+@pytest.mark.parametrize("read", [0.0, 0.25, 0.45])
+def test_the_jackknife_interval_covers_the_estimators_expectation(read):
+    """Known answer: the expectation of mi_estimate over batches of this shape (by Monte
+    Carlo, 4,000 batches; its standard error ~0.002), covered by the 95 % interval in at
+    least 88 % of 200 batches (Binomial(200, 0.95) falls below 0.88 with p < 1e-4).  On
+    other draws of this generator the jackknife covered 92-96 %, the widened bootstrap it
+    replaced 67-90 % (0.67 at read 0.45), with intervals about 0.6 times as wide."""
+    rng = np.random.default_rng(int(read * 100))
+    batches = (population_batch(rng, read) for _ in range(4000))
+    truth = np.mean([mi_proxies(L, L, c)[0]["mi_estimate"] for L, c in batches])
+    covered = 0
+    for _ in range(200):
+        L, column = population_batch(rng, read)
+        out = mi_uncertainty(
+            L, L, column, None, Uncertainty(permutations=0, interval="jackknife"), rng
+        )
+        covered += out["mi_estimate_ci_low"] <= truth <= out["mi_estimate_ci_high"]
+    assert covered / 200 >= 0.88, (covered, truth)

@@ -17,7 +17,7 @@ from ..analysis.runs import KEPT_RATIO, SUCCESS, VAL_SUCCESS, RunData, collapse_
 
 #: The collapse metrics the page draws (``collapse/<sampling>/<name>``).
 MONITOR_METRICS = ("mi_estimate", "mi_zscore_ema", "conditional_entropy_est")
-#: Companions of a collapse metric K, logged as ``K_<extra>``: its 95 % bootstrap interval,
+#: Companions of a collapse metric K, logged as ``K_<extra>``: its 95 % interval,
 #: the 95th percentile of its permutation null and the permutation p-value (RAGEN-2's MI
 #: proxies, each with the test that says whether it is above chance).
 EXTRAS = ("ci_low", "ci_high", "null_q95", "p_grounded")

@@ -110,7 +110,7 @@ def mi_proxies(
         column: [M] index of pair i's own prompt among the N columns.
         ema_state: the state returned by the previous call (``None`` on the first),
             carrying the moving average of std(marginal) for ``mi_zscore_ema``.
-        uncertainty: with it, each proxy also gets a bootstrap interval and the
+        uncertainty: with it, each proxy also gets an interval (jackknife or bootstrap) and the
             permutation test of input dependence (`tether.diagnostics.uncertainty`),
             drawn from ``rng``; the matrices are reused, no model is called.
 

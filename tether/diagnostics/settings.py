@@ -96,13 +96,20 @@ class DiagnosticsConfig(StrictSection):
         description="Run the collapse diagnostics at all (cross-scoring, "
         "heatmaps and gradient SNR).",
     )
+    interval: Literal["bootstrap", "jackknife"] = Field(
+        "bootstrap",
+        description="Interval logged beside every MI proxy (<proxy>_ci_low / _ci_high), from "
+        "the cross-score matrix (no model calls): bootstrap (percentile by prompt, biased "
+        "low for MI and widened to hold the estimate) or jackknife (leave one prompt out, "
+        "Student-t around the estimate; retrieval keeps the bootstrap's). Coverage of both: "
+        "benchmarks/RESULTS.md, 'Interval coverage'; docs/methods.md section 3.",
+    )
     bootstrap: int = Field(
         1000,
         ge=0,
-        description="Bootstrap resamples (by prompt) behind the "
-        "interval logged beside every MI proxy (<proxy>_ci_low / _ci_high); "
-        "reuses the cross-score matrix, no model calls. 0 = no intervals (the "
-        "template_collapse alarm then cannot judge).",
+        description="Bootstrap resamples (by prompt) behind the bootstrap intervals. 0 = no "
+        "bootstrap intervals (with interval: bootstrap, the template_collapse alarm then "
+        "cannot judge).",
     )
     permutations: int = Field(
         1000,
@@ -112,7 +119,7 @@ class DiagnosticsConfig(StrictSection):
         "shuffled): p_grounded, <proxy>_null_q95. 0 = no test.",
     )
     confidence: float = Field(
-        0.95, gt=0.5, lt=1.0, description="Coverage of the bootstrap intervals."
+        0.95, gt=0.5, lt=1.0, description="Nominal coverage of the intervals."
     )
     alpha: float = Field(
         0.05,
@@ -130,6 +137,7 @@ class DiagnosticsConfig(StrictSection):
             permutations=self.permutations,
             confidence=self.confidence,
             alpha=self.alpha,
+            interval=self.interval,
         )
 
 

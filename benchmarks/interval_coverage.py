@@ -1,0 +1,123 @@
+"""Do the MI proxies' 95 % intervals cover what they estimate? Coverage on known answers.
+
+Policies: the alarm benchmark's pools (`benchmarks/alarm_quality.py`): the known-answer
+harness's micro model fine-tuned on a mixture in which a share q of the replies are
+input-independent templates and the rest copy the prompt, q in {0, 0.25, 0.5, 0.75, 1}
+(grounded, mixed, input-blind).  Each pool is the population: ``--pool-prompts`` prompts
+with ``--pool-replies`` sampled replies each, every reply scored under every prompt.
+
+Estimand.  A proxy of a batch estimates its expectation over batches of the same shape
+(8 prompts, 4 replies each: the quickstart's first-turn shape) drawn from the policy;
+the in-batch MI of N prompts is bounded by log N, so that expectation, not the pool's
+MI, is what one batch can know.  It is computed here as the mean over ``--truth-draws``
+batches (its own standard error is printed; it is far below the intervals' widths).
+
+Measured, per share and interval method (``jackknife``: delete one prompt, a Student-t
+interval around the estimate; ``bootstrap``: the percentile interval by prompt, widened
+to hold the estimate): the share of ``--batches`` independent batches whose interval
+holds the estimand (Wilson 95 % interval of that share), the mean width, and where the
+estimate sits in its interval (0 = lower edge, 1 = upper edge).
+
+    python benchmarks/interval_coverage.py                      # 200 batches per share
+    python benchmarks/interval_coverage.py --batches 50 --truth-draws 2000   # quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import torch
+from alarm_quality import SHARES, build_pool, draw_point
+from scipy import stats
+
+from tether.diagnostics.mi import mi_proxies
+from tether.diagnostics.uncertainty import Uncertainty
+from tether.testing.harness import HarnessConfig, torch_threads
+
+KEYS = ("mi_estimate", "mi_zscore", "mi_seq_estimate", "retrieval_acc", "conditional_entropy_est")
+METHODS = ("jackknife", "bootstrap")
+
+
+def estimands(pool, draws: int, rng: np.random.Generator) -> tuple[dict, dict]:
+    """Mean and standard error of each proxy over ``draws`` batches of the pool."""
+    values = {key: [] for key in KEYS}
+    for _ in range(draws):
+        L, S, column = draw_point(pool, rng)
+        metrics, _ = mi_proxies(L, S, column)
+        for key in KEYS:
+            values[key].append(metrics[key])
+    return (
+        {k: float(np.mean(v)) for k, v in values.items()},
+        {k: float(np.std(v) / np.sqrt(len(v))) for k, v in values.items()},
+    )
+
+
+def coverage(pool, truth: dict, batches: int, method: str, rng: np.random.Generator) -> dict:
+    settings = Uncertainty(permutations=0, interval=method)
+    hits = {key: 0 for key in KEYS}
+    widths = {key: [] for key in KEYS}
+    place = {key: [] for key in KEYS}
+    for _ in range(batches):
+        L, S, column = draw_point(pool, rng)
+        metrics, _ = mi_proxies(L, S, column, None, settings, rng)
+        for key in KEYS:
+            low, high = metrics[f"{key}_ci_low"], metrics[f"{key}_ci_high"]
+            hits[key] += low <= truth[key] <= high
+            widths[key].append(high - low)
+            if high > low:
+                place[key].append((metrics[key] - low) / (high - low))
+    return {
+        key: (hits[key], np.mean(widths[key]), np.mean(place[key]) if place[key] else np.nan)
+        for key in KEYS
+    }
+
+
+def wilson(k: int, n: int) -> str:
+    ci = stats.binomtest(k, n).proportion_ci(method="wilson")
+    return f"{k / n:.3f} [{ci.low:.3f}, {ci.high:.3f}]"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--batches", type=int, default=200)
+    parser.add_argument("--truth-draws", type=int, default=20000)
+    parser.add_argument("--pool-prompts", type=int, default=96)
+    parser.add_argument("--pool-replies", type=int, default=12)
+    parser.add_argument("--seed", type=int, default=2026)
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    args = parser.parse_args()
+    started = time.perf_counter()
+    cfg = HarnessConfig(seed=args.seed)
+    with torch_threads(1):
+        torch.manual_seed(args.seed)
+        pools = {
+            q: build_pool(q, cfg, args.pool_prompts, args.pool_replies, args.seed) for q in SHARES
+        }
+    print(f"pools built in {time.perf_counter() - started:.0f} s (seed {args.seed})")
+    rng = np.random.default_rng(args.seed)
+    totals = {(m, k): [0, 0] for m in args.methods for k in KEYS}
+    for q in SHARES:
+        truth, se = estimands(pools[q], args.truth_draws, rng)
+        print(
+            f"\nshare q={q:g}: estimands "
+            + ", ".join(f"{k} {truth[k]:.4f} (se {se[k]:.4f})" for k in KEYS)
+        )
+        for method in args.methods:
+            result = coverage(pools[q], truth, args.batches, method, rng)
+            for key, (hits, width, place) in result.items():
+                totals[method, key][0] += hits
+                totals[method, key][1] += args.batches
+                print(
+                    f"  {method:9} {key:24} coverage {wilson(hits, args.batches)}  "
+                    f"width {width:.4f}  estimate at {place:.2f} of its interval"
+                )
+    print("\nall shares:")
+    for (method, key), (hits, n) in totals.items():
+        print(f"  {method:9} {key:24} coverage {wilson(hits, n)}")
+    print(f"\ntotal {time.perf_counter() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
