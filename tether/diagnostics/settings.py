@@ -32,6 +32,32 @@ if TYPE_CHECKING:
 # ------------------------------------------------------------------ diagnostics
 
 
+class ProbeConfig(StrictSection):
+    """The diagnostic probe set: fixed held-out levels whose first turns the current
+    policy samples at a diagnostic point, cross-scored like a sampling of the batch."""
+
+    enabled: bool = Field(
+        True,
+        description="Sample and cross-score the probe set at its cadence (collapse/probe/...); "
+        "docs/methods.md, section 2.",
+    )
+    levels: int = Field(
+        64,
+        ge=2,
+        le=256,
+        description="Probe levels: held-out seeds drawn once from env.val_seed_offset "
+        "(tether.seeds.probe_levels), the same for every run, arm and seed of an env. "
+        "One first turn each, all cross-scored (levels x levels cells), so I(X;Z) "
+        "is bounded by log(levels) instead of log(batch prompts).",
+    )
+    every: int = Field(
+        5,
+        ge=1,
+        description="Probe every N iterations (and at iteration 1), on diagnostic "
+        "iterations (so it takes effect on multiples of diagnostics.every).",
+    )
+
+
 class DiagnosticsConfig(StrictSection):
     every: int = Field(
         5,
@@ -120,6 +146,10 @@ class DiagnosticsConfig(StrictSection):
         lt=0.5,
         description="Significance level of the input-"
         "dependence test: 'grounded' = 1 when p_grounded < alpha.",
+    )
+    probe: ProbeConfig = Field(
+        default_factory=ProbeConfig,
+        description="The fixed held-out probe set, cross-scored beside the batch samplings.",
     )
 
     def uncertainty(self) -> Uncertainty:
