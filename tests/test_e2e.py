@@ -165,6 +165,14 @@ def test_probe_set_is_logged_at_diagnostic_points(finished_run):
         value = _history(client, summary.run_id, f"collapse/probe/{key}")
         assert set(value) == {1} and math.isfinite(value[1]), key
     assert _history(client, summary.run_id, "timing/diagnose/probe/collect")[1] > 0
+    # Reading accuracy on the same probe turns (FrozenLake: the state is known).
+    assert _history(client, summary.run_id, "grounding/defined") == {1: 1.0}
+    assert _history(client, summary.run_id, "grounding/levels") == {1: float(levels)}
+    for key in ("reading_acc", "player_right", "goal_right", "first_move_optimal"):
+        rate = _history(client, summary.run_id, f"grounding/{key}")
+        low = _history(client, summary.run_id, f"grounding/{key}_ci_low")
+        high = _history(client, summary.run_id, f"grounding/{key}_ci_high")
+        assert set(rate) == {1} and 0.0 <= low[1] <= rate[1] <= high[1] <= 1.0, key
 
 
 def test_gradient_snr_by_reward_variance_bucket(finished_run):

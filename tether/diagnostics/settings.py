@@ -38,8 +38,8 @@ class ProbeConfig(StrictSection):
 
     enabled: bool = Field(
         True,
-        description="Sample and cross-score the probe set at its cadence (collapse/probe/...); "
-        "docs/methods.md, section 2.",
+        description="Sample and cross-score the probe set at its cadence (collapse/probe/...) "
+        "and score its reading accuracy (grounding/...); docs/methods.md, section 2.",
     )
     levels: int = Field(
         64,

@@ -56,7 +56,7 @@ class Diagnosis:
         collect: ProbeCollect | None = None,
     ) -> None:
         """``env``: the run's env (the probe's levels are drawn from its held-out seeds,
-        ``val_seed_offset``); without ``collect`` there
+        ``val_seed_offset``, and read against its true states); without ``collect`` there
         is no probe."""
         self.cfg, self.seed, self.collect = cfg, seed, collect
         self.env = env or EnvConfig()
@@ -100,7 +100,11 @@ class Diagnosis:
 
     def probe(self, it: int, learner) -> dict[str, float]:
         """The probe set's ``collapse/probe/…`` at its cadence: each probe level's first
-        turn sampled by the current policy, cross-scored against all probe prompts."""
+        turn sampled by the current policy, cross-scored against all probe prompts; and
+        what those turns state about their input, scored against the true states
+        (``grounding/…``, reading accuracy)."""
+        from ..agent.reading import grounding_metrics
+
         p = self.cfg.probe
         if self.collect is None or not p.enabled or not due(it, p.every, first=True):
             return {}
@@ -108,12 +112,16 @@ class Diagnosis:
         specs = [EpisodeSpec(k, level, 0) for k, level in enumerate(self.probe_levels)]
         trajectories = self.collect(specs, seeds.probe(self.seed, it))
         collected = time.perf_counter()
+        reading = grounding_metrics(trajectories, self.env.id, self.env.kwargs)
+        read = time.perf_counter()
         result = learner.probe(
             trajectories, self.cfg, self.ema_state.get("probe"), seeds.diagnostics(self.seed, it)
         )
         self.ema_state = {**self.ema_state, **result.ema_state}
         return {
             **result.metrics,
+            **reading,
             "timing/diagnose/probe/collect": collected - started,
+            "timing/diagnose/probe/reading": read - collected,
             "timing/diagnose/probe/total": time.perf_counter() - started,
         }
