@@ -119,3 +119,28 @@ def test_probe_diagnostics_score_every_level_against_every_prompt():
     assert not any(k.startswith("collapse/first_turn") for k in m)
     assert not any("/za/" in k or "/xa/" in k for k in m)  # no information chain
     assert "timing/diagnose/probe/xz" in m and set(result.ema_state) == {"probe"}
+
+
+def test_the_closing_summary_shows_the_probe_and_reading_accuracy():
+    from rich.console import Console
+
+    from tether.platform.cli import _summary_table
+    from tether.platform.trainer import RunSummary
+
+    diagnostics = {
+        "iteration": 30.0,
+        "collapse/probe/mi_estimate": 2.5,
+        "collapse/probe/mi_estimate_ci_low": 2.1,
+        "collapse/probe/mi_estimate_ci_high": 2.9,
+        "grounding/reading_acc": 0.75,
+        "grounding/reading_acc_ci_low": 0.63,
+        "grounding/reading_acc_ci_high": 0.84,
+    }
+    summary = RunSummary(
+        "r", "sqlite://", "mlflow ui", 30, "FINISHED", 1.0, "m", last_diagnostics=diagnostics
+    )
+    console = Console(width=200, record=True)
+    console.print(_summary_table(summary))
+    text = console.export_text()
+    assert "collapse/probe/mi_estimate @ 30" in text and "2.500 [2.100, 2.900]" in text
+    assert "grounding/reading_acc @ 30" in text and "0.750 [0.630, 0.840]" in text

@@ -245,7 +245,7 @@ class Trainer:
         if any(key.startswith("collapse/") for key in metrics):
             self.last_diagnostics = {
                 "iteration": float(it),
-                **{k: v for k, v in metrics.items() if k.startswith("collapse/")},
+                **{k: v for k, v in metrics.items() if k.startswith(("collapse/", "grounding/"))},
             }
         self.emit(Event.ITERATION, {"iteration": it, "total": t.iterations, **metrics})
         if self.responder.respond(it, metrics, self.learner, self.fleet):
