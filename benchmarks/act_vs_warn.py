@@ -142,8 +142,8 @@ class InjectedTrainer(Trainer):
         finally:
             self.injecting = False
 
-    def collect(self, specs, sampling, seed):
-        trajectories = super().collect(specs, sampling, seed)
+    def collect(self, specs, sampling, seed, max_turns=None):
+        trajectories = super().collect(specs, sampling, seed, max_turns)
         if self.injecting:
             for trajectory in trajectories:
                 for turn in trajectory.turns:

@@ -13,12 +13,16 @@ and the mean per-stage times.
 ``--at 1,2,5,10`` runs only those iteration numbers (the cadences look at the number):
 one representative of every diagnostics schedule in iterations 1..``--window``, and the
 overhead over the window is then also reported with each unmeasured iteration counted as
-the measured one with the same schedule (what fires: I(X;Z), chain, heatmap, grad SNR).
+the measured one with the same schedule (what fires: I(X;Z), chain, heatmap, grad SNR,
+the probe set). ``--probe-cadences 5,10,15`` also estimates that overhead were the probe
+set scored at each of those cadences, from its measured cost per point.
 
     PYTHONPATH=. python benchmarks/diagnostics_overhead.py --iterations 10 \\
         model.cache_dir=/tmp/diag_work/models
     PYTHONPATH=. python benchmarks/diagnostics_overhead.py --at 1,2,5,10 --window 10 \\
         model.cache_dir=/tmp/diag_work/models
+    PYTHONPATH=. python benchmarks/diagnostics_overhead.py --at 1,2,5,10 --window 30 \\
+        --probe-cadences 5,10,15,30 model.cache_dir=/tmp/diag_work/models
 """
 
 from __future__ import annotations
@@ -63,18 +67,62 @@ def _cpu_delta(before: dict[int, float], after: dict[int, float]) -> float:
     return sum(cpu - before.get(pid, 0.0) for pid, cpu in after.items())
 
 
-def schedule(d, it: int) -> tuple[bool, ...]:
+def schedule(d, it: int, probe_every: int | None = None) -> tuple[bool, ...]:
     """What the diagnostics run at iteration ``it`` (the cadences of
-    ``tether/platform/diagnosis.py``)."""
+    ``tether/platform/diagnosis.py``); ``probe_every`` replaces the probe set's cadence."""
     from tether.platform.cadence import due
 
     xz = due(it, d.every, first=True)
+    every = d.probe.every if probe_every is None else probe_every
     return (
         xz,
         xz and d.information_chain and due(it, d.chain_every, first=True),
         xz and due(it, d.heatmap_every, first=True),
         due(it, d.grad_snr_every),
+        xz and d.probe.enabled and every > 0 and due(it, every, first=True),
     )
+
+
+def probe_cadences(d, steps, wall, stages, window: int, cadences: list[int]) -> None:
+    """The overhead over iterations 1..window were the probe set scored every c
+    iterations, each iteration counted as the measured one with the same schedule apart
+    from the probe, whose cost is the median of its measured points
+    (``timing/diagnose/probe/total``), added where c makes it due:
+
+    - wall: the "on" iterations' wall time without their own probe, plus the probe where
+      due, over the "off" iterations' wall time;
+    - stages: the diagnostics' own timers (``timing/diagnose`` without the probe, plus
+      ``timing/grad_snr``, plus the probe where due) over the "off" iterations' wall
+      time: what the diagnostics add, measured inside the iteration, so load that hits
+      the two trainers unevenly does not count."""
+    measured = {schedule(d, it)[:4]: k for k, it in enumerate(steps)}
+    probe_s = [stages["on"][k].get("timing/diagnose/probe/total", 0.0) for k in range(len(steps))]
+    ran = [t for t in probe_s if t > 0]
+    if not ran:
+        print("no probe point measured: no estimate by probe cadence")
+        return
+    cost = float(np.median(ran))
+    print(f"\nprobe set: {cost:.1f} s per probe point (median of {len(ran)}: {ran})")
+    for c in cadences:
+        on = own = off = 0.0
+        for it in range(1, window + 1):
+            k = measured.get(schedule(d, it)[:4])
+            if k is None:
+                print(f"probe every {c}: iteration {it}'s schedule not measured")
+                break
+            probe = cost if schedule(d, it, c)[4] else 0.0
+            st = stages["on"][k]
+            on += wall["on"][k] - probe_s[k] + probe
+            own += st.get("timing/diagnose", 0.0) - probe_s[k] + st.get("timing/grad_snr", 0.0)
+            own += probe
+            off += wall["off"][k]
+        else:
+            print(
+                f"probe every {c} (iterations 1..{window}): diagnostics overhead "
+                f"{100 * (on / off - 1):+.1f} % wall, {100 * own / off:+.1f} % by the "
+                f"diagnostics' own timers (the probe alone "
+                f"{100 * cost * sum(schedule(d, i, c)[4] for i in range(1, window + 1)) / off:+.1f} %)"
+            )
 
 
 def main() -> None:
@@ -89,6 +137,11 @@ def main() -> None:
         type=int,
         default=10,
         help="iterations 1..window for the cadence-weighted overhead (with --at)",
+    )
+    parser.add_argument(
+        "--probe-cadences",
+        default="",
+        help="comma-separated probe cadences to estimate the overhead at (with --at)",
     )
     parser.add_argument("--out", default="/tmp/tether_diag_overhead")
     parser.add_argument("overrides", nargs="*", help="dotted config overrides for both runs")
@@ -127,7 +180,9 @@ def main() -> None:
     d = trainers["on"].cfg.diagnostics
     print(
         f"diagnostics: every {d.every}, chain_every {d.chain_every}, heatmap_every {d.heatmap_every}, "
-        f"grad_snr_every {d.grad_snr_every}, max_pairs {d.max_pairs}, max_cells {d.max_cells}",
+        f"grad_snr_every {d.grad_snr_every}, max_pairs {d.max_pairs}, max_cells {d.max_cells}, "
+        f"probe {'every ' + str(d.probe.every) if d.probe.enabled else 'off'} "
+        f"({d.probe.levels} levels); load {os.getloadavg()}",
         flush=True,
     )
 
@@ -199,6 +254,10 @@ def main() -> None:
                     f"cadence-weighted overhead over iterations 1..{args.window} ({label}, each "
                     f"iteration counted as the measured one with its schedule): {100 * (on / off - 1):+.1f} %"
                 )
+    if args.at and args.probe_cadences:
+        cadences = [int(c) for c in args.probe_cadences.split(",")]
+        probe_cadences(d, steps, wall, stages, args.window, cadences)
+    print(f"load at the end {os.getloadavg()}")
     keys = sorted({k for rows in stages.values() for row in rows for k in row})
     print("\n| stage | on, mean s per iteration | off, mean s per iteration |")
     print("|---|---|---|")

@@ -12,7 +12,8 @@ HF engine, the way a run does, and checks the reasoning against the true state:
   move leads to and says truly whether it is a hole, the goal or safe;
 - ``first_move_into_hole``: the answer's first move steps into a hole;
 then plays whole episodes on the same levels for ``success`` (as validation does).
-Every rate comes with its 95 % Wilson interval.
+Every rate comes with its 95 % Wilson interval.  The checks are the core's
+(``tether/envs/reading.py``); a run logs them online on its probe set as ``grounding/…``.
 
     python benchmarks/reading_accuracy.py ~/.cache/tether/models/tiny-0d40348768dbae05 \\
         --levels 128 --temperatures 1.0 0.5 0
@@ -22,18 +23,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 
 import torch
 from scipy import stats
 
-from tether.envs.frozenlake import MOVES, move
-
-CLAUSE = re.compile(r"(Left|Down|Right|Up) (?:to|hits)")
-FIRST_CLAUSE = re.compile(
-    r"(Left|Down|Right|Up) to \((\d+),(\d+)\) (is a hole|is the goal|is safe)"
-)
-POSITIONS = re.compile(r"At \((\d+),(\d+)\), goal \((\d+),(\d+)\)")
+from tether.envs.reading import frozenlake_checks
 
 
 def rate(hits: int, n: int) -> str:
@@ -45,29 +39,9 @@ def rate(hits: int, n: int) -> str:
 
 def check_first_turn(env, reasoning: str | None, answer: str | None) -> dict[str, bool]:
     """The reading checks of one first turn against the env's true state (reset, not
-    stepped)."""
-    grid = env.render().rsplit("\n", 1)[0].strip()
-    reasoning = reasoning or ""
-    restated = reasoning.split("\nAt ")[0].strip()
-    found = POSITIONS.search(reasoning)
-    named = [int(x) for x in found.groups()] if found else None
-    moves = [m.strip() for m in (answer or "").split("||") if m.strip()]
-    plan = env.solve() or []
-    clause = FIRST_CLAUSE.search(reasoning)
-    cell = (int(clause[2]), int(clause[3])) if clause else None
-    truth = "is a hole" if cell in env.holes else "is the goal" if cell == env.goal else "is safe"
-    first = move(env.board_size, env.player, moves[0]) if moves and moves[0] in MOVES else None
-    return {
-        "map_exact": restated == grid,
-        "player_right": named is not None and tuple(named[:2]) == env.player,
-        "goal_right": named is not None and tuple(named[2:]) == env.goal,
-        "first_move_optimal": bool(moves) and bool(plan) and moves[0] == plan[0],
-        "answer_follows_reasoning": bool(moves) and CLAUSE.findall(reasoning) == moves,
-        "first_clause_true": clause is not None
-        and cell == move(env.board_size, env.player, clause[1])
-        and clause[4] == truth,
-        "first_move_into_hole": first in env.holes,
-    }
+    stepped): the core's (``tether.envs.reading.frozenlake_checks``), which the online
+    ``grounding/…`` metrics use too."""
+    return frozenlake_checks(env, reasoning or "", answer or "")
 
 
 def main() -> None:

@@ -21,6 +21,8 @@ EMPTY = "filter/empty"
 P = "collapse/first_turn/p_grounded"
 VR = "rollout/valid_reasoning_rate"
 VA = "rollout/action_valid_rate"
+READ = "grounding/reading_acc"
+PROBE_P = "collapse/probe/p_grounded"
 
 
 def mi_point(mi, h, half=0.1, p=0.001, h_half=0.05):
@@ -33,6 +35,20 @@ def mi_point(mi, h, half=0.1, p=0.001, h_half=0.05):
         H: h,
         f"{H}_ci_low": h - h_half,
         f"{H}_ci_high": h + h_half,
+    }
+
+
+def reading_point(hits, levels=64, p=0.001):
+    """One probe point's reading accuracy with its Wilson interval, and the probe's p."""
+    from scipy.stats import binomtest
+
+    ci = binomtest(hits, levels).proportion_ci(0.95, method="wilson")
+    return {
+        READ: hits / levels,
+        f"{READ}_ci_low": ci.low,
+        f"{READ}_ci_high": ci.high,
+        "grounding/levels": levels,
+        PROBE_P: p,
     }
 
 
@@ -50,6 +66,7 @@ def healthy(n=60, seed=0):
             EMPTY: 0.0,
             VR: 0.9,
             VA: 0.95,
+            **reading_point(int(rng.binomial(64, 0.85))),
         }
         for _ in range(n)
     ]
@@ -259,6 +276,7 @@ def test_state_round_trip_resumes_exactly():
                 EMPTY: 1.0,
                 VR: 0.0,
                 VA: 0.0,
+                **reading_point(int(54 * 0.9 ** (k + 1))),
                 "noise": rng.normal(),
             }
         )

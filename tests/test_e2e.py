@@ -146,6 +146,35 @@ def test_collapse_diagnostics_are_logged(finished_run):
     assert weighted == pytest.approx(mi[1], abs=1e-9)
 
 
+def test_probe_set_is_logged_at_diagnostic_points(finished_run):
+    """The probe set (default 64 held-out levels, one first turn each, sampled through the
+    rollout workers) is cross-scored in full at iteration 1: its MI bound is log of its
+    distinct prompts, beyond the batch's log 2, with intervals and the permutation test."""
+    import math
+
+    cfg, summary = finished_run
+    client = MlflowClient(summary.tracking_uri)
+    levels = cfg.diagnostics.probe.levels
+    pairs = _history(client, summary.run_id, "collapse/probe/num_pairs")
+    assert set(pairs) == {1} and 0 < pairs[1] <= levels
+    prompts = _history(client, summary.run_id, "collapse/probe/num_prompts")[1]
+    assert 32 < prompts <= levels  # distinct FrozenLake maps among the 64 levels
+    bound = _history(client, summary.run_id, "collapse/probe/mi_upper_bound")[1]
+    assert bound == pytest.approx(math.log(prompts))
+    for key in ("mi_estimate", "mi_estimate_ci_low", "mi_estimate_ci_high", "p_grounded"):
+        value = _history(client, summary.run_id, f"collapse/probe/{key}")
+        assert set(value) == {1} and math.isfinite(value[1]), key
+    assert _history(client, summary.run_id, "timing/diagnose/probe/collect")[1] > 0
+    # Reading accuracy on the same probe turns (FrozenLake: the state is known).
+    assert _history(client, summary.run_id, "grounding/defined") == {1: 1.0}
+    assert _history(client, summary.run_id, "grounding/levels") == {1: float(levels)}
+    for key in ("reading_acc", "player_right", "goal_right", "first_move_optimal"):
+        rate = _history(client, summary.run_id, f"grounding/{key}")
+        low = _history(client, summary.run_id, f"grounding/{key}_ci_low")
+        high = _history(client, summary.run_id, f"grounding/{key}_ci_high")
+        assert set(rate) == {1} and 0.0 <= low[1] <= rate[1] <= high[1] <= 1.0, key
+
+
 def test_gradient_snr_by_reward_variance_bucket(finished_run):
     cfg, summary = finished_run
     client = MlflowClient(summary.tracking_uri)

@@ -100,10 +100,13 @@ def check_page(
     final: int,
     shot: str,
     kept_last: float | None = None,
+    probe_at: int | None = None,
 ) -> None:
     """Load the page in headless Chromium: the run's row shows ``latest``, the alarm's
     banner is up, the plotly curves hold data up to ``latest``; after ``resume()`` the
-    page refreshes to ``final`` and FINISHED. Saves a screenshot to ``shot``."""
+    page refreshes to ``final`` and FINISHED. Saves a screenshot to ``shot``.
+    ``probe_at``: the one iteration the run scored its probe set at, drawn beside the
+    batch's I(X;Z) with its interval, and its reading accuracy in the table and a plot."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
@@ -136,6 +139,21 @@ def check_page(
             kept_last is None or kept_y[-1] == pytest.approx(kept_last)
         )
         assert page.evaluate("document.getElementById('plot-regime').data[0].x.length") == latest
+        if probe_at is not None:
+            probe = page.evaluate(
+                "document.getElementById('plot-probe').data"
+                ".filter(t => !t.fill && !(t.meta && t.meta.null)).map(t => [t.name, t.x])"
+            )
+            assert [x for name, x in probe if name.endswith(" probe_mi")] == [[probe_at]]
+            assert [max(x) for name, x in probe if name.endswith(" mi")] == [latest]
+            reading = page.evaluate(
+                "document.getElementById('plot-reading').data.map(t => [Boolean(t.fill), t.x])"
+            )
+            # the band (a closed polygon: the steps there and back) and the curve
+            assert reading == [[True, [probe_at, probe_at]], [False, [probe_at]]]
+            cell = page.inner_text(f"{row} .reading")
+            assert cell.count("[") == 1 and 0.0 <= float(cell.split()[0]) <= 1.0, cell
+            assert page.inner_text(f"{row} .probe-mi").count("[") == 1
         assert page.locator("#plot-mi .main-svg").count() > 0
         # The page refreshes while the run trains: the next iterations appear.
         resume()
@@ -214,6 +232,7 @@ def test_monitor_page_follows_a_real_training_run(ray_local, micro_policy, tmp_p
             4,
             screenshot_path(tmp_path, "monitor_real_run.png"),
             kept_last=0.0,
+            probe_at=1,  # the probe set's default cadence: every 5 and at 1
         )
     finally:
         resume.set()

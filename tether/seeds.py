@@ -20,6 +20,8 @@ generation call with the seed it is given (``sampling_turn``).
     sampling_turn(episode_seed, turn)                one generation call of an episode loop
     validation(run_seed)                             held-out validation episodes
     diagnostics(run_seed, iteration)                 pair sampling and resampling of the MI proxies
+    probe_levels(first_held_out, n)                  the probe set's levels (no run seed: fixed per env)
+    probe(run_seed, iteration)                       the probe set's first turns at one diagnostic point
     demonstrations(run_seed)                         the warm start's solver demonstrations
     engine_request(call_seed, index)                 one request of a batched engine call
 """
@@ -39,6 +41,12 @@ WORKER_STRIDE = 131
 TURN_STRIDE = 7919
 #: Validation collects with the run seed plus this offset.
 VALIDATION_OFFSET = 99_991
+#: The probe set's levels: held-out seeds first_held_out + (k * PROBE_MULTIPLIER) % PROBE_SPAN
+#: for k = 1..n (the multiplier is coprime with the span, so the n levels are distinct).
+PROBE_MULTIPLIER = 7_919 * 104_729
+PROBE_SPAN = 1_000_000
+#: The probe's collection at iteration i uses the run seed plus this offset plus i.
+PROBE_OFFSET = 77_777
 #: The warm start's demonstrations use the run seed plus this offset.
 DEMONSTRATION_OFFSET = 10_000_000
 #: Requests of one batched engine call (vLLM): per unit of the call's seed.
@@ -75,6 +83,20 @@ def validation(run_seed: int) -> int:
 def diagnostics(run_seed: int, iteration: int) -> int:
     """Seed of iteration ``iteration``'s collapse diagnostics (pairs, bootstrap, null)."""
     return run_seed + iteration
+
+
+def probe_levels(first_held_out: int, n: int) -> list[int]:
+    """The env seeds of the diagnostic probe set: ``n`` distinct held-out levels, a
+    function of the first held-out seed (``env.val_seed_offset``) alone, so every run, arm
+    and run seed of an env sees the same ones (docs/methods.md, section 2)."""
+    if not 1 <= n <= PROBE_SPAN:
+        raise ValueError(f"the probe set holds 1 to {PROBE_SPAN} levels, got {n}")
+    return [first_held_out + (k * PROBE_MULTIPLIER) % PROBE_SPAN for k in range(1, n + 1)]
+
+
+def probe(run_seed: int, iteration: int) -> int:
+    """Seed of the probe set's collection at iteration ``iteration``."""
+    return run_seed + PROBE_OFFSET + iteration
 
 
 def demonstrations(run_seed: int) -> int:

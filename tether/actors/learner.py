@@ -294,6 +294,30 @@ class Learner:
                 chunk_tokens=self.settings.logprob_chunk_tokens,
             )
 
+    def probe(self, trajectories, diagnostics_cfg, ema_state: dict | None, seed: int):
+        """Cross-score the probe set's first turns with the current (pre-update) policy."""
+        from ..agent.chat import ChatFormatter
+        from ..agent.pairs import SpanExtractor
+        from ..diagnostics.runner import probe_diagnostics
+
+        model = self._analysis_model()
+        if model is None:
+            return None
+        if self.extractor is None:
+            self.extractor = SpanExtractor(ChatFormatter(self.tokenizer))
+        with torch.no_grad():
+            return probe_diagnostics(
+                model,
+                trajectories,
+                self.extractor,
+                self.settings.temperature,
+                ema_state,
+                seed,
+                diagnostics_cfg.method,
+                diagnostics_cfg.uncertainty(),
+                self.settings.logprob_chunk_tokens,
+            )
+
     def grad_snr(self, batch: TrajectoryBatch, n_buckets: int) -> dict[str, float] | None:
         from ..diagnostics.runner import gradient_snr
 

@@ -192,6 +192,9 @@ class LearnerGroup:
             information_chain,
         )
 
+    def probe(self, trajectories, diagnostics_cfg, ema_state, seed: int):
+        return self._all("probe", trajectories, diagnostics_cfg, ema_state, seed)
+
     def grad_snr(self, batch: TrajectoryBatch, n_buckets: int) -> dict[str, float]:
         return self._all("grad_snr", batch, n_buckets)
 

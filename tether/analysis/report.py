@@ -94,6 +94,7 @@ def analyse(
         views.sensitivity_figure(sections["sensitivity"], mi_key) if fields else None,
         views.regime_figure(sections["regimes"], s),
         views.collapse_figure(runs, s, notes),
+        views.probe_figure(runs, notes),
         views.dynamics_figure(runs, notes),
     ]
     with_prompts = [r for r in runs if r.prompts]

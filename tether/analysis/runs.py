@@ -36,6 +36,11 @@ DIAGNOSTICS = (
     "reasoning_entropy_seq_est",
 )
 
+#: Reading accuracy on the probe set (docs/methods.md, section 2): every fact of the input
+#: stated right, the share of probe levels; ``grounding/defined`` 0 when the env has none.
+READING_ACC = "grounding/reading_acc"
+READING_DEFINED = "grounding/defined"
+
 #: The curves each alarm concerns (metric-name prefixes); its evidence keys are added.
 ALARM_CURVES = {
     "template_collapse": ("collapse/",),
@@ -44,6 +49,7 @@ ALARM_CURVES = {
     "output_length_collapse": (REASONING_LENGTH,),
     "empty_after_filter": (KEPT_RATIO, "filter/kept_groups"),
     "format_collapse": ("rollout/valid_reasoning_rate", "rollout/action_valid_rate"),
+    "reading_drift": (READING_ACC, "grounding/"),
 }
 
 

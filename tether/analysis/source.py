@@ -25,7 +25,7 @@ WANTED = re.compile(
     r"|collapse/[^/]+/(("
     + "|".join(DIAGNOSTICS)
     + r")(_ci_low|_ci_high|_null_q95)?|p_grounded|grounded"
-    r"|num_pairs|valid_reasoning_rate)$|collapse/[^/]+/(za|xa)/mi_estimate$)"
+    r"|num_pairs|valid_reasoning_rate)$|collapse/[^/]+/(za|xa)/mi_estimate$|grounding/)"
 )
 
 

@@ -9,6 +9,8 @@ import numpy as np
 from .render import PALETTE, Figure, Panel, Series
 from .runs import (
     KEPT_RATIO,
+    READING_ACC,
+    READING_DEFINED,
     REASONING_LENGTH,
     REWARD_STD,
     SUCCESS,
@@ -265,6 +267,30 @@ def collapse_figure(runs: list[RunData], sampling: str, notes: list[str]) -> Fig
         if panels
         else None
     )
+
+
+def probe_figure(runs: list[RunData], notes: list[str]) -> Figure | None:
+    """The probe set's curves beside the batch's: I(X;Z) on the batch's first turns and on
+    the fixed probe levels (bounded by log 64 instead of log of the batch's prompts), the
+    probe's retrieval accuracy, and reading accuracy on the same probe turns."""
+    undefined = [r.name for r in runs if r.has(READING_DEFINED) and not r.last(READING_DEFINED)]
+    if undefined:
+        notes.append(
+            "reading accuracy: not defined for the env of "
+            + ", ".join(undefined)
+            + " (no checker of what its reasoning states: docs/methods.md, section 2)"
+        )
+    specs = [
+        (collapse_key("first_turn", "mi_estimate"), "I(X;Z), batch first turns"),
+        (collapse_key("probe", "mi_estimate"), "I(X;Z), probe set"),
+        (collapse_key("probe", "retrieval_acc"), "retrieval accuracy, probe set"),
+        (READING_ACC, "reading accuracy, probe set (every fact right)"),
+    ]
+    panels = panels_or_note(specs, runs, notes, "probe curves")
+    has_probe = any(r.has(collapse_key("probe", "mi_estimate")) for r in runs)
+    if not panels or not has_probe:
+        return None
+    return Figure("probe", "Probe set and reading accuracy beside the batch proxies", panels)
 
 
 def stage_iterations(iterations: list[int]) -> dict[str, int]:

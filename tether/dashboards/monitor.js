@@ -37,9 +37,15 @@ function groundedText(run) {
     (num(p) ? ` (permutation test, p = ${p.toFixed(3)} for I(X;Z))` : " (permutation test)");
 }
 
+// reading accuracy on the probe set, or why there is none
+function readingText(c) {
+  if (lastOf(c.reading_defined, "y") === 0) return "not defined for this env";
+  return lastOf(c.reading, "y") === null ? "–" : withInterval(c.reading);
+}
+
 function runRow(run) {
   if (run.error) return el("tr", {id: "run-" + run.run_id}, el("td", {}, run.name),
-    el("td", {}, run.status), el("td", {className: "error", colSpan: 7}, run.error));
+    el("td", {}, run.status), el("td", {className: "error", colSpan: 9}, run.error));
   const c = run.curves;
   const alarms = run.alarms.map((a) => a.name + "@" + a.iteration).join(", ") || "none";
   return el("tr", {id: "run-" + run.run_id}, el("td", {}, run.name), el("td", {}, run.status),
@@ -48,6 +54,9 @@ function runRow(run) {
     el("td", {className: "mi"}, withInterval(c.mi)),
     el("td", {className: "grounded"}, groundedText(run)),
     el("td", {className: "entropy"}, withInterval(c.entropy)),
+    el("td", {className: "probe-mi"}, c.probe_mi && c.probe_mi.x.length
+                                         ? withInterval(c.probe_mi) : "–"),
+    el("td", {className: "reading"}, readingText(c)),
     el("td", {className: "alarms"}, alarms));
 }
 
@@ -153,7 +162,11 @@ function draw(data) {
     react("plot-success", curveTraces(shown, ["success", "val_success"], ["solid", "dot"]),
           layout("success", "iteration", "success")),
     react("plot-kept", curveTraces(shown, ["kept_ratio"], ["solid"]),
-          layout("filter kept ratio", "iteration", "kept ratio"))]);
+          layout("filter kept ratio", "iteration", "kept ratio")),
+    react("plot-probe", curveTraces(shown, ["mi", "probe_mi"], ["dot", "solid"]),
+          layout("I(X;Z): batch (dotted) and probe set (solid)", "iteration", "nats / token")),
+    react("plot-reading", curveTraces(shown, ["reading"], ["solid"]),
+          layout("reading accuracy on the probe set", "iteration", "share of levels"))]);
 }
 
 async function refresh() {

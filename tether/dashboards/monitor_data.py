@@ -13,7 +13,15 @@ import math
 import re
 import time
 
-from ..analysis.runs import KEPT_RATIO, SUCCESS, VAL_SUCCESS, RunData, collapse_key
+from ..analysis.runs import (
+    KEPT_RATIO,
+    READING_ACC,
+    READING_DEFINED,
+    SUCCESS,
+    VAL_SUCCESS,
+    RunData,
+    collapse_key,
+)
 
 #: The collapse metrics the page draws (``collapse/<sampling>/<name>``).
 MONITOR_METRICS = ("mi_estimate", "mi_zscore_ema", "conditional_entropy_est")
@@ -23,7 +31,8 @@ MONITOR_METRICS = ("mi_estimate", "mi_zscore_ema", "conditional_entropy_est")
 EXTRAS = ("ci_low", "ci_high", "null_q95", "p_grounded")
 WANTED = re.compile(
     r"^(rollout/success|filter/kept_ratio|val/success|collapse/[^/]+/(grounded|p_grounded)|"
-    r"collapse/[^/]+/(" + "|".join(MONITOR_METRICS) + r")(_(" + "|".join(EXTRAS) + r"))?)$"
+    r"collapse/[^/]+/(" + "|".join(MONITOR_METRICS) + r")(_(" + "|".join(EXTRAS) + r"))?|"
+    r"grounding/(reading_acc(_ci_low|_ci_high)?|defined))$"
 )
 
 
@@ -131,6 +140,10 @@ def monitor_payload(
         "mi_zscore_ema": collapse_key(sampling, "mi_zscore_ema"),
         "entropy": collapse_key(sampling, "conditional_entropy_est"),
         "grounded": collapse_key(sampling, "grounded"),
+        # the fixed probe set (docs/methods.md, section 2) and reading accuracy on it
+        "probe_mi": collapse_key("probe", "mi_estimate"),
+        "reading": READING_ACC,
+        "reading_defined": READING_DEFINED,
         "success": SUCCESS,
         "val_success": VAL_SUCCESS,
         "kept_ratio": KEPT_RATIO,

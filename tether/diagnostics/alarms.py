@@ -353,6 +353,64 @@ class FormatCollapseAlarm(_StreakAlarm):
         }
 
 
+class ReadingDriftAlarm(_WindowAlarm):
+    """Reading accuracy (``grounding/reading_acc`` on the probe set) fell from its best
+    point in the window beyond the uncertainty of both (their Wilson intervals at
+    ``confidence`` lie apart) and by at least ``min_drop``, while the probe's permutation
+    test still says grounded (p < alpha) at the current point: MI cannot see this drift,
+    the reading check can.
+
+    A row of the window is [iteration, accuracy, levels, p]; the best point is the one
+    with the highest interval floor (earliest on ties), its iteration the ``reference``
+    a rollback returns to at or before."""
+
+    name = "reading_drift"
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.keys = (config.metric, config.levels_metric, config.p_metric)
+        self.streak = 0
+        self.reference: int | None = None
+
+    def _interval(self, row: list[float]) -> tuple[float, float]:
+        from scipy.stats import binomtest
+
+        n = int(round(row[2]))
+        if n < 1:
+            return 0.0, 1.0
+        hits = min(n, max(0, int(round(row[1] * n))))
+        ci = binomtest(hits, n).proportion_ci(self.config.confidence, method="wilson")
+        return float(ci.low), float(ci.high)
+
+    def _observe(self, iteration, metrics):
+        if not self._push(iteration, metrics):
+            return None
+        c, now = self.config, self.history[-1]
+        best = max(self.history, key=lambda row: self._interval(row)[0])
+        (best_low, best_high), (now_low, now_high) = self._interval(best), self._interval(now)
+        self.reference = int(best[0])
+        apart = now_high < best_low and best[1] - now[1] >= c.min_drop
+        grounded = now[3] < c.alpha
+        self.streak = self.streak + 1 if apart and grounded else 0
+        message = (
+            f"{self.name}: {c.metric} fell from {best[1]:.3g} [{best_low:.3g}, {best_high:.3g}] "
+            f"(iteration {int(best[0])}) to {now[1]:.3g} [{now_low:.3g}, {now_high:.3g}] "
+            f"({c.confidence:.0%} Wilson intervals, {int(now[2])} levels) at {self.streak} "
+            f"consecutive probe point(s), while {c.p_metric} {now[3]:.3g} "
+            f"{'<' if grounded else '>='} {c.alpha:g} (the MI test says "
+            f"{'grounded' if grounded else 'not grounded'})"
+        )
+        evidence = {**self._evidence(), "reference_iteration": [best[0]]}
+        return self.streak >= c.patience, message, evidence
+
+    def state_dict(self):
+        return {**super().state_dict(), "streak": self.streak}
+
+    def load_state_dict(self, state):
+        super().load_state_dict(state)
+        self.streak = int(state.get("streak", 0))
+
+
 ALARMS: dict[str, type[_Alarm]] = {
     cls.name: cls
     for cls in (
@@ -362,6 +420,7 @@ ALARMS: dict[str, type[_Alarm]] = {
         OutputLengthCollapseAlarm,
         EmptyAfterFilterAlarm,
         FormatCollapseAlarm,
+        ReadingDriftAlarm,
     )
 }
 assert tuple(ALARMS) == ALARM_NAMES, "settings.ALARM_NAMES lists the alarms in this order"

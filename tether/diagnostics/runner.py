@@ -112,6 +112,53 @@ def collapse_diagnostics(
     return DiagnosticsResult(metrics, ema_state, matrices, prompt_mi)
 
 
+def probe_diagnostics(
+    model,
+    trajectories,
+    extractor: SpanExtractor,
+    temperature: float,
+    ema_state: dict | None,
+    seed: int,
+    method: str = "auto",
+    uncertainty: Uncertainty | None = None,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+) -> DiagnosticsResult:
+    """The probe set's I(X;Z) (docs/methods.md, section 2): the first turn of each probe
+    episode (one per level) against every probe prompt, all of them (no pair or cell
+    cap), so the bound is log(distinct prompts).  Logged as ``collapse/probe/<proxy>``;
+    ``ema_state`` is the probe's own (``DiagnosticsResult.ema_state["probe"]``)."""
+    result = collapse_diagnostics(
+        model,
+        trajectories,
+        extractor,
+        ["first_turn"],
+        max(2, len(trajectories)),
+        temperature,
+        {"first_turn": ema_state} if ema_state else None,
+        seed,
+        information_chain_links=False,
+        method=method,
+        uncertainty=uncertainty,
+        chunk_tokens=chunk_tokens,
+    )
+    return DiagnosticsResult(
+        {_probe_key(k): v for k, v in result.metrics.items()},
+        {"probe": result.ema_state.get("first_turn")},
+    )
+
+
+def _probe_key(key: str) -> str:
+    """``collapse/first_turn/…`` -> ``collapse/probe/…``, and its timings likewise."""
+    for old, new in (
+        ("collapse/first_turn/", "collapse/probe/"),
+        ("timing/diagnose/first_turn/", "timing/diagnose/probe/"),
+        ("timing/diagnose/proxies", "timing/diagnose/probe/proxies"),
+    ):
+        if key.startswith(old):
+            return new + key[len(old) :]
+    return key
+
+
 def gradient_snr(
     model, batch, settings, n_buckets: int, micro_batched: bool = True
 ) -> dict[str, float]:

@@ -32,6 +32,32 @@ if TYPE_CHECKING:
 # ------------------------------------------------------------------ diagnostics
 
 
+class ProbeConfig(StrictSection):
+    """The diagnostic probe set: fixed held-out levels whose first turns the current
+    policy samples at a diagnostic point, cross-scored like a sampling of the batch."""
+
+    enabled: bool = Field(
+        True,
+        description="Sample and cross-score the probe set at its cadence (collapse/probe/...) "
+        "and score its reading accuracy (grounding/...); docs/methods.md, section 2.",
+    )
+    levels: int = Field(
+        64,
+        ge=2,
+        le=256,
+        description="Probe levels: held-out seeds drawn once from env.val_seed_offset "
+        "(tether.seeds.probe_levels), the same for every run, arm and seed of an env. "
+        "One first turn each, all cross-scored (levels x levels cells), so I(X;Z) "
+        "is bounded by log(levels) instead of log(batch prompts).",
+    )
+    every: int = Field(
+        5,
+        ge=1,
+        description="Probe every N iterations (and at iteration 1), on diagnostic "
+        "iterations (so it takes effect on multiples of diagnostics.every).",
+    )
+
+
 class DiagnosticsConfig(StrictSection):
     every: int = Field(
         5,
@@ -127,6 +153,10 @@ class DiagnosticsConfig(StrictSection):
         lt=0.5,
         description="Significance level of the input-"
         "dependence test: 'grounded' = 1 when p_grounded < alpha.",
+    )
+    probe: ProbeConfig = Field(
+        default_factory=ProbeConfig,
+        description="The fixed held-out probe set, cross-scored beside the batch samplings.",
     )
 
     def uncertainty(self) -> Uncertainty:
@@ -487,6 +517,59 @@ class EmptyAfterFilterConfig(_OneAlarmConfig):
     )
 
 
+class ReadingDriftConfig(_OneAlarmConfig):
+    """Reading accuracy on the probe set fell beyond the uncertainty of both points from
+    its best point in the window, while the input-dependence test still says grounded:
+    the reasoning still depends on the input but states it less correctly."""
+
+    actions: list[Response] = Field(
+        default_factory=lambda: [Rollback()],
+        description="mode act: return to the last grounded checkpoint at or before the "
+        "best reading point, at a lower learning rate",
+    )
+    metric: str = Field(
+        "grounding/reading_acc",
+        description="reading accuracy: the share of probe levels whose first-turn reasoning "
+        "states every fact of the input right",
+    )
+    levels_metric: str = Field(
+        "grounding/levels", description="the probe levels the share is over (its n)"
+    )
+    confidence: float = Field(
+        0.99,
+        gt=0.5,
+        lt=1,
+        description="coverage of the Wilson intervals the alarm compares (computed from the "
+        "share and n, wider than the 95 % ones logged): the best of a window of noisy points "
+        "is a lucky high, and at 0.95 a steady 64-level probe fired at ~16 per 1,000 points, "
+        "at 0.99 at <= 1.3 (docs/methods.md, section 4)",
+    )
+    p_metric: str = Field(
+        "collapse/probe/p_grounded",
+        description="p-value of the input-dependence (permutation) test on the same probe: "
+        "the alarm speaks only while it says grounded (p < alpha)",
+    )
+    alpha: float = Field(
+        0.05, gt=0, lt=0.5, description="'grounded' when p_metric < alpha at the current point"
+    )
+    window: int = Field(
+        10, ge=2, description="probe points kept; the best point is searched among them"
+    )
+    min_drop: float = Field(
+        0.1,
+        ge=0,
+        lt=1,
+        description="the fall from the best point must also be at least this much "
+        "(absolute share of levels), besides the intervals lying apart",
+    )
+    patience: int = Field(
+        1,
+        ge=1,
+        description="consecutive probe points with the intervals apart (and grounded) "
+        "before the alarm fires",
+    )
+
+
 class AlarmsConfig(StrictSection):
     """Thresholds and modes of the collapse alarms (docs/methods.md, section 4)."""
 
@@ -513,6 +596,10 @@ class AlarmsConfig(StrictSection):
         default_factory=FormatCollapseConfig,
         description="valid reasoning or valid actions all but disappear from the rollouts",
     )
+    reading_drift: ReadingDriftConfig = Field(
+        default_factory=ReadingDriftConfig,
+        description="reading accuracy on the probe set falls while MI still says grounded",
+    )
     control: ControlConfig = Field(
         default_factory=ControlConfig, description="cooldown and cap of the act-mode responses"
     )
@@ -526,4 +613,5 @@ ALARM_NAMES = (
     "output_length_collapse",
     "empty_after_filter",
     "format_collapse",
+    "reading_drift",
 )

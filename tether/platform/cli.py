@@ -184,6 +184,9 @@ def _summary_table(summary) -> Table:
         key = f"collapse/first_turn/{name}"
         if key in d:
             table.add_row(f"{key} @ {int(d['iteration'])}", _with_interval(d, key))
+    for key in ("collapse/probe/mi_estimate", "grounding/reading_acc"):  # the probe set's
+        if key in d:
+            table.add_row(f"{key} @ {int(d['iteration'])}", _with_interval(d, key))
     if "collapse/first_turn/p_grounded" in d:
         p = d["collapse/first_turn/p_grounded"]
         table.add_row(

@@ -1,16 +1,24 @@
 """The collapse diagnostics of a run, at their cadences: cross-score MI proxies with the
-pre-update policy (docs/methods.md, section 2), their heatmaps, and gradient SNR
-(section 10).  The learner computes; this part decides when, keeps the MI running
-averages between iterations and logs the heatmaps."""
+pre-update policy (docs/methods.md, section 2), on the batch and on the probe set, their
+heatmaps, and gradient SNR (section 10).  The learner computes; this part decides when,
+has the probe set's first turns collected, keeps the MI running averages between
+iterations and logs the heatmaps."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from .. import seeds
+from ..agent.episode import EpisodeSpec
+from ..envs.settings import EnvConfig
 from .cadence import due
 from .config import DiagnosticsConfig
 from .tracking import Tracker
+
+#: ``collect(specs, seed)``: the probe's episodes, one turn each, sampled by the current
+#: policy at the rollout temperature (the trainer's fleet)
+ProbeCollect = Callable[[list[EpisodeSpec], int], list]
 
 
 def prompt_mi_path(it: int) -> str:
@@ -40,9 +48,21 @@ def prompt_mi_record(it: int, collected, prompt_mi: dict[int, dict[str, float]])
 
 
 class Diagnosis:
-    def __init__(self, cfg: DiagnosticsConfig, seed: int) -> None:
-        self.cfg, self.seed = cfg, seed
-        #: the MI diagnostics' running averages (a checkpoint keeps them)
+    def __init__(
+        self,
+        cfg: DiagnosticsConfig,
+        seed: int,
+        env: EnvConfig | None = None,
+        collect: ProbeCollect | None = None,
+    ) -> None:
+        """``env``: the run's env (the probe's levels are drawn from its held-out seeds,
+        ``val_seed_offset``, and read against its true states); without ``collect`` there
+        is no probe."""
+        self.cfg, self.seed, self.collect = cfg, seed, collect
+        self.env = env or EnvConfig()
+        self.probe_levels = seeds.probe_levels(self.env.val_seed_offset, cfg.probe.levels)
+        #: the MI diagnostics' running averages, the probe's under "probe" (a checkpoint
+        #: keeps them)
         self.ema_state: dict = {}
 
     def grad_snr_due(self, it: int) -> bool:
@@ -62,6 +82,7 @@ class Diagnosis:
             d.information_chain and due(it, d.chain_every, first=True),
         )
         self.ema_state = result.ema_state
+        result.metrics.update(self.probe(it, learner))
         if result.prompt_mi:
             tracker.log_json(prompt_mi_record(it, collected, result.prompt_mi), prompt_mi_path(it))
         started = time.perf_counter()
@@ -76,3 +97,31 @@ class Diagnosis:
         if result.matrices:
             result.metrics["timing/diagnose/heatmaps"] = time.perf_counter() - started
         return result.metrics
+
+    def probe(self, it: int, learner) -> dict[str, float]:
+        """The probe set's ``collapse/probe/…`` at its cadence: each probe level's first
+        turn sampled by the current policy, cross-scored against all probe prompts; and
+        what those turns state about their input, scored against the true states
+        (``grounding/…``, reading accuracy)."""
+        from ..agent.reading import grounding_metrics
+
+        p = self.cfg.probe
+        if self.collect is None or not p.enabled or not due(it, p.every, first=True):
+            return {}
+        started = time.perf_counter()
+        specs = [EpisodeSpec(k, level, 0) for k, level in enumerate(self.probe_levels)]
+        trajectories = self.collect(specs, seeds.probe(self.seed, it))
+        collected = time.perf_counter()
+        reading = grounding_metrics(trajectories, self.env.id, self.env.kwargs)
+        read = time.perf_counter()
+        result = learner.probe(
+            trajectories, self.cfg, self.ema_state.get("probe"), seeds.diagnostics(self.seed, it)
+        )
+        self.ema_state = {**self.ema_state, **result.ema_state}
+        return {
+            **result.metrics,
+            **reading,
+            "timing/diagnose/probe/collect": collected - started,
+            "timing/diagnose/probe/reading": read - collected,
+            "timing/diagnose/probe/total": time.perf_counter() - started,
+        }

@@ -2,7 +2,7 @@
 
 The ``Trainer`` and its parts call ``emit(kind, data)``; ``tether run`` shows them
 (``progress.RunDisplay``), a sweep trial forwards some to Tune (``sweep_trial``), and
-without a hook the ones a user must see become log warnings (``trainer.log_warnings``).
+without a hook the ones a user must see become log warnings (``log_warnings``).
 ``Event`` is a ``StrEnum``: a member equals its plain string, so a hook may compare
 ``kind == "iteration"`` as well as ``kind == Event.ITERATION``.
 
@@ -27,10 +27,11 @@ tracking           the Tracker's spool (notify)            message
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from enum import StrEnum
 
-__all__ = ["WARNINGS", "Emit", "Event"]
+__all__ = ["WARNINGS", "Emit", "Event", "log_warnings"]
 
 
 class Event(StrEnum):
@@ -53,3 +54,10 @@ Emit = Callable[[str, dict], None]
 
 #: Events whose ``message`` a user must see even without a hook (logged as warnings).
 WARNINGS = (Event.TRACKING, Event.CHECKPOINT_FAILED, Event.BATCH_REFUSED)
+
+
+def log_warnings(kind: str, data: dict) -> None:
+    """Without an event hook, the tracking spool's and a failed checkpoint's messages
+    still reach the user (``WARNINGS``)."""
+    if kind in WARNINGS:
+        logging.getLogger(f"tether.{kind}").warning(data["message"])

@@ -89,18 +89,29 @@ class RolloutFleet:
             self.call_when_up(k, worker.start_run)
         return ray.get(self.workers[0].stop_token_ids.remote())
 
-    def collect(self, specs: list[EpisodeSpec], sampling: SamplingParams, seed: int):
+    def collect(
+        self,
+        specs: list[EpisodeSpec],
+        sampling: SamplingParams,
+        seed: int,
+        max_turns: int | None = None,
+    ):
         """Episodes spread over the workers (contiguous shares), gathered in order: the
         result of ``collect_async``'s handle."""
-        return self.collect_async(specs, sampling, seed).result()
+        return self.collect_async(specs, sampling, seed, max_turns).result()
 
     def collect_async(
-        self, specs: list[EpisodeSpec], sampling: SamplingParams, seed: int
+        self,
+        specs: list[EpisodeSpec],
+        sampling: SamplingParams,
+        seed: int,
+        max_turns: int | None = None,
     ) -> Collection:
         """Start collecting (the shares go to the workers now) and return the handle
         whose ``result()`` waits for the episodes.  A worker runs its calls in the order
-        they were sent, so the collection samples with the weights sent before it."""
-        return Collection(self, specs, sampling, seed)
+        they were sent, so the collection samples with the weights sent before it.
+        ``max_turns`` caps each episode's turns (None: ``rollout.max_turns``)."""
+        return Collection(self, specs, sampling, seed, max_turns)
 
     def restore_worker(self, k: int) -> None:
         """Wait until a (restarting) worker answers, and give it the current weights."""
@@ -182,9 +193,15 @@ class Collection:
     weights, so no trajectory is lost or counted twice."""
 
     def __init__(
-        self, fleet: RolloutFleet, specs: list[EpisodeSpec], sampling: SamplingParams, seed: int
+        self,
+        fleet: RolloutFleet,
+        specs: list[EpisodeSpec],
+        sampling: SamplingParams,
+        seed: int,
+        max_turns: int | None = None,
     ) -> None:
         self.fleet, self.specs, self.sampling, self.seed = fleet, specs, sampling, seed
+        self.max_turns = fleet.rollout.max_turns if max_turns is None else max_turns
         self.shares = [
             s for s in np.array_split(np.arange(len(specs)), len(fleet.workers)) if len(s)
         ]
@@ -202,7 +219,7 @@ class Collection:
                 [self.specs[i] for i in share],
                 self.sampling,
                 seeds.worker_share(self.seed, k),
-                fleet.rollout.max_turns,
+                self.max_turns,
             )
             for k, share in enumerate(self.shares)
             if k not in self.results

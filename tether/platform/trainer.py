@@ -16,7 +16,6 @@ call into the pure core (``tether.agent``, ``tether.algos``) or an actor.
 from __future__ import annotations
 
 import copy
-import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,7 +36,7 @@ from .cadence import due
 from .checkpoint import CheckpointError, checkpoint_path, load_checkpoint, save_checkpoint
 from .config import TetherConfig
 from .diagnosis import Diagnosis
-from .events import WARNINGS, Event
+from .events import Event, log_warnings
 from .fleet import RolloutFleet
 from .launch import (
     checkout_actors,
@@ -84,13 +83,6 @@ class RunSummary:
     last_diagnostics: dict[str, float] = field(default_factory=dict)
 
 
-def log_warnings(kind: str, data: dict) -> None:
-    """Without an event hook, the tracking spool's and a failed checkpoint's messages
-    still reach the user (``events.WARNINGS``)."""
-    if kind in WARNINGS:
-        logging.getLogger(f"tether.{kind}").warning(data["message"])
-
-
 class Trainer:
     def __init__(
         self,
@@ -125,7 +117,9 @@ class Trainer:
         self.fleet = RolloutFleet(cfg.rollout, self.emit)
         self.pipeline = RolloutPipeline(self.fleet, self.sampler, cfg)
         self.responder = AlarmResponder(cfg, self.emit)
-        self.diagnosis = Diagnosis(cfg.diagnostics, cfg.experiment.seed)
+        self.diagnosis = Diagnosis(  # the probe set: one turn per level, the current policy
+            cfg.diagnostics, cfg.experiment.seed, cfg.env, self.collect_probe
+        )
         self.recovery = LearnerRecovery(cfg.trainer, self.emit)
         # Built by setup(): Ray, the policy, the MLflow run, the learner.
         self.started_ray = False
@@ -251,7 +245,7 @@ class Trainer:
         if any(key.startswith("collapse/") for key in metrics):
             self.last_diagnostics = {
                 "iteration": float(it),
-                **{k: v for k, v in metrics.items() if k.startswith("collapse/")},
+                **{k: v for k, v in metrics.items() if k.startswith(("collapse/", "grounding/"))},
             }
         self.emit(Event.ITERATION, {"iteration": it, "total": t.iterations, **metrics})
         if self.responder.respond(it, metrics, self.learner, self.fleet):
@@ -262,9 +256,12 @@ class Trainer:
         return False
 
     # -- the stages' calls ------------------------------------------------------------
-    def collect(self, specs, sampling: SamplingParams, seed: int):
+    def collect(self, specs, sampling: SamplingParams, seed: int, max_turns: int | None = None):
         """Episodes from the fleet (a subclass may wrap every synchronous collection here)."""
-        return self.fleet.collect(specs, sampling, seed)
+        return self.fleet.collect(specs, sampling, seed, max_turns)
+
+    def collect_probe(self, specs, seed: int):
+        return self.collect(specs, self.sampling, seed, max_turns=1)
 
     def resample(self, it: int, collected, kept: set[int]):
         """Dynamic sampling: round r collects fresh groups with ids from r * 1000."""
