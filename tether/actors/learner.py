@@ -257,6 +257,17 @@ class Learner:
         self.full_model.load_state_dict(state)
         return self.full_model
 
+    def _scoring_model(self):
+        """The analysis model (None off rank 0), with the span extractor the
+        cross-scoring reads turns through built on first use."""
+        from ..agent.chat import ChatFormatter
+        from ..agent.pairs import SpanExtractor
+
+        model = self._analysis_model()
+        if model is not None and self.extractor is None:
+            self.extractor = SpanExtractor(ChatFormatter(self.tokenizer))
+        return model
+
     def diagnose(
         self,
         trajectories,
@@ -267,15 +278,11 @@ class Learner:
         information_chain: bool = True,
     ):
         """Cross-score MI proxies with the current (pre-update) policy."""
-        from ..agent.chat import ChatFormatter
-        from ..agent.pairs import SpanExtractor
         from ..diagnostics.runner import collapse_diagnostics
 
-        model = self._analysis_model()
+        model = self._scoring_model()
         if model is None:
             return None
-        if self.extractor is None:
-            self.extractor = SpanExtractor(ChatFormatter(self.tokenizer))
         with torch.no_grad():
             return collapse_diagnostics(
                 model,
@@ -296,15 +303,11 @@ class Learner:
 
     def probe(self, trajectories, diagnostics_cfg, ema_state: dict | None, seed: int):
         """Cross-score the probe set's first turns with the current (pre-update) policy."""
-        from ..agent.chat import ChatFormatter
-        from ..agent.pairs import SpanExtractor
         from ..diagnostics.runner import probe_diagnostics
 
-        model = self._analysis_model()
+        model = self._scoring_model()
         if model is None:
             return None
-        if self.extractor is None:
-            self.extractor = SpanExtractor(ChatFormatter(self.tokenizer))
         with torch.no_grad():
             return probe_diagnostics(
                 model,
