@@ -16,6 +16,7 @@ breach and re-arms after the condition clears. ``state_dict()`` is JSON-safe.
 from __future__ import annotations
 
 import abc
+import functools
 import math
 import time
 from collections.abc import Callable, Mapping
@@ -353,61 +354,115 @@ class FormatCollapseAlarm(_StreakAlarm):
         }
 
 
-class ReadingDriftAlarm(_WindowAlarm):
-    """Reading accuracy (``grounding/reading_acc`` on the probe set) fell from its best
-    point in the window beyond the uncertainty of both (their Wilson intervals at
-    ``confidence`` lie apart) and by at least ``min_drop``, while the probe's permutation
-    test still says grounded (p < alpha) at the current point: MI cannot see this drift,
-    the reading check can.
+@functools.lru_cache(maxsize=4096)
+def _wilson(hits: int, n: int, confidence: float) -> tuple[float, float]:
+    from scipy.stats import binomtest
 
-    A row of the window is [iteration, accuracy, levels, p]; the best point is the one
-    with the highest interval floor (earliest on ties), its iteration the ``reference``
-    a rollback returns to at or before."""
+    ci = binomtest(hits, n).proportion_ci(confidence, method="wilson")
+    return float(ci.low), float(ci.high)
+
+
+class ReadingDriftAlarm(_Alarm):
+    """Reading accuracy on the probe set (``metric``, and with ``each_fact`` every
+    ``grounding/<fact>_right`` the point logs) fell from its best point in the window
+    beyond the uncertainty of both (their Wilson intervals lie apart) and by at least
+    ``min_drop``, while the probe's permutation test still says grounded (p < alpha) at
+    the current point: MI cannot see this drift, the reading check can.  With k rates
+    watched, each interval's coverage is 1 - (1 - ``confidence``) / k (Bonferroni), so
+    watching the facts too does not raise the false-alarm rate.
+
+    Each rate keeps a window of rows [iteration, rate, levels, p]; the best point is the
+    one with the highest interval floor (earliest on ties), and the best point of the
+    rate that fell is the ``reference`` a rollback returns to at or before."""
 
     name = "reading_drift"
 
     def __init__(self, config):
         super().__init__(config)
-        self.keys = (config.metric, config.levels_metric, config.p_metric)
+        self.histories: dict[str, list[list[float]]] = {}
         self.streak = 0
         self.reference: int | None = None
 
-    def _interval(self, row: list[float]) -> tuple[float, float]:
-        from scipy.stats import binomtest
+    def _watched(self, metrics: Mapping[str, Any]) -> list[str]:
+        facts = [
+            key
+            for key in metrics
+            if self.config.each_fact
+            and key.startswith("grounding/")
+            and key.endswith("_right")
+            and key != self.config.metric
+        ]
+        return [self.config.metric, *sorted(facts)]
 
+    @staticmethod
+    def _interval(row: list[float], confidence: float) -> tuple[float, float]:
         n = int(round(row[2]))
         if n < 1:
             return 0.0, 1.0
-        hits = min(n, max(0, int(round(row[1] * n))))
-        ci = binomtest(hits, n).proportion_ci(self.config.confidence, method="wilson")
-        return float(ci.low), float(ci.high)
+        return _wilson(min(n, max(0, int(round(row[1] * n)))), n, confidence)
 
     def _observe(self, iteration, metrics):
-        if not self._push(iteration, metrics):
+        c = self.config
+        levels, p = _value(metrics, c.levels_metric), _value(metrics, c.p_metric)
+        rates = {key: _value(metrics, key) for key in self._watched(metrics)}
+        rates = {key: value for key, value in rates.items() if value is not None}
+        if levels is None or p is None or c.metric not in rates:
             return None
-        c, now = self.config, self.history[-1]
-        best = max(self.history, key=lambda row: self._interval(row)[0])
-        (best_low, best_high), (now_low, now_high) = self._interval(best), self._interval(now)
+        confidence = 1.0 - (1.0 - c.confidence) / len(rates)
+        fell = []
+        for key, rate in rates.items():
+            history = (self.histories.get(key, []) + [[float(iteration), rate, levels, p]])[
+                -c.window :
+            ]
+            self.histories[key] = history
+            best = max(history, key=lambda row: self._interval(row, confidence)[0])
+            best_ci, now_ci = (
+                self._interval(best, confidence),
+                self._interval(history[-1], confidence),
+            )
+            if now_ci[1] < best_ci[0] and best[1] - rate >= c.min_drop:
+                fell.append((best[1] - rate, key, best, best_ci, now_ci))
+        grounded = p < c.alpha
+        self.streak = self.streak + 1 if fell and grounded else 0
+        key = max(fell)[1] if fell else c.metric
+        drop, _, best, best_ci, now_ci = max(fell) if fell else (0.0, key, None, None, None)
+        history = self.histories[key]
+        if best is None:
+            best = max(history, key=lambda row: self._interval(row, confidence)[0])
+            best_ci, now_ci = (
+                self._interval(best, confidence),
+                self._interval(history[-1], confidence),
+            )
         self.reference = int(best[0])
-        apart = now_high < best_low and best[1] - now[1] >= c.min_drop
-        grounded = now[3] < c.alpha
-        self.streak = self.streak + 1 if apart and grounded else 0
         message = (
-            f"{self.name}: {c.metric} fell from {best[1]:.3g} [{best_low:.3g}, {best_high:.3g}] "
-            f"(iteration {int(best[0])}) to {now[1]:.3g} [{now_low:.3g}, {now_high:.3g}] "
-            f"({c.confidence:.0%} Wilson intervals, {int(now[2])} levels) at {self.streak} "
-            f"consecutive probe point(s), while {c.p_metric} {now[3]:.3g} "
-            f"{'<' if grounded else '>='} {c.alpha:g} (the MI test says "
-            f"{'grounded' if grounded else 'not grounded'})"
+            f"{self.name}: {key} fell from {best[1]:.3g} [{best_ci[0]:.3g}, {best_ci[1]:.3g}] "
+            f"(iteration {int(best[0])}) to {history[-1][1]:.3g} [{now_ci[0]:.3g}, "
+            f"{now_ci[1]:.3g}] ({confidence:.2%} Wilson intervals, {len(rates)} rate(s) "
+            f"watched, {int(levels)} levels) at {self.streak} consecutive probe point(s), "
+            f"while {c.p_metric} {p:.3g} {'<' if grounded else '>='} {c.alpha:g} (the MI "
+            f"test says {'grounded' if grounded else 'not grounded'})"
         )
-        evidence = {**self._evidence(), "reference_iteration": [best[0]]}
+        columns = list(zip(*history))
+        evidence = {
+            "metric": [key],
+            "iteration": list(columns[0]),
+            key: list(columns[1]),
+            c.levels_metric: list(columns[2]),
+            c.p_metric: list(columns[3]),
+            "reference_iteration": [best[0]],
+        }
         return self.streak >= c.patience, message, evidence
 
     def state_dict(self):
-        return {**super().state_dict(), "streak": self.streak}
+        return {
+            **super().state_dict(),
+            "histories": {k: [list(r) for r in rows] for k, rows in self.histories.items()},
+            "streak": self.streak,
+        }
 
     def load_state_dict(self, state):
         super().load_state_dict(state)
+        self.histories = {k: [list(r) for r in rows] for k, rows in state["histories"].items()}
         self.streak = int(state.get("streak", 0))
 
 

@@ -532,6 +532,13 @@ class ReadingDriftConfig(_OneAlarmConfig):
         description="reading accuracy: the share of probe levels whose first-turn reasoning "
         "states every fact of the input right",
     )
+    each_fact: bool = Field(
+        True,
+        description="also watch each fact of the reading on its own (every "
+        "grounding/<fact>_right the point logs: the player, the goal, ...), so a fall of one "
+        "fact that the others dilute in `metric` is seen; the intervals are then widened "
+        "(Bonferroni over the rates watched) so the false-alarm rate stays that of one rate",
+    )
     levels_metric: str = Field(
         "grounding/levels", description="the probe levels the share is over (its n)"
     )
