@@ -554,3 +554,12 @@ def test_the_sweep_end_waits_for_a_tracking_server_that_went_away(
         assert "sweep_results.csv" in {a.path for a in client.list_artifacts(parent.info.run_id)}
         with (outcome.experiment_path / "sweep_results.csv").open() as f:
             assert [r["run_id"] for r in csv.DictReader(f)] == [outcome.rows[0]["run_id"]]
+
+
+def test_a_sweep_can_stop_trials_on_any_alarm_the_run_has():
+    from tether.diagnostics.settings import ALARM_NAMES
+    from tether.platform.sweep_spec import CollapseStop
+
+    assert CollapseStop(alarms=list(ALARM_NAMES)).alarms == list(ALARM_NAMES)
+    with pytest.raises(ValueError):
+        CollapseStop(alarms=["no_such_alarm"])

@@ -28,6 +28,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
+from ..diagnostics.settings import ALARM_NAMES
 from ..sections import StrictSection
 from .config import ConfigError, TetherConfig, build_config, parse_override, set_dotted
 
@@ -109,16 +110,7 @@ class SchedulerSpec(StrictSection):
 
 
 class CollapseStop(StrictSection):
-    alarms: list[
-        Literal[
-            "template_collapse",
-            "low_entropy_collapse",
-            "reward_variance_collapse",
-            "output_length_collapse",
-            "format_collapse",
-            "empty_after_filter",
-        ]
-    ] = Field(
+    alarms: list[Literal[ALARM_NAMES]] = Field(
         default_factory=lambda: ["template_collapse", "low_entropy_collapse"],
         description="alarms that end a trial, by their own rules (alarms.*); default the MI alarms",
     )
