@@ -409,30 +409,26 @@ class ReadingDriftAlarm(_Alarm):
         if levels is None or p is None or c.metric not in rates:
             return None
         confidence = 1.0 - (1.0 - c.confidence) / len(rates)
-        fell = []
+        judged = {}  # rate -> (its best row, that row's interval, the current interval)
         for key, rate in rates.items():
-            history = (self.histories.get(key, []) + [[float(iteration), rate, levels, p]])[
-                -c.window :
-            ]
-            self.histories[key] = history
+            history = self.histories.get(key, []) + [[float(iteration), rate, levels, p]]
+            history = self.histories[key] = history[-c.window :]
             best = max(history, key=lambda row: self._interval(row, confidence)[0])
-            best_ci, now_ci = (
+            judged[key] = (
+                best,
                 self._interval(best, confidence),
                 self._interval(history[-1], confidence),
             )
-            if now_ci[1] < best_ci[0] and best[1] - rate >= c.min_drop:
-                fell.append((best[1] - rate, key, best, best_ci, now_ci))
+        fell = [
+            key
+            for key, (best, best_ci, now_ci) in judged.items()
+            if now_ci[1] < best_ci[0] and best[1] - rates[key] >= c.min_drop
+        ]
         grounded = p < c.alpha
         self.streak = self.streak + 1 if fell and grounded else 0
-        key = max(fell)[1] if fell else c.metric
-        drop, _, best, best_ci, now_ci = max(fell) if fell else (0.0, key, None, None, None)
+        key = max(fell, key=lambda k: (judged[k][0][1] - rates[k], k)) if fell else c.metric
+        best, best_ci, now_ci = judged[key]
         history = self.histories[key]
-        if best is None:
-            best = max(history, key=lambda row: self._interval(row, confidence)[0])
-            best_ci, now_ci = (
-                self._interval(best, confidence),
-                self._interval(history[-1], confidence),
-            )
         self.reference = int(best[0])
         message = (
             f"{self.name}: {key} fell from {best[1]:.3g} [{best_ci[0]:.3g}, {best_ci[1]:.3g}] "
