@@ -221,6 +221,26 @@ def test_demonstrations_reach_the_goal_and_are_grounded():
         assert info["success"] and env.actions_taken <= env.max_actions
 
 
+def test_weighed_demonstration_reads_before_it_chooses():
+    env = FrozenLakeEnv()
+    env.reset(options={"grid": HAND_MAP})
+    plain = env.demonstration(np.random.default_rng(0))
+    weighed = env.demonstration(np.random.default_rng(0), weigh=True)
+    assert weighed == (
+        "At (0,0), goal (2,2). Down to (1,0) is safe; Right to (0,1) is safe. "
+        "So Down to (1,0) is safe, then Down to (2,0) is safe.",
+        "Down || Down",
+    )
+    assert weighed[0].endswith(plain[0].split(". ", 1)[1]) and weighed[1] == plain[1]
+    env.step("Right")  # (0,1): both moves toward the goal lead into a hole
+    assert env.toward_goal() == ["Down", "Right"]
+    reasoning, answer = env.demonstration(np.random.default_rng(0), weigh=True)
+    assert reasoning.startswith(
+        "At (0,1), goal (2,2). Down to (1,1) is a hole; Right to (0,2) is a hole. So Left"
+    )
+    assert answer.startswith("Left")
+
+
 def test_demonstration_example_and_noise():
     env = FrozenLakeEnv()
     env.reset(options={"grid": HAND_MAP})

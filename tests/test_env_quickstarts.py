@@ -33,6 +33,7 @@ def test_quickstart_warm_start_demonstrations_fit_and_mostly_succeed(name, episo
         seed=10_000_000,
         max_reply_tokens=cfg.rollout.max_reply_tokens,
         restate=ws.restate,
+        weigh=ws.weigh,
     )
     formatter = ChatFormatter(build_tokenizer(demos, ws.vocab_size, ws.numerals))
     lengths = [len(encode_episode(formatter, e)[0]) for e in demos]

@@ -116,6 +116,7 @@ def test_quickstart_grounded_demonstrations_fit_the_reply_cap():
         seed=10_000_000,
         max_reply_tokens=cfg.rollout.max_reply_tokens,
         restate=ws.restate,
+        weigh=ws.weigh,
     )
     tokenizer = build_tokenizer(demos, ws.vocab_size, ws.numerals)
     formatter = ChatFormatter(tokenizer)
@@ -191,6 +192,7 @@ def test_grounded_specs_make_what_the_reasoning_restates_one_token(name, pattern
         seed=10_000_000,
         max_reply_tokens=cfg.rollout.max_reply_tokens,
         restate=ws.restate,
+        weigh=ws.weigh,
     )
     formatter = ChatFormatter(build_tokenizer(demos, ws.vocab_size, ws.numerals))
     replies = [r for d in demos for r in d.replies]

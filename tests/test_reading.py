@@ -14,7 +14,7 @@ from scipy.stats import binomtest
 
 from tether.agent.reading import grounding_metrics
 from tether.envs import make
-from tether.envs.reading import reading_checks
+from tether.envs.reading import FROZENLAKE_FIRST_CLAUSE, reading_checks
 
 ENVS = ("tether/FrozenLake-v0", "tether/Sokoban-v0", "tether/Countdown-v0")
 
@@ -63,6 +63,22 @@ def test_frozenlake_checks_each_fact():
     wrong = reasoning.replace(f"At ({r},{c})", f"At ({r + 1},{c})", 1)
     checks = reading_checks(env, wrong, answer)
     assert not checks["player_right"] and checks["goal_right"] and not checks["reading"]
+
+
+def test_frozenlake_checks_read_a_weighed_reasoning():
+    """With the moves toward the goal weighed first, the answer follows the moves after
+    "So", and the first clause checked is the first weighed one."""
+    for seed in range(1_000_000, 1_000_020):
+        env, reasoning, answer = demonstrated("tether/FrozenLake-v0", seed, weigh=True)
+        checks = reading_checks(env, reasoning, answer)
+        assert checks["reading"] and checks["answer_follows_reasoning"], (seed, reasoning)
+        assert checks["first_clause_true"] and checks["first_move_optimal"]
+    first = FROZENLAKE_FIRST_CLAUSE.search(reasoning)
+    assert first and first[4] in ("is safe", "is a hole")
+    lie = reasoning.replace(first[4], "is a hole" if first[4] == "is safe" else "is safe", 1)
+    assert not reading_checks(env, lie, answer)["first_clause_true"]
+    other = reasoning.rsplit(". So ", 1)[0] + ". So Up hits the edge."
+    assert not reading_checks(env, other, answer)["answer_follows_reasoning"]
 
 
 def test_sokoban_and_countdown_checks_each_fact():

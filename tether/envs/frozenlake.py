@@ -206,6 +206,14 @@ class FrozenLakeEnv(MultiTurnTextEnv):
         )
         return "\n".join(lines)
 
+    def toward_goal(self) -> list[str]:
+        """The moves that bring the player nearer the goal, in the order Down, Right,
+        Up, Left (one or two of them)."""
+        assert self.player is not None
+        (r, c), (gr, gc) = self.player, self.goal
+        toward = {"Down": gr > r, "Right": gc > c, "Up": gr < r, "Left": gc < c}
+        return [m for m, near in toward.items() if near]
+
     def _describe(self, pos: Pos, action: str) -> tuple[Pos, str]:
         nxt = move(self.board_size, pos, action)
         if nxt == pos:
@@ -216,12 +224,20 @@ class FrozenLakeEnv(MultiTurnTextEnv):
         return nxt, f"{action} to {fmt_pos(nxt)} {what}"
 
     def demonstration(
-        self, rng: np.random.Generator, noise: float = 0.0, restate: bool = False
+        self,
+        rng: np.random.Generator,
+        noise: float = 0.0,
+        restate: bool = False,
+        weigh: bool = False,
     ) -> tuple[str, str]:
         """Reasoning that names the player and goal and where each chosen move leads,
         then the moves: the optimal plan's next ≤2 moves, or with probability
         ``noise`` as many random moves.  ``restate`` opens the reasoning with the map's
-        rows as observed, so the holes it read are in it too, not only two coordinates."""
+        rows as observed, so the holes it read are in it too, not only two coordinates.
+        ``weigh`` first says where each move toward the goal leads, then chooses after
+        "So": "At (1,0), goal (3,2). Down to (2,0) is a hole; Right to (1,1) is safe.
+        So Right to (1,1) is safe, then ..." (the choice is written after what it
+        depends on, instead of before it)."""
         assert self.player is not None
         actions = self._demonstration_actions(rng, noise)
         pos, clauses = self.player, []
@@ -230,11 +246,10 @@ class FrozenLakeEnv(MultiTurnTextEnv):
             clauses.append(clause)
             if pos in self.holes or pos == self.goal:
                 break  # the episode would end here; later moves would not run
-        reasoning = (
-            f"At {fmt_pos(self.player)}, goal {fmt_pos(self.goal)}. "
-            + ", then ".join(clauses)
-            + "."
-        )
+        head = f"At {fmt_pos(self.player)}, goal {fmt_pos(self.goal)}. "
+        if weigh:
+            head += "; ".join(self._describe(self.player, m)[1] for m in self.toward_goal()) + ". So "
+        reasoning = head + ", then ".join(clauses) + "."
         if restate:
             reasoning = self.render().rsplit("\n", 1)[0] + "\n" + reasoning
         return reasoning, " || ".join(actions)

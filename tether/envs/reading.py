@@ -7,7 +7,8 @@ checker: it parses the clause its warm start writes (``demonstration``) and comp
 with the env as reset for the level, before any step.
 
 - FrozenLake: "At (r,c), goal (r,c). Right to (r,c) is safe, then ..." (optionally
-  after the restated map rows);
+  after the restated map rows, and with ``weigh`` the moves toward the goal weighed
+  first: "... goal (r,c). Down to (r,c) is a hole; Right to (r,c) is safe. So Right ...");
 - Sokoban: "At (r,c), box(es) (r,c),..., target(s) (r,c),.... Up to (r,c), ...";
 - Countdown: "Target T from a, b, c: ...".
 
@@ -57,9 +58,10 @@ def frozenlake_checks(env: FrozenLakeEnv, reasoning: str, answer: str) -> dict[s
       ``restate: true`` are taught to copy them);
     - ``player_right`` / ``goal_right``: "At (r,c), goal (r,c)" names the true positions;
     - ``first_move_optimal``: the answer's first move is the first move of a shortest path;
-    - ``answer_follows_reasoning``: the answer's moves are the moves the reasoning names;
-    - ``first_clause_true``: the first clause names the cell its move leads to and says
-      truly whether it is a hole, the goal or safe;
+    - ``answer_follows_reasoning``: the answer's moves are the moves the reasoning names
+      (after its last "So", when it weighs the moves first);
+    - ``first_clause_true``: the first clause (a weighed one, if any) names the cell its
+      move leads to and says truly whether it is a hole, the goal or safe;
     - ``first_move_into_hole``: the answer's first move steps into a hole.
     """
     grid = env.render().rsplit("\n", 1)[0].strip()
@@ -76,7 +78,8 @@ def frozenlake_checks(env: FrozenLakeEnv, reasoning: str, answer: str) -> dict[s
         "player_right": named is not None and tuple(named[:2]) == env.player,
         "goal_right": named is not None and tuple(named[2:]) == env.goal,
         "first_move_optimal": bool(moves) and bool(plan) and moves[0] == plan[0],
-        "answer_follows_reasoning": bool(moves) and FROZENLAKE_CLAUSE.findall(reasoning) == moves,
+        "answer_follows_reasoning": bool(moves)
+        and FROZENLAKE_CLAUSE.findall(reasoning.rsplit(". So ", 1)[-1]) == moves,
         "first_clause_true": clause is not None
         and cell == move(env.board_size, env.player, clause[1])
         and clause[4] == truth,

@@ -48,9 +48,13 @@ def recipe(model_cfg, env_cfg, seed: int, max_reply_tokens: int) -> dict:
         "max_context": model_cfg.max_context,
         "max_reply_tokens": max_reply_tokens,
         "seed": seed if ws.seed is None else ws.seed,
-        # ``autocast`` is dumped only when set, so recipes without it keep their keys.
+        # ``autocast`` and ``weigh`` are dumped only when set, so recipes without them
+        # keep their keys (and their caches).
         "warm_start": ws.model_dump(
-            mode="json", exclude={"seed"} | ({"autocast"} if ws.autocast == "none" else set())
+            mode="json",
+            exclude={"seed"}
+            | ({"autocast"} if ws.autocast == "none" else set())
+            | ({"weigh"} if not ws.weigh else set()),
         ),
     }
 
@@ -104,6 +108,7 @@ def build_warm_model(spec: dict, out_dir: Path, progress=None, isolation: str = 
         seed=seeds.demonstrations(spec["seed"]),
         max_reply_tokens=spec["max_reply_tokens"],
         restate=ws.get("restate", False),
+        weigh=ws.get("weigh", False),
     )
     tokenizer = build_tokenizer(episodes, ws["vocab_size"], ws.get("numerals", "digits"))
     from ..agent.chat import ChatFormatter

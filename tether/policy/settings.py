@@ -52,6 +52,12 @@ class WarmStartConfig(StrictSection):
         description="Demonstration reasoning opens with the whole "
         "observed state (FrozenLake: the map's rows), where the env supports it.",
     )
+    weigh: bool = Field(
+        False,
+        description="Demonstration reasoning first says where each move toward the goal "
+        "leads (a hole, safe, the goal), then chooses after 'So', where the env supports "
+        "it (FrozenLake): the choice is written after the reading it depends on.",
+    )
     autocast: Literal["none", "bfloat16", "auto"] = Field(
         "none",
         description="Mixed precision of the warm start: bfloat16 runs its forward and "

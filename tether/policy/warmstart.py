@@ -52,16 +52,19 @@ def demonstration_episodes(
     seed: int,
     max_reply_tokens: int,
     restate: bool = False,
+    weigh: bool = False,
 ) -> list[DemoEpisode]:
     """Play ``n`` episodes with the env's demonstrator (seeds ``seed .. seed+n-1``);
-    ``restate`` asks it to open each reasoning with the observed state."""
+    ``restate`` asks it to open each reasoning with the observed state, ``weigh`` to
+    say where each move toward the goal leads before it chooses."""
     env = make_env(env_id, **env_kwargs)
-    options = {"restate": True} if restate else {}
-    if restate and "restate" not in inspect.signature(env.demonstration).parameters:
-        raise ValueError(
-            f"model.warm_start.restate: {env_id}'s demonstrations cannot restate "
-            "the state; leave it false for this env"
-        )
+    options = {k: True for k, on in (("restate", restate), ("weigh", weigh)) if on}
+    for option in options:
+        if option not in inspect.signature(env.demonstration).parameters:
+            raise ValueError(
+                f"model.warm_start.{option}: {env_id}'s demonstrations cannot {option}; "
+                "leave it false for this env"
+            )
     rng = np.random.default_rng([seed, 0xDE70])
     episodes = []
     for k in range(n):
