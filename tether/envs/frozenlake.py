@@ -248,7 +248,9 @@ class FrozenLakeEnv(MultiTurnTextEnv):
                 break  # the episode would end here; later moves would not run
         head = f"At {fmt_pos(self.player)}, goal {fmt_pos(self.goal)}. "
         if weigh:
-            head += "; ".join(self._describe(self.player, m)[1] for m in self.toward_goal()) + ". So "
+            head += (
+                "; ".join(self._describe(self.player, m)[1] for m in self.toward_goal()) + ". So "
+            )
         reasoning = head + ", then ".join(clauses) + "."
         if restate:
             reasoning = self.render().rsplit("\n", 1)[0] + "\n" + reasoning
