@@ -12,7 +12,15 @@ HF engine, the way a run does, and checks the reasoning against the true state:
   move leads to and says truly whether it is a hole, the goal or safe;
 - ``first_move_into_hole``: the answer's first move steps into a hole;
 then plays whole episodes on the same levels for ``success`` (as validation does).
-Every rate comes with its 95 % Wilson interval.  The checks are the core's
+Every rate comes with its 95 % Wilson interval.
+
+``--hole-check`` adds the hole check by teacher forcing: the model reads the
+demonstration of each level (in the warm start's own format, noise 0.5, so some chosen
+moves lead into holes) in the run's prompt layout, and at every "… to (r,c) is" it is
+asked for " a" (hole) against " safe".  A model that reads the hole list gives " a" a
+higher probability on cells that are holes than on safe ones; the difference comes with
+its 95 % Welch interval (benchmarks/history/2026-11-26.md: the shipped and weighed warm
+starts give the base rate on both).  The checks are the core's
 (``tether/envs/reading.py``); a run logs them online on its probe set as ``grounding/…``.
 
     python benchmarks/reading_accuracy.py ~/.cache/tether/models/tiny-0d40348768dbae05 \\
@@ -23,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 
 import torch
 from scipy import stats
@@ -53,6 +62,16 @@ def main() -> None:
     parser.add_argument("--max-reply-tokens", type=int, default=48)
     parser.add_argument("--env-kwargs", default="size=4,frozen_fraction=0.8")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--hole-check",
+        action="store_true",
+        help="P(hole) on hole and safe cells, by teacher forcing",
+    )
+    parser.add_argument(
+        "--weighed",
+        action="store_true",
+        help="the hole check reads weighed demonstrations (default: as the model's recipe.json)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -97,6 +116,62 @@ def main() -> None:
         print(f"temperature {temperature}:")
         for key, hits in counts.items():
             print(f"  {key:26} {rate(hits, args.levels)}")
+    if args.hole_check:
+        hole_check(
+            model, formatter, env_kwargs, seeds, args.max_reply_tokens, args.model, args.weighed
+        )
+
+
+def hole_check(
+    model, formatter, env_kwargs, seeds, max_reply_tokens, model_dir, weighed=False
+) -> None:
+    """P(" a") / (P(" a") + P(" safe")) after every "… to (r,c) is" of each level's
+    demonstration, split by whether the cell is a hole (module docstring)."""
+    import json
+    from pathlib import Path
+
+    import numpy as np
+
+    from tether.agent.format import system_prompt, user_prompt
+    from tether.envs import make
+
+    recipe = Path(model_dir) / "recipe.json"
+    weigh = weighed or bool(
+        recipe.exists() and json.loads(recipe.read_text())["warm_start"].get("weigh")
+    )
+    hole_id, safe_id = formatter.encode(" a")[0], formatter.encode(" safe")[0]
+    clause = re.compile(r"to \((\d+),(\d+)\) is(?= safe| a hole)")
+    p_hole: dict[bool, list[float]] = {True: [], False: []}
+    for seed in seeds:
+        env = make("tether/FrozenLake-v0", **env_kwargs)
+        state, _ = env.reset(seed=seed)
+        reasoning, _ = env.demonstration(np.random.default_rng(seed), 0.5, weigh=weigh)
+        prompt = formatter.first_prompt_ids(
+            system_prompt(env.rules()), user_prompt(1, state, None, max_reply_tokens)
+        )
+        for found in clause.finditer(reasoning):
+            ids = prompt + formatter.encode(reasoning[: found.end()])
+            with torch.no_grad():
+                logits = model(input_ids=torch.tensor([ids])).logits[0, -1].float()
+            p = torch.softmax(logits[[hole_id, safe_id]], -1)[0].item()
+            p_hole[(int(found[1]), int(found[2])) in env.holes].append(p)
+    holes, safe = np.array(p_hole[True]), np.array(p_hole[False])
+    print(f"hole check ({'weighed' if weigh else 'plain'} reasoning, noise 0.5):")
+    for name, v in (("cells that are holes", holes), ("safe cells", safe)):
+        if len(v):
+            print(f"  P(' a hole') on {name:20} {v.mean():.3f} (n {len(v)})")
+    if len(holes) > 1 and len(safe) > 1:
+        test = stats.ttest_ind(holes, safe, equal_var=False)
+        ci = test.confidence_interval(0.95)
+        print(
+            f"  difference {holes.mean() - safe.mean():+.3f} [{ci.low:+.3f}, {ci.high:+.3f}] "
+            f"(Welch, p {test.pvalue:.2g}): "
+            + (
+                "P(hole) depends on whether the cell is a hole"
+                if ci.low > 0
+                else "no evidence that P(hole) depends on the cell"
+            )
+        )
 
 
 if __name__ == "__main__":
