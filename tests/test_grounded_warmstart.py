@@ -68,6 +68,23 @@ def test_restating_demonstrations_open_with_the_observed_map():
         demonstration_episodes("tether/Countdown-v0", {}, 2, 0.0, 0, 48, restate=True)
 
 
+@pytest.mark.parametrize("option", ["restate", "weigh"])
+def test_a_demonstration_option_the_env_lacks_fails_at_config_time(option, tmp_path):
+    """Before Ray starts or a warm start runs: one line naming the setting.  With a model
+    path (no warm start) the option is moot and accepted."""
+    from tether.envs import demonstration_options
+    from tether.platform.config import ConfigError, load_config
+
+    quickstart = Path(__file__).parent.parent / "experiments" / "quickstart.yaml"
+    assert {"restate", "weigh"} <= demonstration_options("tether/FrozenLake-v0")
+    assert option not in demonstration_options("tether/Countdown-v0")
+    assert load_config(quickstart, [f"model.warm_start.{option}=true"])
+    with pytest.raises(ConfigError, match=f"model.warm_start.{option}: .* cannot {option}"):
+        load_config(quickstart, [f"model.warm_start.{option}=true", "env.id=tether/Countdown-v0"])
+    moot = [f"model.warm_start.{option}=true", "env.id=tether/Countdown-v0"]
+    assert load_config(quickstart, [*moot, f"model.path={tmp_path}"]).model.path == str(tmp_path)
+
+
 def test_state_turns_hold_each_observed_state_and_its_reply_in_a_short_sequence():
     """The curriculum's first stage: every turn as the state it observed, the opening
     ``<think>`` and the reply, with the loss on the reply only; a few dozen tokens where

@@ -16,6 +16,7 @@ This package imports neither torch nor Ray.
 from __future__ import annotations
 
 import importlib
+import inspect
 
 import gymnasium as gym
 
@@ -76,16 +77,38 @@ def make(env_id: str, **kwargs) -> TextEnv:
     return env
 
 
+def env_class(env_id: str) -> type | None:
+    """The class of the env of ``env_id`` (imported, not built); None for an unknown id."""
+    key = _normalise(env_id) if isinstance(env_id, str) else ""
+    if key not in _ENVS:
+        return None
+    module, _, name = _ENVS[key][1].partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
 def runs_untrusted_code(env_id: str) -> bool:
     """Whether the env of ``env_id`` executes model-written code (and so takes the
     run config's ``sandbox.isolation``); False for an unknown id."""
-    key = _normalise(env_id) if isinstance(env_id, str) else ""
-    if key not in _ENVS:
-        return False
-    module, _, name = _ENVS[key][1].partition(":")
-    return bool(
-        getattr(getattr(importlib.import_module(module), name), "runs_untrusted_code", False)
-    )
+    return bool(getattr(env_class(env_id), "runs_untrusted_code", False))
+
+
+def demonstration_options(env_id: str) -> frozenset[str]:
+    """The options the env's demonstrator takes besides ``rng`` and ``noise`` (FrozenLake:
+    ``restate``, ``weigh``); empty for an unknown id."""
+    cls = env_class(env_id)
+    if cls is None:
+        return frozenset()
+    return frozenset(inspect.signature(cls.demonstration).parameters) - {"self", "rng", "noise"}
+
+
+def require_demonstration_options(env_id: str, options) -> None:
+    """Raise ValueError, naming the setting, for a warm-start option in ``options``
+    (``restate``, ``weigh``) that the env's demonstrator does not take."""
+    for option in sorted(set(options) - demonstration_options(env_id)):
+        raise ValueError(
+            f"model.warm_start.{option}: {env_id}'s demonstrations cannot {option}; "
+            "leave it false for this env"
+        )
 
 
 register_all()

@@ -204,7 +204,19 @@ class TetherConfig(StrictSection):
                 "rollout.engine vllm needs algo.recompute_old_logprobs: true (vLLM's "
                 "log-probs differ numerically from the learner's)"
             )
+        self._check_demonstration_options()
         return self
+
+    def _check_demonstration_options(self) -> None:
+        """A warm start's demonstration options (``restate``, ``weigh``) that the env's
+        demonstrator does not take fail here, before Ray starts or the warm start runs."""
+        from ..envs import require_demonstration_options
+
+        ws = self.model.warm_start
+        if self.model.path is None and ws.episodes > 0:
+            require_demonstration_options(
+                self.env.id, [o for o in ("restate", "weigh") if getattr(ws, o)]
+            )
 
     def tracking_uri(self) -> str:
         """``tracking.uri``, else the SQLite store in ``experiment.output_dir``."""

@@ -11,7 +11,6 @@ prompts, same chat segments), and the loss covers only the assistant replies.
 
 from __future__ import annotations
 
-import inspect
 import math
 import time
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ import torch
 from ..agent.chat import ChatFormatter
 from ..agent.format import THINK_OPEN, format_reply, system_prompt, user_prompt
 from ..envs import make as make_env
+from ..envs import require_demonstration_options
 from .tokenizer import train_tokenizer
 
 
@@ -59,12 +59,7 @@ def demonstration_episodes(
     say where each move toward the goal leads before it chooses."""
     env = make_env(env_id, **env_kwargs)
     options = {k: True for k, on in (("restate", restate), ("weigh", weigh)) if on}
-    for option in options:
-        if option not in inspect.signature(env.demonstration).parameters:
-            raise ValueError(
-                f"model.warm_start.{option}: {env_id}'s demonstrations cannot {option}; "
-                "leave it false for this env"
-            )
+    require_demonstration_options(env_id, options)
     rng = np.random.default_rng([seed, 0xDE70])
     episodes = []
     for k in range(n):
