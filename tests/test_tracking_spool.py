@@ -184,9 +184,14 @@ def test_training_run_survives_a_server_outage(
             server.kill()  # iteration 2 runs with the server gone
             outage["down"] = time.monotonic()
         elif kind == "iteration" and data["iteration"] == 2:
-            # back while iteration 3 trains (starting it takes a while): iteration 4's
-            # first write finds it up and replays the spool mid-run
-            outage["thread"] = threading.Thread(target=server.start)
+            # back while iteration 3 trains, and not before the retry budget is spent
+            # (an idle machine runs iteration 2 in less: the outage was 5.8 s once):
+            # iteration 4's first write finds it up and replays the spool mid-run
+            def restart():
+                time.sleep(max(0.0, BUDGET_S + 0.5 - (time.monotonic() - outage["down"])))
+                server.start()
+
+            outage["thread"] = threading.Thread(target=restart)
             outage["thread"].start()
         elif kind == "iteration" and data["iteration"] == 3:
             outage["thread"].join()
