@@ -30,10 +30,13 @@ starts give the base rate on both).  The checks are the core's
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
+from pathlib import Path
 
 import torch
+import yaml
 from scipy import stats
 
 from tether.envs.reading import frozenlake_checks
@@ -60,17 +63,16 @@ def main() -> None:
     parser.add_argument("--temperatures", type=float, nargs="+", default=[1.0, 0.0])
     parser.add_argument("--first-level", type=int, default=1_000_000, help="validation seeds")
     parser.add_argument("--max-reply-tokens", type=int, default=48)
-    parser.add_argument("--env-kwargs", default="size=4,frozen_fraction=0.8")
+    parser.add_argument(
+        "--env-kwargs",
+        default=None,
+        help="key=value,... (default: the model's recipe.json, else size=4,frozen_fraction=0.8)",
+    )
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument(
         "--hole-check",
         action="store_true",
         help="P(hole) on hole and safe cells, by teacher forcing",
-    )
-    parser.add_argument(
-        "--weighed",
-        action="store_true",
-        help="the hole check reads weighed demonstrations (default: as the model's recipe.json)",
     )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -82,10 +84,12 @@ def main() -> None:
     from tether.rollout import make_engine_for
     from tether.rollout.base import SamplingParams
 
-    env_kwargs = {
-        k: float(v) if "." in v else int(v)
-        for k, v in (kv.split("=") for kv in args.env_kwargs.split(","))
-    }
+    made_by = recipe(args.model)
+    env_kwargs = (
+        {k: yaml.safe_load(v) for k, v in (kv.split("=") for kv in args.env_kwargs.split(","))}
+        if args.env_kwargs
+        else made_by.get("env_kwargs", {"size": 4, "frozen_fraction": 0.8})
+    )
     model, tokenizer = load_model_and_tokenizer(args.model, "float32")
     formatter = ChatFormatter(tokenizer)
     engine = make_engine_for("hf", model, tokenizer)
@@ -118,27 +122,29 @@ def main() -> None:
             print(f"  {key:26} {rate(hits, args.levels)}")
     if args.hole_check:
         hole_check(
-            model, formatter, env_kwargs, seeds, args.max_reply_tokens, args.model, args.weighed
+            model,
+            formatter,
+            env_kwargs,
+            seeds,
+            args.max_reply_tokens,
+            bool(made_by.get("warm_start", {}).get("weigh")),
         )
 
 
-def hole_check(
-    model, formatter, env_kwargs, seeds, max_reply_tokens, model_dir, weighed=False
-) -> None:
+def recipe(model_dir: str) -> dict:
+    """The recipe a warm start in the cache was built from ({} for another model)."""
+    path = Path(model_dir) / "recipe.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def hole_check(model, formatter, env_kwargs, seeds, max_reply_tokens, weigh) -> None:
     """P(" a") / (P(" a") + P(" safe")) after every "… to (r,c) is" of each level's
     demonstration, split by whether the cell is a hole (module docstring)."""
-    import json
-    from pathlib import Path
-
     import numpy as np
 
     from tether.agent.format import system_prompt, user_prompt
     from tether.envs import make
 
-    recipe = Path(model_dir) / "recipe.json"
-    weigh = weighed or bool(
-        recipe.exists() and json.loads(recipe.read_text())["warm_start"].get("weigh")
-    )
     hole_id, safe_id = formatter.encode(" a")[0], formatter.encode(" safe")[0]
     clause = re.compile(r"to \((\d+),(\d+)\) is(?= safe| a hole)")
     p_hole: dict[bool, list[float]] = {True: [], False: []}

@@ -112,6 +112,24 @@ def test_render_format_and_hole_ends_with_zero():
     assert reward == -0.1 and not info["action_is_valid"]
 
 
+def test_without_the_map_the_observation_is_the_facts_line():
+    env = FrozenLakeEnv(show_map=False)
+    obs, _ = env.reset(options={"grid": HAND_MAP})
+    assert obs == "Player (0,0). Goal (2,2). Holes (0,2) (1,1)."
+    obs, *_ = env.step("Right || Right")
+    assert obs == "Player (0,2). Goal (2,2). Holes (0,2) (1,1). Fell in a hole."
+    # the same levels and dynamics as with the map: only the observation differs
+    shown = FrozenLakeEnv()
+    for seed in range(5):
+        env.reset(seed=seed), shown.reset(seed=seed)
+        assert shown.render().endswith("\n" + env.render())
+    assert env.demonstration(np.random.default_rng(0), weigh=True)[0].startswith(
+        f"At {env.render()[7:12]}, goal"
+    )
+    with pytest.raises(ValueError, match="show_map"):
+        env.demonstration(np.random.default_rng(0), restate=True)
+
+
 def test_goal_gives_one_and_ends_episode():
     env = FrozenLakeEnv()
     env.reset(options={"grid": HAND_MAP})

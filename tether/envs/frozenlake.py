@@ -69,6 +69,15 @@ class FrozenLakeEnv(MultiTurnTextEnv):
             ``"region"`` start anywhere in the top-left quarter, goal anywhere in the
             bottom-right quarter (the default: varied levels, classic shape);
             ``"random"`` start and goal anywhere.
+        show_map: the observation opens with the map's rows (the default, as in the
+            paper); ``False`` keeps only the line that names the player, the goal and
+            every hole by coordinate (the same facts: the rows repeat them).  A tiny
+            model learns the holes' list far more easily without the rows beside it
+            (benchmarks/history/2026-11-27.md).
+        show_moves: the observation ends with where each move leads from the player's
+            cell ("Moves: Left hits the edge; Down to (2,0) is a hole; ..."): a local
+            view, as many gridworlds give, for models too small to look cells up in
+            the hole list.
         stochasticity, format_penalty, max_turns, max_actions_per_turn, max_actions:
             as in ``MultiTurnTextEnv``.
     """
@@ -80,6 +89,8 @@ class FrozenLakeEnv(MultiTurnTextEnv):
         size: int = 4,
         frozen_fraction: float = 0.8,
         start: str = "region",
+        show_map: bool = True,
+        show_moves: bool = False,
         stochasticity: float = 0.0,
         format_penalty: float = -0.1,
         max_turns: int | None = None,
@@ -103,6 +114,8 @@ class FrozenLakeEnv(MultiTurnTextEnv):
         self.size = int(size)
         self.frozen_fraction = float(frozen_fraction)
         self.start_mode = start
+        self.show_map = bool(show_map)
+        self.show_moves = bool(show_moves)
         self.holes: frozenset[Pos] = frozenset()
         self.goal: Pos = (self.size - 1, self.size - 1)
         self.start_pos: Pos = (0, 0)
@@ -201,10 +214,11 @@ class FrozenLakeEnv(MultiTurnTextEnv):
         elif self.player == self.goal:
             status = " Reached the goal."
         holes = " ".join(fmt_pos(h) for h in sorted(self.holes)) or "none"
-        lines.append(
-            f"Player {fmt_pos(self.player)}. Goal {fmt_pos(self.goal)}. Holes {holes}.{status}"
-        )
-        return "\n".join(lines)
+        facts = f"Player {fmt_pos(self.player)}. Goal {fmt_pos(self.goal)}. Holes {holes}.{status}"
+        if self.show_moves:
+            around = "; ".join(self._describe(self.player, a)[1] for a in self.action_names)
+            facts += f"\nMoves: {around}."
+        return "\n".join([*lines, facts] if self.show_map else [facts])
 
     def toward_goal(self) -> list[str]:
         """The moves that bring the player nearer the goal, in the order Down, Right,
@@ -253,6 +267,8 @@ class FrozenLakeEnv(MultiTurnTextEnv):
             )
         reasoning = head + ", then ".join(clauses) + "."
         if restate:
+            if not self.show_map:
+                raise ValueError("restate copies the map's rows; this env has show_map=False")
             reasoning = self.render().rsplit("\n", 1)[0] + "\n" + reasoning
         return reasoning, " || ".join(actions)
 

@@ -64,7 +64,7 @@ def frozenlake_checks(env: FrozenLakeEnv, reasoning: str, answer: str) -> dict[s
       move leads to and says truly whether it is a hole, the goal or safe;
     - ``first_move_into_hole``: the answer's first move steps into a hole.
     """
-    grid = env.render().rsplit("\n", 1)[0].strip()
+    grid = "\n".join(env.render().split("\n")[: env.board_size]) if env.show_map else ""
     found = FROZENLAKE_POSITIONS.search(reasoning)
     named = [int(x) for x in found.groups()] if found else None
     moves = [m.strip() for m in answer.split("||") if m.strip()]
@@ -74,7 +74,7 @@ def frozenlake_checks(env: FrozenLakeEnv, reasoning: str, answer: str) -> dict[s
     truth = "is a hole" if cell in env.holes else "is the goal" if cell == env.goal else "is safe"
     first = move(env.board_size, env.player, moves[0]) if moves and moves[0] in MOVES else None
     return {
-        "map_exact": reasoning.split("\nAt ")[0].strip() == grid,
+        "map_exact": bool(grid) and reasoning.split("\nAt ")[0].strip() == grid,
         "player_right": named is not None and tuple(named[:2]) == env.player,
         "goal_right": named is not None and tuple(named[2:]) == env.goal,
         "first_move_optimal": bool(moves) and bool(plan) and moves[0] == plan[0],
