@@ -73,7 +73,7 @@ class FrozenLakeEnv(MultiTurnTextEnv):
             paper); ``False`` keeps only the line that names the player, the goal and
             every hole by coordinate (the same facts: the rows repeat them).  A tiny
             model learns the holes' list far more easily without the rows beside it
-            (benchmarks/history/2026-11-27.md).
+            (benchmarks/history/2026-11-26.md).
         show_moves: the observation ends with where each move leads from the player's
             cell ("Moves: Left hits the edge; Down to (2,0) is a hole; ..."): a local
             view, as many gridworlds give, for models too small to look cells up in
