@@ -128,6 +128,8 @@ def test_without_the_map_the_observation_is_the_facts_line():
     )
     with pytest.raises(ValueError, match="show_map"):
         env.demonstration(np.random.default_rng(0), restate=True)
+    with pytest.raises(ValueError, match="show_moves must be true or false, got 'no'"):
+        FrozenLakeEnv(show_moves="no")
 
 
 def test_goal_gives_one_and_ends_episode():

@@ -114,8 +114,10 @@ class FrozenLakeEnv(MultiTurnTextEnv):
         self.size = int(size)
         self.frozen_fraction = float(frozen_fraction)
         self.start_mode = start
-        self.show_map = bool(show_map)
-        self.show_moves = bool(show_moves)
+        for name, value in (("show_map", show_map), ("show_moves", show_moves)):
+            if not isinstance(value, bool):
+                raise ValueError(f"{name} must be true or false, got {value!r}")
+        self.show_map, self.show_moves = show_map, show_moves
         self.holes: frozenset[Pos] = frozenset()
         self.goal: Pos = (self.size - 1, self.size - 1)
         self.start_pos: Pos = (0, 0)
