@@ -153,7 +153,7 @@ def hole_check(model, formatter, env_kwargs, seeds, max_reply_tokens, weigh) -> 
         state, _ = env.reset(seed=seed)
         reasoning, _ = env.demonstration(np.random.default_rng(seed), 0.5, weigh=weigh)
         prompt = formatter.first_prompt_ids(
-            system_prompt(env.rules()), user_prompt(1, state, None, max_reply_tokens)
+            system_prompt(env.rules()), user_prompt(1, state, env.actions_left(), max_reply_tokens)
         )
         for found in clause.finditer(reasoning):
             ids = prompt + formatter.encode(reasoning[: found.end()])
