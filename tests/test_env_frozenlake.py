@@ -128,6 +128,10 @@ def test_without_the_map_the_observation_is_the_facts_line():
     )
     with pytest.raises(ValueError, match="show_map"):
         env.demonstration(np.random.default_rng(0), restate=True)
+    both = FrozenLakeEnv(show_moves=True)
+    both.reset(options={"grid": HAND_MAP})
+    restated = both.demonstration(np.random.default_rng(0), restate=True)[0]
+    assert restated.startswith("P_H\n_H_\n__G\nAt (0,0)")
     with pytest.raises(ValueError, match="show_moves must be true or false, got 'no'"):
         FrozenLakeEnv(show_moves="no")
 

@@ -69,6 +69,8 @@ class FrozenLakeEnv(MultiTurnTextEnv):
             ``"region"`` start anywhere in the top-left quarter, goal anywhere in the
             bottom-right quarter (the default: varied levels, classic shape);
             ``"random"`` start and goal anywhere.
+        stochasticity, format_penalty, max_turns, max_actions_per_turn, max_actions:
+            as in ``MultiTurnTextEnv``.
         show_map: the observation opens with the map's rows (the default, as in the
             paper); ``False`` keeps only the line that names the player, the goal and
             every hole by coordinate (the same facts: the rows repeat them).  A tiny
@@ -78,8 +80,6 @@ class FrozenLakeEnv(MultiTurnTextEnv):
             cell ("Moves: Left hits the edge; Down to (2,0) is a hole; ..."): a local
             view, as many gridworlds give, for models too small to look cells up in
             the hole list.
-        stochasticity, format_penalty, max_turns, max_actions_per_turn, max_actions:
-            as in ``MultiTurnTextEnv``.
     """
 
     action_names = ("Left", "Down", "Right", "Up")
@@ -89,13 +89,13 @@ class FrozenLakeEnv(MultiTurnTextEnv):
         size: int = 4,
         frozen_fraction: float = 0.8,
         start: str = "region",
-        show_map: bool = True,
-        show_moves: bool = False,
         stochasticity: float = 0.0,
         format_penalty: float = -0.1,
         max_turns: int | None = None,
         max_actions_per_turn: int | None = None,
         max_actions: int | None = None,
+        show_map: bool = True,
+        show_moves: bool = False,
     ) -> None:
         super().__init__(
             stochasticity, format_penalty, max_turns, max_actions_per_turn, max_actions
@@ -271,7 +271,8 @@ class FrozenLakeEnv(MultiTurnTextEnv):
         if restate:
             if not self.show_map:
                 raise ValueError("restate copies the map's rows; this env has show_map=False")
-            reasoning = self.render().rsplit("\n", 1)[0] + "\n" + reasoning
+            rows = self.render().split("\n")[: self.board_size]
+            reasoning = "\n".join(rows) + "\n" + reasoning
         return reasoning, " || ".join(actions)
 
 
