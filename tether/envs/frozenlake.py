@@ -195,21 +195,6 @@ class FrozenLakeEnv(MultiTurnTextEnv):
     def render(self) -> str:  # type: ignore[override]
         if self.player is None:
             return "No map: call reset()."
-        lines = []
-        for r in range(self.board_size):
-            row = []
-            for c in range(self.board_size):
-                p = (r, c)
-                row.append(
-                    "P"
-                    if p == self.player
-                    else "G"
-                    if p == self.goal
-                    else "H"
-                    if p in self.holes
-                    else "_"
-                )
-            lines.append("".join(row))
         status = ""
         if self.player in self.holes:
             status = " Fell in a hole."
@@ -220,7 +205,13 @@ class FrozenLakeEnv(MultiTurnTextEnv):
         if self.show_moves:
             around = "; ".join(self._describe(self.player, a)[1] for a in self.action_names)
             facts += f"\nMoves: {around}."
-        return "\n".join([*lines, facts] if self.show_map else [facts])
+        return "\n".join([*self.map_rows(), facts] if self.show_map else [facts])
+
+    def map_rows(self) -> list[str]:
+        """The map as rows of render symbols (P player, G goal, H hole, _ frozen)."""
+        symbol = {self.goal: "G", **{h: "H" for h in self.holes}, self.player: "P"}
+        n = self.board_size
+        return ["".join(symbol.get((r, c), "_") for c in range(n)) for r in range(n)]
 
     def toward_goal(self) -> list[str]:
         """The moves that bring the player nearer the goal, in the order Down, Right,
@@ -271,8 +262,7 @@ class FrozenLakeEnv(MultiTurnTextEnv):
         if restate:
             if not self.show_map:
                 raise ValueError("restate copies the map's rows; this env has show_map=False")
-            rows = self.render().split("\n")[: self.board_size]
-            reasoning = "\n".join(rows) + "\n" + reasoning
+            reasoning = "\n".join(self.map_rows()) + "\n" + reasoning
         return reasoning, " || ".join(actions)
 
 

@@ -64,7 +64,7 @@ def frozenlake_checks(env: FrozenLakeEnv, reasoning: str, answer: str) -> dict[s
       move leads to and says truly whether it is a hole, the goal or safe;
     - ``first_move_into_hole``: the answer's first move steps into a hole.
     """
-    grid = "\n".join(env.render().split("\n")[: env.board_size]) if env.show_map else ""
+    grid = "\n".join(env.map_rows()) if env.show_map else ""
     found = FROZENLAKE_POSITIONS.search(reasoning)
     named = [int(x) for x in found.groups()] if found else None
     moves = [m.strip() for m in answer.split("||") if m.strip()]
