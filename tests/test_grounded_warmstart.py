@@ -115,6 +115,37 @@ def test_state_turns_hold_each_observed_state_and_its_reply_in_a_short_sequence(
             assert len(ids) < 90 < episode_length
 
 
+def test_user_state_turns_are_the_episode_tokens_between_a_later_state_and_its_reply():
+    """``state_turn_prompt: user``: each short sequence is a slice of the encoded
+    episode, from the end of the previous reply (its ``<|im_end|>``) through the turn's
+    reply, so the tokens between the state and the reply are exactly the run's; the
+    loss covers the reply only.  An unknown prompt name is refused."""
+    from tether.agent.chat import ChatFormatter
+    from tether.policy.warmstart import encode_episode, state_turn_sequences
+
+    demos = demonstration_episodes(*FROZENLAKE, 20, 0.3, seed=2, max_reply_tokens=48, weigh=True)
+    formatter = ChatFormatter(build_tokenizer(demos, 512, numerals="coordinates"))
+    turns = state_turn_sequences(formatter, demos, "user")
+    short = state_turn_sequences(formatter, demos)
+    assert len(turns) == len(short) == sum(len(d.replies) for d in demos)
+    k = 0
+    for demo in demos:
+        episode = encode_episode(formatter, demo)[0]
+        for turn, (state, reply) in enumerate(zip(demo.states, demo.replies)):
+            ids, mask = turns[k]
+            reply_ids = formatter.encode(reply)
+            assert ids[-len(reply_ids) :] == reply_ids
+            assert mask == [0] * (len(ids) - len(reply_ids)) + [1] * len(reply_ids)
+            head = formatter.tokenizer.decode(ids[: -len(reply_ids)])
+            assert state.strip() in head and head.rstrip().endswith("<think>")
+            if turn > 0:  # a later turn: the very tokens of the episode
+                assert any(episode[i : i + len(ids)] == ids for i in range(len(episode)))
+            assert len(short[k][0]) < len(ids) < len(episode)
+            k += 1
+    with pytest.raises(ValueError, match="state-turn prompt"):
+        state_turn_sequences(formatter, demos, "episode")
+
+
 @pytest.mark.parametrize("weigh", [None, False])
 def test_quickstart_grounded_demonstrations_fit_the_reply_cap(weigh):
     """experiments/quickstart.yaml's demonstrations (as shipped, with the moves weighed
@@ -223,8 +254,11 @@ def test_grounded_specs_make_what_the_reasoning_restates_one_token(name, pattern
     assert 0.5 <= np.mean([d.success for d in demos]) < 0.95
 
 
-def test_warm_start_autocast_enters_the_cache_key_only_when_set():
-    """A recipe without mixed precision keeps the key it had before the setting existed
+@pytest.mark.parametrize(
+    ("setting", "value"), [("autocast", "bfloat16"), ("state_turn_prompt", "user")]
+)
+def test_a_later_warm_start_setting_enters_the_cache_key_only_when_set(setting, value):
+    """A recipe without the setting keeps the key it had before the setting existed
     (caches stay valid); one with it is another model."""
     from tether.envs.settings import EnvConfig
     from tether.policy.load import recipe, recipe_key
@@ -232,7 +266,7 @@ def test_warm_start_autocast_enters_the_cache_key_only_when_set():
 
     env = EnvConfig(id="tether/FrozenLake-v0")
     plain = recipe(ModelConfig(), env, 0, 48)
-    assert "autocast" not in plain["warm_start"]
-    mixed = recipe(ModelConfig(warm_start={"autocast": "bfloat16"}), env, 0, 48)
-    assert mixed["warm_start"]["autocast"] == "bfloat16"
-    assert recipe_key(plain) != recipe_key(mixed)
+    assert setting not in plain["warm_start"]
+    changed = recipe(ModelConfig(warm_start={setting: value}), env, 0, 48)
+    assert changed["warm_start"][setting] == value
+    assert recipe_key(plain) != recipe_key(changed)

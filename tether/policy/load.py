@@ -48,13 +48,14 @@ def recipe(model_cfg, env_cfg, seed: int, max_reply_tokens: int) -> dict:
         "max_context": model_cfg.max_context,
         "max_reply_tokens": max_reply_tokens,
         "seed": seed if ws.seed is None else ws.seed,
-        # ``autocast`` and ``weigh`` are dumped only when set, so recipes without them
-        # keep their keys (and their caches).
+        # ``autocast``, ``weigh`` and ``state_turn_prompt`` are dumped only when set, so
+        # recipes without them keep their keys (and their caches).
         "warm_start": ws.model_dump(
             mode="json",
             exclude={"seed"}
             | ({"autocast"} if ws.autocast == "none" else set())
-            | ({"weigh"} if not ws.weigh else set()),
+            | ({"weigh"} if not ws.weigh else set())
+            | ({"state_turn_prompt"} if ws.state_turn_prompt == "state" else set()),
         ),
     }
 
@@ -154,7 +155,11 @@ def warm_start_stages(
     """SFT on the full episodes, after (``state_turn_epochs`` > 0) a first stage on every
     turn alone as a short sequence (`state_turn_sequences`); one progress count over both."""
     pad = formatter.tokenizer.pad_token_id
-    turns = state_turn_sequences(formatter, episodes) if ws.get("state_turn_epochs", 0) else []
+    turns = (
+        state_turn_sequences(formatter, episodes, ws.get("state_turn_prompt", "state"))
+        if ws.get("state_turn_epochs", 0)
+        else []
+    )
     first_steps = ws.get("state_turn_epochs", 0) * math.ceil(
         len(turns) / ws["state_turn_batch_size"]
     )

@@ -47,6 +47,14 @@ class WarmStartConfig(StrictSection):
         "where copying the state is learned in few steps (0 = none).",
     )
     state_turn_batch_size: int = Field(32, ge=1, description="Turns per step of that stage.")
+    state_turn_prompt: Literal["state", "user"] = Field(
+        "state",
+        description="What precedes each reply in that stage: state = 'State:' and the "
+        "observed state alone (shortest); user = the turn's whole user message in the "
+        "chat markup, as an episode lays it out, so the copying learned there is the "
+        "copying the run needs (FrozenLake: the goal is then copied on every seed "
+        "measured; benchmarks/history/2026-11-27.md).",
+    )
     restate: bool = Field(
         False,
         description="Demonstration reasoning opens with the whole "

@@ -97,21 +97,33 @@ def encode_episode(formatter: ChatFormatter, episode: DemoEpisode) -> tuple[list
 
 
 def state_turn_sequences(
-    formatter: ChatFormatter, episodes: list[DemoEpisode]
+    formatter: ChatFormatter, episodes: list[DemoEpisode], prompt: str = "state"
 ) -> list[tuple[list[int], list[int]]]:
-    """Every demonstration turn as a short sequence: the state as observed, the opening
-    ``<think>``, then the reply (the loss covers the reply).  With a few dozen tokens
-    instead of a few hundred between them, the attention that copies the state into
-    the reasoning starts far less diluted: the curriculum's first stage.  (Keeping the
-    turn's whole user segment instead, so that the tokens between state and reply are
-    those of an episode, measured no better: benchmarks/history/2026-11-23.md.)"""
+    """Every demonstration turn as a short sequence, the reply after its prompt (the loss
+    covers the reply): the curriculum's first stage.  With a few dozen tokens instead of
+    a few hundred before the reply, the attention that copies the state into the
+    reasoning starts far less diluted.
+
+    ``prompt`` is what precedes the reply: ``state`` = ``State:``, the observed state and
+    the opening ``<think>`` (shortest); ``user`` = the turn's whole user message in the
+    chat markup with the generation prompt and ``<think>``, exactly the tokens between a
+    later turn's state and its reply in an episode.  On FrozenLake a copy learned after
+    ``state`` reads the goal at the state's place in that short sequence and does not
+    carry over to the episode's layout on every seed (goal copied right 0.25-0.39 after
+    this stage on seed 30, against 0.99-1.00 with ``user``):
+    benchmarks/history/2026-11-27.md."""
+    if prompt not in ("state", "user"):
+        raise ValueError(f"state-turn prompt must be 'state' or 'user', not {prompt!r}")
     think = formatter.encode(THINK_OPEN)
     sequences = []
     for episode in episodes:
-        for state, reply in zip(episode.states, episode.replies):
-            prompt = formatter.encode(f"State:\n{state.strip()}") + think
+        for state, user, reply in zip(episode.states, episode.users, episode.replies):
+            if prompt == "user":
+                head = formatter.continuation_ids(user, [])
+            else:
+                head = formatter.encode(f"State:\n{state.strip()}") + think
             reply_ids = formatter.encode(reply)
-            sequences.append((prompt + reply_ids, [0] * len(prompt) + [1] * len(reply_ids)))
+            sequences.append((head + reply_ids, [0] * len(head) + [1] * len(reply_ids)))
     return sequences
 
 
