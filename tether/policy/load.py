@@ -48,16 +48,17 @@ def recipe(model_cfg, env_cfg, seed: int, max_reply_tokens: int) -> dict:
         "max_context": model_cfg.max_context,
         "max_reply_tokens": max_reply_tokens,
         "seed": seed if ws.seed is None else ws.seed,
-        # ``autocast``, ``weigh`` and ``state_turn_prompt`` are dumped only when set, so
-        # recipes without them keep their keys (and their caches).
+        # Settings added after caches existed are dumped only when set away from their
+        # default, so recipes without them keep their keys (and their caches).
         "warm_start": ws.model_dump(
             mode="json",
-            exclude={"seed"}
-            | ({"autocast"} if ws.autocast == "none" else set())
-            | ({"weigh"} if not ws.weigh else set())
-            | ({"state_turn_prompt"} if ws.state_turn_prompt == "state" else set()),
+            exclude={"seed"} | {k for k, v in LATER_WARM_START.items() if getattr(ws, k) == v},
         ),
     }
+
+
+#: warm-start settings added after caches were built, with their defaults (see ``recipe``)
+LATER_WARM_START = {"autocast": "none", "weigh": False, "state_turn_prompt": "state"}
 
 
 def recipe_key(spec: dict) -> str:

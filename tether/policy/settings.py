@@ -52,8 +52,8 @@ class WarmStartConfig(StrictSection):
         description="What precedes each reply in that stage: state = 'State:' and the "
         "observed state alone (shortest); user = the turn's whole user message in the "
         "chat markup, as an episode lays it out, so the copying learned there is the "
-        "copying the run needs (FrozenLake: the goal is then copied on every seed "
-        "measured; benchmarks/history/2026-11-27.md).",
+        "copying the run needs (FrozenLake: the goal copy then carries over to the "
+        "episode wherever the stage learns it; benchmarks/history/2026-11-27.md).",
     )
     restate: bool = Field(
         False,
