@@ -255,7 +255,8 @@ def test_grounded_specs_make_what_the_reasoning_restates_one_token(name, pattern
 
 
 @pytest.mark.parametrize(
-    ("setting", "value"), [("autocast", "bfloat16"), ("state_turn_prompt", "user")]
+    ("setting", "value"),
+    [("autocast", "bfloat16"), ("state_turn_prompt", "user"), ("weight_decay", 1.0)],
 )
 def test_a_later_warm_start_setting_enters_the_cache_key_only_when_set(setting, value):
     """A recipe without the setting keeps the key it had before the setting existed
@@ -270,3 +271,28 @@ def test_a_later_warm_start_setting_enters_the_cache_key_only_when_set(setting, 
     changed = recipe(ModelConfig(warm_start={setting: value}), env, 0, 48)
     assert changed["warm_start"][setting] == value
     assert recipe_key(plain) != recipe_key(changed)
+
+
+def test_the_warm_start_weight_decay_reaches_both_stages(monkeypatch):
+    """``weight_decay`` is AdamW's in the first stage and in the episode stage: the same
+    steps with it end with smaller weights than without, in either stage alone."""
+    import torch
+
+    from tether.policy import load
+    from tether.policy.tiny import build_tiny_model, tiny_config
+
+    rng = np.random.default_rng(0)
+    sequences = [([int(t) for t in rng.integers(1, 200, 12)], [0] * 6 + [1] * 6) for _ in range(8)]
+    formatter = type("F", (), {"tokenizer": type("T", (), {"pad_token_id": 0})()})()
+
+    def norm_after(stage, weight_decay):
+        first = stage == "first"
+        monkeypatch.setattr(load, "state_turn_sequences", lambda *a: sequences)
+        model = build_tiny_model(tiny_config("micro", max_context=64), seed=0)
+        ws = {"epochs": 1, "batch_size": 4, "lr": 0.05, "weight_decay": weight_decay}
+        ws |= {"state_turn_epochs": int(first), "state_turn_batch_size": 4}
+        load.warm_start_stages(model, formatter, [], [] if first else sequences, ws, 0)
+        return float(torch.cat([p.detach().flatten() for p in model.parameters()]).norm())
+
+    for stage in ("first", "episodes"):
+        assert norm_after(stage, 1.0) < norm_after(stage, 0.0) - 1e-3, stage

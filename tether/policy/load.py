@@ -58,7 +58,12 @@ def recipe(model_cfg, env_cfg, seed: int, max_reply_tokens: int) -> dict:
 
 
 #: warm-start settings added after caches were built, with their defaults (see ``recipe``)
-LATER_WARM_START = {"autocast": "none", "weigh": False, "state_turn_prompt": "state"}
+LATER_WARM_START = {
+    "autocast": "none",
+    "weigh": False,
+    "state_turn_prompt": "state",
+    "weight_decay": 0.0,
+}
 
 
 def recipe_key(spec: dict) -> str:
@@ -181,6 +186,7 @@ def warm_start_stages(
             seed,
             counted(0),
             ws.get("autocast", "none"),
+            ws.get("weight_decay", 0.0),
         )
         stats.update({f"state_turn_{k}": v for k, v in first.items()})
     stats.update(
@@ -194,6 +200,7 @@ def warm_start_stages(
             seed,
             counted(first_steps),
             ws.get("autocast", "none"),
+            ws.get("weight_decay", 0.0),
         )
     )
     return stats

@@ -33,6 +33,14 @@ class WarmStartConfig(StrictSection):
     epochs: int = Field(1, ge=1, description="Passes over the demonstrations.")
     batch_size: int = Field(8, ge=1, description="Episodes per SFT step.")
     lr: float = Field(2e-3, gt=0.0, description="AdamW learning rate of the warm start.")
+    weight_decay: float = Field(
+        0.0,
+        ge=0.0,
+        description="AdamW's decoupled weight decay in both stages of the warm start. "
+        "Decay makes a tiny model give up memorised shortcuts for the copying circuit "
+        "sooner (FrozenLake: 1.0 makes the goal copy form on seeds where it did not "
+        "form without; benchmarks/history/2026-11-27.md).",
+    )
     vocab_size: int = Field(512, ge=300, description="BPE vocabulary of the project tokenizer.")
     numerals: Literal["digits", "coordinates", "numbers"] = Field(
         "digits",

@@ -151,12 +151,14 @@ def supervised_finetune(
     seed: int,
     progress=None,
     autocast: str = "none",
+    weight_decay: float = 0.0,
 ) -> dict:
     """Next-token cross-entropy on the masked (assistant) tokens; returns final stats.
-    ``autocast`` bfloat16 runs the forward in bfloat16 autocast (the loss in float32)."""
+    ``autocast`` bfloat16 runs the forward in bfloat16 autocast (the loss in float32);
+    ``weight_decay`` is AdamW's (decoupled) decay."""
     model.train()
     generator = np.random.default_rng(seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
     steps_per_epoch = math.ceil(len(sequences) / batch_size)
     total_steps = max(1, epochs * steps_per_epoch)
     warmup = max(1, total_steps // 20)
