@@ -86,6 +86,38 @@ def env_class(env_id: str) -> type | None:
     return getattr(importlib.import_module(module), name)
 
 
+#: constructor arguments set by their own config fields, never by ``env.kwargs``
+OWN_FIELDS = {
+    "stochasticity": "env.stochasticity",
+    "format_penalty": "env.format_penalty",
+    "isolation": "sandbox.isolation",
+}
+
+
+def check_env(env_id: str, kwargs: dict) -> None:
+    """Raise ValueError, naming the setting, for an unknown env id or an ``env.kwargs``
+    name that the env's constructor does not take (nothing is built: a typo fails before
+    Ray starts, not in every rollout worker)."""
+    cls = env_class(env_id)
+    if cls is None:
+        raise ValueError(
+            f"env.id: unknown environment {env_id!r}; valid ids: {', '.join(ENV_IDS)} "
+            f"(or short names {', '.join(sorted(SHORT_NAMES))})"
+        )
+    params = inspect.signature(cls.__init__).parameters
+    takes = [n for n, p in params.items() if n != "self" and p.kind is p.POSITIONAL_OR_KEYWORD]
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return
+    for name in sorted(kwargs):
+        if name in OWN_FIELDS:
+            raise ValueError(f"env.kwargs.{name}: set it as {OWN_FIELDS[name]}, not in env.kwargs")
+        if name not in takes:
+            others = ", ".join(n for n in takes if n not in OWN_FIELDS)
+            raise ValueError(
+                f"env.kwargs.{name}: {cls.__name__} takes no {name!r}; it takes {others}"
+            )
+
+
 def runs_untrusted_code(env_id: str) -> bool:
     """Whether the env of ``env_id`` executes model-written code (and so takes the
     run config's ``sandbox.isolation``); False for an unknown id."""
@@ -122,6 +154,7 @@ __all__ = [
     "SingleTurnTextEnv",
     "SokobanEnv",
     "TextEnv",
+    "check_env",
     "make",
     "register_all",
     "runs_untrusted_code",

@@ -32,7 +32,8 @@ class EnvConfig(StrictSection):
     )
     kwargs: dict[str, Any] = Field(
         default_factory=dict,
-        description="Extra constructor arguments of the env (e.g. size, frozen_fraction, dim).",
+        description="Extra constructor arguments of the env (e.g. size, frozen_fraction, "
+        "dim); a name its constructor does not take fails when the config is read.",
     )
     val_seed_offset: int = Field(
         1_000_000,

@@ -204,6 +204,9 @@ class TetherConfig(StrictSection):
                 "rollout.engine vllm needs algo.recompute_old_logprobs: true (vLLM's "
                 "log-probs differ numerically from the learner's)"
             )
+        from ..envs import check_env
+
+        check_env(self.env.id, self.env.kwargs)
         self._check_demonstration_options()
         return self
 
