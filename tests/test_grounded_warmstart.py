@@ -79,9 +79,10 @@ def test_a_demonstration_option_the_env_lacks_fails_at_config_time(option, tmp_p
     assert {"restate", "weigh"} <= demonstration_options("tether/FrozenLake-v0")
     assert option not in demonstration_options("tether/Countdown-v0")
     assert load_config(quickstart, [f"model.warm_start.{option}=true"])
+    countdown = ["env.id=tether/Countdown-v0", "env.kwargs={}"]  # FrozenLake's kwargs off
     with pytest.raises(ConfigError, match=f"model.warm_start.{option}: .* cannot {option}"):
-        load_config(quickstart, [f"model.warm_start.{option}=true", "env.id=tether/Countdown-v0"])
-    moot = [f"model.warm_start.{option}=true", "env.id=tether/Countdown-v0"]
+        load_config(quickstart, [f"model.warm_start.{option}=true", *countdown])
+    moot = [f"model.warm_start.{option}=true", *countdown]
     assert load_config(quickstart, [*moot, f"model.path={tmp_path}"]).model.path == str(tmp_path)
 
 
