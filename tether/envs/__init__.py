@@ -67,14 +67,18 @@ def make(env_id: str, **kwargs) -> TextEnv:
     constructor.  Raises ValueError for an unknown id, listing the valid ones."""
     key = _normalise(env_id) if isinstance(env_id, str) else ""
     if key not in SHORT_NAMES:
-        raise ValueError(
-            f"unknown environment {env_id!r}; valid ids: {', '.join(ENV_IDS)} "
-            f"(or short names {', '.join(sorted(SHORT_NAMES))})"
-        )
+        raise ValueError(_unknown(env_id))
     register_all()
     env = gym.make(SHORT_NAMES[key], disable_env_checker=True, **kwargs).unwrapped
     assert isinstance(env, TextEnv)
     return env
+
+
+def _unknown(env_id) -> str:
+    return (
+        f"unknown environment {env_id!r}; valid ids: {', '.join(ENV_IDS)} "
+        f"(or short names {', '.join(sorted(SHORT_NAMES))})"
+    )
 
 
 def env_class(env_id: str) -> type | None:
@@ -100,12 +104,13 @@ def check_env(env_id: str, kwargs: dict) -> None:
     Ray starts, not in every rollout worker)."""
     cls = env_class(env_id)
     if cls is None:
-        raise ValueError(
-            f"env.id: unknown environment {env_id!r}; valid ids: {', '.join(ENV_IDS)} "
-            f"(or short names {', '.join(sorted(SHORT_NAMES))})"
-        )
+        raise ValueError(f"env.id: {_unknown(env_id)}")
     params = inspect.signature(cls.__init__).parameters
-    takes = [n for n, p in params.items() if n != "self" and p.kind is p.POSITIONAL_OR_KEYWORD]
+    takes = [
+        n
+        for n, p in params.items()
+        if n != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    ]
     if any(p.kind is p.VAR_KEYWORD for p in params.values()):
         return
     for name in sorted(kwargs):

@@ -102,7 +102,7 @@ def build_warm_model(spec: dict, out_dir: Path, progress=None, isolation: str = 
     """Tokenizer + tiny model + supervised warm start on demonstrations, saved to ``out_dir``."""
     from ..envs import runs_untrusted_code
 
-    ws = spec["warm_start"]
+    ws = {**LATER_WARM_START, **spec["warm_start"]}  # a recipe leaves out their defaults
     n_demo = max(ws["episodes"], 64)
     env_kwargs = dict(spec["env_kwargs"])
     if runs_untrusted_code(spec["env"]):
@@ -115,7 +115,7 @@ def build_warm_model(spec: dict, out_dir: Path, progress=None, isolation: str = 
         seed=seeds.demonstrations(spec["seed"]),
         max_reply_tokens=spec["max_reply_tokens"],
         restate=ws.get("restate", False),
-        weigh=ws.get("weigh", False),
+        weigh=ws["weigh"],
     )
     tokenizer = build_tokenizer(episodes, ws["vocab_size"], ws.get("numerals", "digits"))
     from ..agent.chat import ChatFormatter
@@ -143,7 +143,7 @@ def build_warm_model(spec: dict, out_dir: Path, progress=None, isolation: str = 
         "demo_episodes": len(sequences),
     }
     if ws["episodes"] > 0:
-        ws = {**ws, "autocast": resolve_autocast(ws.get("autocast", "none"), "cpu")}
+        ws = {**ws, "autocast": resolve_autocast(ws["autocast"], "cpu")}
         stats["autocast"] = ws["autocast"]
         stats.update(
             warm_start_stages(model, formatter, episodes, sequences, ws, spec["seed"], progress)
@@ -160,9 +160,10 @@ def warm_start_stages(
 ) -> dict:
     """SFT on the full episodes, after (``state_turn_epochs`` > 0) a first stage on every
     turn alone as a short sequence (`state_turn_sequences`); one progress count over both."""
+    ws = {**LATER_WARM_START, **ws}
     pad = formatter.tokenizer.pad_token_id
     turns = (
-        state_turn_sequences(formatter, episodes, ws.get("state_turn_prompt", "state"))
+        state_turn_sequences(formatter, episodes, ws["state_turn_prompt"])
         if ws.get("state_turn_epochs", 0)
         else []
     )
@@ -174,35 +175,25 @@ def warm_start_stages(
     def counted(offset):
         return progress and (lambda step, _, loss: progress(offset + step, total, loss))
 
+    def stage(data, epochs, batch_size, offset):
+        return supervised_finetune(
+            model,
+            data,
+            pad,
+            epochs,
+            batch_size,
+            ws["lr"],
+            seed,
+            counted(offset),
+            ws["autocast"],
+            ws["weight_decay"],
+        )
+
     stats = {}
     if turns:
-        first = supervised_finetune(
-            model,
-            turns,
-            pad,
-            ws["state_turn_epochs"],
-            ws["state_turn_batch_size"],
-            ws["lr"],
-            seed,
-            counted(0),
-            ws.get("autocast", "none"),
-            ws.get("weight_decay", 0.0),
-        )
+        first = stage(turns, ws["state_turn_epochs"], ws["state_turn_batch_size"], 0)
         stats.update({f"state_turn_{k}": v for k, v in first.items()})
-    stats.update(
-        supervised_finetune(
-            model,
-            sequences,
-            pad,
-            ws["epochs"],
-            ws["batch_size"],
-            ws["lr"],
-            seed,
-            counted(first_steps),
-            ws.get("autocast", "none"),
-            ws.get("weight_decay", 0.0),
-        )
-    )
+    stats.update(stage(sequences, ws["epochs"], ws["batch_size"], first_steps))
     return stats
 
 
