@@ -9,7 +9,7 @@ import torch
 from tests.test_episode import _setup
 from tether.agent.episode import EpisodeSpec, LocalEnvBatch, run_episodes
 from tether.algos.batch import collate, token_logprobs
-from tether.algos.update import autocast, policy_update
+from tether.algos.update import autocast, lr_factor, policy_update
 from tether.algos.vocab import head_logits
 from tether.testing.settings import update_settings
 
@@ -146,6 +146,52 @@ def test_adam_eps_reaches_the_policy_optimiser(micro_policy):
             assert [g["eps"] for g in learner.optimizer.param_groups] == [eps]
     finally:
         torch.set_num_threads(threads)
+
+
+def test_lr_factor_decays_from_one_toward_zero():
+    """The schedules as a scheduler stepped once per update: linear 1, 3/4, 1/2, 1/4 over
+    four updates (TRL's linear decay), the half cosine through 1/2 at the midpoint; the
+    constant schedule, and any without a horizon, stay at 1; past the horizon (a resumed
+    run given more iterations) the rate holds at the last update's."""
+    assert [lr_factor("linear", u, 4) for u in range(4)] == [1.0, 0.75, 0.5, 0.25]
+    cosine = [lr_factor("cosine", u, 4) for u in range(4)]
+    assert cosine[0] == 1.0 and cosine[2] == pytest.approx(0.5)
+    assert all(a > b > 0 for a, b in zip(cosine, cosine[1:]))
+    assert lr_factor("constant", 3, 4) == 1.0 and lr_factor("linear", 3, 0) == 1.0
+    assert lr_factor("linear", 9, 4) == 0.25
+    with pytest.raises(ValueError, match="lr_schedule"):
+        lr_factor("step", 1, 4)
+
+
+def test_the_learner_steps_at_the_scheduled_rate(sampled, micro_policy):
+    """``algo.lr_schedule`` reaches the optimiser: each update steps at the base rate
+    times its factor and logs it as ``actor/lr``; an act-mode response's new rate
+    (``adjust``) is a new base the schedule goes on scaling.  A run's settings span its
+    iterations."""
+    from tether.actors.learner import Learner
+    from tether.platform.alarm_responder import LiveSettings
+    from tether.platform.config import build_config
+
+    _, batch, _ = sampled
+    threads = torch.get_num_threads()
+    try:
+        learner = Learner.__ray_actor_class__(str(micro_policy), False, 1, use_reference=False)
+        settings = update_settings(lr_schedule="linear", iterations=4)
+        learner.start_run(settings, lr=1e-3, critic_lr=0.0, seed=0)
+        rates = []
+        for u in range(4):
+            if u == 2:
+                learner.adjust(settings, lr=4e-3)
+            rates.append(learner.update(copy.deepcopy(batch))["actor/lr"])
+            assert [g["lr"] for g in learner.optimizer.param_groups] == [rates[-1]]
+        assert rates == pytest.approx([1e-3, 0.75e-3, 2e-3, 1e-3])
+        learner.start_run(update_settings(), lr=1e-3, critic_lr=0.0, seed=0)
+        assert learner.update(copy.deepcopy(batch))["actor/lr"] == 1e-3
+    finally:
+        torch.set_num_threads(threads)
+    cfg = build_config(None, ["trainer.iterations=7", "algo.lr_schedule=cosine"])
+    update = LiveSettings.from_config(cfg).update
+    assert (update.lr_schedule, update.lr_horizon) == ("cosine", 7)
 
 
 def _gradient(model, batch, **algo):

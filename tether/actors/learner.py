@@ -27,7 +27,7 @@ import ray
 import torch
 
 from ..algos.batch import TrajectoryBatch
-from ..algos.update import UpdateSettings, policy_update, prepare_batch
+from ..algos.update import UpdateSettings, lr_factor, policy_update, prepare_batch
 from ..policy.critic import ValueModel
 from ..policy.load import load_model, load_tokenizer
 from ..policy.lora import LoraConfig, add_lora, merged_state_dict
@@ -160,6 +160,7 @@ class Learner:
             else None
         )
         self.updates = 0
+        self.lr = lr  # the base rate; each update takes its share of it (``lr_factor``)
         self.extractor = None
 
     def _resolved(self, settings: UpdateSettings) -> UpdateSettings:
@@ -171,8 +172,7 @@ class Learner:
         response).  A KL coefficient raised from 0 loads the reference policy (the run's
         initial weights) the first time (LoRA: nothing to load, the base weights are it)."""
         self.settings = self._resolved(settings)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        self.lr = lr
         if settings.kl_coef > 0 and self.reference is None and self.peft is None:
             reference = load_model(self.model_path, self.dtype).to(self.device)
             reference.requires_grad_(False)
@@ -223,6 +223,9 @@ class Learner:
         )
 
     def update(self, batch: TrajectoryBatch) -> dict[str, float]:
+        lr = self.lr * lr_factor(self.settings.lr_schedule, self.updates, self.settings.lr_horizon)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
         metrics = policy_update(
             self.model,
             self.optimizer,
@@ -237,7 +240,7 @@ class Learner:
         )
         self.updates += 1
         release_free_memory()  # this update's activations, of this batch's shapes
-        return metrics
+        return {**metrics, "actor/lr": lr}
 
     # -- analyses (on the whole policy) -----------------------------------------------
     def _analysis_model(self):

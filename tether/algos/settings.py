@@ -80,6 +80,12 @@ class AlgoConfig(StrictSection):
     lr: float = Field(
         1e-4, gt=0.0, description="Policy learning rate (tiny model; RAGEN-2 uses 1e-6 for 3B)."
     )
+    lr_schedule: Literal["constant", "linear", "cosine"] = Field(
+        "constant",
+        description="Policy learning rate over the run: constant, or from lr down toward 0 "
+        "at the end of the last iteration, linearly (TRL's default) or on a half cosine; "
+        "logged as actor/lr (docs/methods.md).",
+    )
     critic_lr: float = Field(5e-4, gt=0.0, description="Critic learning rate (gae).")
     adam_eps: float = Field(
         1e-8,

@@ -82,11 +82,17 @@ class UpdateSettings:
     off_policy_cap: float
     #: Mixed precision of the learner's forwards: none or bfloat16 (``autocast``).
     autocast: str
+    #: The learning rate's schedule (``lr_factor``) and the updates it spans (0: constant).
+    lr_schedule: str
+    lr_horizon: int
 
     @classmethod
-    def from_config(cls, algo: AlgoConfig, rollout_temperature: float) -> UpdateSettings:
-        """The settings of a run: the ``algo`` section, and the sampling temperature the
-        log-probs are taken at (greedy sampling, temperature 0, scores at 1)."""
+    def from_config(
+        cls, algo: AlgoConfig, rollout_temperature: float, iterations: int = 0
+    ) -> UpdateSettings:
+        """The settings of a run: the ``algo`` section, the sampling temperature the
+        log-probs are taken at (greedy sampling, temperature 0, scores at 1), and the
+        run's iterations, one update each, which a decaying learning rate spans."""
         return cls(
             clip_low=algo.clip_low,
             clip_high=algo.clip_high,
@@ -106,7 +112,25 @@ class UpdateSettings:
             off_policy=algo.off_policy,
             off_policy_cap=algo.decoupled_cap if algo.off_policy == "decoupled" else algo.tis_cap,
             autocast=algo.autocast,
+            lr_schedule=algo.lr_schedule,
+            lr_horizon=iterations,
         )
+
+
+def lr_factor(schedule: str, update: int, horizon: int) -> float:
+    """The multiple of the base learning rate that update ``update`` (0-based) of a run
+    of ``horizon`` updates takes: 1 throughout (constant, or no horizon), else from 1 at
+    the first update toward 0 after the last, linearly or on a half cosine, as a
+    scheduler stepped once per update does.  Past the horizon (a resumed run given more
+    iterations) the rate stays at the last update's."""
+    if schedule == "constant" or horizon <= 0:
+        return 1.0
+    progress = min(update, horizon - 1) / horizon
+    if schedule == "linear":
+        return 1.0 - progress
+    if schedule == "cosine":
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+    raise ValueError(f"unknown lr_schedule {schedule!r}: constant, linear or cosine")
 
 
 def objective(

@@ -44,7 +44,9 @@ class LiveSettings:
 
     @classmethod
     def from_config(cls, cfg: TetherConfig) -> LiveSettings:
-        update = UpdateSettings.from_config(cfg.algo, cfg.rollout.temperature)
+        update = UpdateSettings.from_config(
+            cfg.algo, cfg.rollout.temperature, cfg.trainer.iterations
+        )
         return cls(cfg.filter, update, cfg.algo.lr)
 
     @property

@@ -17,6 +17,7 @@ from ..algos.update import UpdateSettings
 NEUTRAL = {"preset": None, "kl_coef": 0.0, "entropy_coef": 0.0, "loss_agg": "token-mean"}
 
 
-def update_settings(temperature: float = 1.0, **algo: Any) -> UpdateSettings:
-    """``UpdateSettings`` of ``AlgoConfig(**NEUTRAL, **algo)`` at sampling ``temperature``."""
-    return UpdateSettings.from_config(AlgoConfig(**{**NEUTRAL, **algo}), temperature)
+def update_settings(temperature: float = 1.0, iterations: int = 0, **algo: Any) -> UpdateSettings:
+    """``UpdateSettings`` of ``AlgoConfig(**NEUTRAL, **algo)`` at sampling ``temperature``,
+    for a run of ``iterations`` updates (which an ``lr_schedule`` spans)."""
+    return UpdateSettings.from_config(AlgoConfig(**{**NEUTRAL, **algo}), temperature, iterations)
