@@ -4,12 +4,15 @@ For each finished run it reads ``val/success`` before training (step 0) and at t
 validation from the run's MLflow store, turns them back into success counts with the
 run's ``trainer.val_episodes``, and tests "the last validation is above the first" with a
 one-sided two-proportion z-test (unpooled standard error), per run and pooled over the
-runs given (the same held-out levels at both points).  The candidate **rises** when the
-pooled p is below ``--alpha`` and no run ends below its own start (benchmarks/history/2026-11-24.md,
-"The quickstart's learning target, 2026-11-24 (commit d2a17ec) — protocol").
+runs given (the same held-out levels at both points); each gain with its 95 % interval
+(the same standard error).  The candidate **rises** when the pooled p is below
+``--alpha`` and every run gains at least ``--min-gain`` (default 0: no run ends below its
+own start; benchmarks/history/2026-11-24.md, "The quickstart's learning target,
+2026-11-24 (commit d2a17ec) — protocol").  ``--figure`` draws each run's training
+success per iteration and its two validations with Wilson 95 % intervals.
 
-    python benchmarks/quickstart_learning.py --alpha 0.025 \\
-        /tmp/qs/runs/A-s0/mlflow.db /tmp/qs/runs/A-s1/mlflow.db /tmp/qs/runs/A-s2/mlflow.db
+    python benchmarks/quickstart_learning.py --alpha 0.01 --min-gain 0.10 \\
+        --figure quickstart.png runs/s38/mlflow.db runs/s39/mlflow.db runs/s40/mlflow.db
 """
 
 from __future__ import annotations
@@ -41,6 +44,12 @@ class Rise:
             return 0.0 if p1 > p0 else 1.0
         return float(stats.norm.sf((p1 - p0) / se))
 
+    def interval(self, level: float = 0.95) -> tuple[float, float]:
+        """Normal-approximation interval of the gain (the test's standard error)."""
+        p1, p0 = self.last / self.n, self.first / self.n
+        half = stats.norm.ppf(0.5 + level / 2) * math.sqrt((p1 * (1 - p1) + p0 * (1 - p0)) / self.n)
+        return self.gain - half, self.gain + half
+
 
 def pooled(rises: list[Rise]) -> Rise:
     if len({r.n for r in rises}) != 1:
@@ -48,17 +57,24 @@ def pooled(rises: list[Rise]) -> Rise:
     return Rise(sum(r.first for r in rises), sum(r.last for r in rises), rises[0].n * len(rises))
 
 
-def read_run(db: str) -> tuple[str, Rise]:
-    """(run id, Rise) of the last run in an MLflow SQLite store."""
+def _last_run(db: str) -> tuple[sqlite3.Connection, str]:
     con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     run_id = con.execute("select run_uuid from runs order by start_time desc limit 1").fetchone()
     if run_id is None:
         raise SystemExit(f"{db}: no run in this MLflow store")
-    run_id = run_id[0]
-    rows = con.execute(
-        "select step, value from metrics where run_uuid=? and key='val/success' order by step",
-        (run_id,),
+    return con, run_id[0]
+
+
+def _curve(con: sqlite3.Connection, run_id: str, key: str) -> list[tuple[int, float]]:
+    return con.execute(
+        "select step, value from metrics where run_uuid=? and key=? order by step", (run_id, key)
     ).fetchall()
+
+
+def read_run(db: str) -> tuple[str, Rise]:
+    """(run id, Rise) of the last run in an MLflow SQLite store."""
+    con, run_id = _last_run(db)
+    rows = _curve(con, run_id, "val/success")
     episodes = con.execute(
         "select value from params where run_uuid=? and key='trainer.val_episodes'", (run_id,)
     ).fetchone()
@@ -68,27 +84,85 @@ def read_run(db: str) -> tuple[str, Rise]:
     return run_id, Rise(round(rows[0][1] * n), round(rows[-1][1] * n), n)
 
 
+def draw(stores: list[str], path: str) -> None:
+    """Training success per iteration of each run (thin) and its validations before and
+    after training (points with Wilson 95 % intervals)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for k, db in enumerate(stores):
+        con, run_id = _last_run(db)
+        seed = con.execute(
+            "select value from params where run_uuid=? and key='experiment.seed'", (run_id,)
+        ).fetchone()
+        label = f"seed {seed[0]}" if seed else run_id[:8]
+        color = f"C{k}"
+        train = _curve(con, run_id, "rollout/success")
+        ax.plot([s for s, _ in train], [v for _, v in train], color=color, lw=1, alpha=0.6)
+        _, rise = read_run(db)
+        val = _curve(con, run_id, "val/success")
+        steps = [val[0][0], val[-1][0]]
+        counts = [rise.first, rise.last]
+        cis = [stats.binomtest(c, rise.n).proportion_ci(0.95, method="wilson") for c in counts]
+        low, high = [ci.low for ci in cis], [ci.high for ci in cis]
+        values = [c / rise.n for c in counts]
+        ax.errorbar(
+            [x + 0.3 * k for x in steps],
+            values,
+            yerr=[[v - lo for v, lo in zip(values, low)], [hi - v for v, hi in zip(values, high)]],
+            fmt="o",
+            color=color,
+            capsize=3,
+            label=f"{label}: held-out {values[0]:.3f} → {values[1]:.3f}",
+        )
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("success")
+    ax.set_ylim(0, 1)
+    ax.set_title("Training success per iteration (lines), held-out success (points, 95 %)")
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("stores", nargs="+", help="MLflow SQLite files, one finished run each")
     parser.add_argument("--alpha", type=float, default=0.05, help="one-sided level")
+    parser.add_argument(
+        "--min-gain", type=float, default=0.0, help="every run must gain at least this much"
+    )
+    parser.add_argument("--figure", help="write the curves to this image file")
     args = parser.parse_args()
     rises = []
-    print(f"{'run':34} {'first':>7} {'last':>7} {'gain':>7} {'p':>7}")
+    print(f"{'run':34} {'first':>7} {'last':>7} {'gain':>7} {'95 % interval':>18} {'p':>7}")
+
+    def row(name: str, rise: Rise, p: str) -> str:
+        low, high = rise.interval()
+        return (
+            f"{name:34} {rise.first / rise.n:7.3f} {rise.last / rise.n:7.3f} "
+            f"{rise.gain:+7.3f} [{low:+.3f}, {high:+.3f}]".ljust(78)
+            + p
+        )
+
     for db in args.stores:
         run_id, rise = read_run(db)
         rises.append(rise)
-        print(
-            f"{run_id:34} {rise.first / rise.n:7.3f} {rise.last / rise.n:7.3f} "
-            f"{rise.gain:+7.3f} {rise.p_value:7.4f}"
-        )
+        print(row(run_id, rise, f"{rise.p_value:7.4f}"))
     total = pooled(rises)
-    verdict = total.p_value < args.alpha and all(r.last >= r.first for r in rises)
+    print(row(f"pooled ({len(rises)} runs, {total.n} a point)", total, f"{total.p_value:7.1e}"))
+    each = all(r.last - r.first >= args.min_gain * r.n - 1e-9 for r in rises)
+    verdict = total.p_value < args.alpha and each
     print(
-        f"pooled ({len(rises)} runs, {total.n} episodes a point): {total.first / total.n:.3f} -> "
-        f"{total.last / total.n:.3f}, gain {total.gain:+.3f}, one-sided p {total.p_value:.4f}; "
-        f"{'RISES' if verdict else 'does not rise'} (alpha {args.alpha}, no run below its start)"
+        f"{'RISES' if verdict else 'does not rise'}: pooled one-sided p "
+        f"{'<' if total.p_value < args.alpha else '>='} {args.alpha}; every run gains "
+        f">= {args.min_gain:+.3f}: {'yes' if each else 'no'}"
     )
+    if args.figure:
+        draw(args.stores, args.figure)
+        print(f"figure: {args.figure}")
 
 
 if __name__ == "__main__":
