@@ -173,6 +173,7 @@ class Learner:
         initial weights) the first time (LoRA: nothing to load, the base weights are it)."""
         self.settings = self._resolved(settings)
         self.lr = lr
+        self._set_lr()
         if settings.kl_coef > 0 and self.reference is None and self.peft is None:
             reference = load_model(self.model_path, self.dtype).to(self.device)
             reference.requires_grad_(False)
@@ -222,10 +223,16 @@ class Learner:
             reference_scope=scope,
         )
 
-    def update(self, batch: TrajectoryBatch) -> dict[str, float]:
+    def _set_lr(self) -> float:
+        """The optimiser's rate for the next update: the base rate times the schedule's
+        factor (``lr_factor``), so a checkpoint's optimiser state holds the rate in force."""
         lr = self.lr * lr_factor(self.settings.lr_schedule, self.updates, self.settings.lr_horizon)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
+        return lr
+
+    def update(self, batch: TrajectoryBatch) -> dict[str, float]:
+        lr = self._set_lr()
         metrics = policy_update(
             self.model,
             self.optimizer,
