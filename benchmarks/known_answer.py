@@ -10,6 +10,7 @@ breakage is **caught** when the broken run does not pass.
     python benchmarks/known_answer.py --out /tmp/ka                      # the whole matrix
     python benchmarks/known_answer.py --tasks doors --presets grpo --seeds 0
     python benchmarks/known_answer.py --breakages-only
+    python benchmarks/known_answer.py --seeds 1 --no-breakages --models /tmp/ka-models
 
 Writes ``<out>/known_answer.json`` and prints one row per run.
 """
@@ -44,9 +45,11 @@ BREAKAGE_TASKS = {
 }
 
 
-def one_run(task, preset, seed, out: Path, breakage: str | None = None) -> dict:
+def one_run(
+    task, preset, seed, out: Path, breakage: str | None = None, models: Path | None = None
+) -> dict:
     name = f"{task}-{preset}-s{seed}" + (f"-{breakage}" if breakage else "")
-    cfg = known_answer_config(task, preset, seed, out / name, out / "models")
+    cfg = known_answer_config(task, preset, seed, out / name, models or out / "models")
     started = time.perf_counter()
     with broken(breakage) if breakage else contextlib.nullcontext():
         result = run_known_answer(cfg)
@@ -79,6 +82,10 @@ def main() -> None:
     parser.add_argument("--presets", nargs="+", default=["grpo", "drgrpo", "dapo", "ppo"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--breakages-only", action="store_true")
+    parser.add_argument("--no-breakages", action="store_true", help="the matrix only")
+    parser.add_argument(
+        "--models", type=Path, help="warm-start cache, shareable (default <out>/models)"
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -86,9 +93,11 @@ def main() -> None:
         for task in args.tasks:
             for preset in args.presets:
                 for seed in args.seeds:
-                    rows.append(one_run(task, preset, seed, args.out))
-    for breakage in BREAKAGES:
-        rows.append(one_run(BREAKAGE_TASKS[breakage], "grpo", 0, args.out, breakage))
+                    rows.append(one_run(task, preset, seed, args.out, models=args.models))
+    for breakage in () if args.no_breakages else BREAKAGES:
+        rows.append(
+            one_run(BREAKAGE_TASKS[breakage], "grpo", 0, args.out, breakage, models=args.models)
+        )
     (args.out / "known_answer.json").write_text(json.dumps(rows, indent=1))
     print(f"wrote {args.out / 'known_answer.json'}")
 
