@@ -142,7 +142,7 @@ def hole_check(model, formatter, env_kwargs, seeds, max_reply_tokens, weigh) -> 
     demonstration, split by whether the cell is a hole (module docstring)."""
     import numpy as np
 
-    from tether.agent.format import system_prompt, user_prompt
+    from tether.agent.episode import first_prompt_ids
     from tether.envs import make
 
     hole_id, safe_id = formatter.encode(" a")[0], formatter.encode(" safe")[0]
@@ -152,8 +152,8 @@ def hole_check(model, formatter, env_kwargs, seeds, max_reply_tokens, weigh) -> 
         env = make("tether/FrozenLake-v0", **env_kwargs)
         state, _ = env.reset(seed=seed)
         reasoning, _ = env.demonstration(np.random.default_rng(seed), 0.5, weigh=weigh)
-        prompt = formatter.first_prompt_ids(
-            system_prompt(env.rules()), user_prompt(1, state, env.actions_left(), max_reply_tokens)
+        prompt = first_prompt_ids(
+            formatter, env.rules(), state, env.actions_left(), max_reply_tokens
         )
         for found in clause.finditer(reasoning):
             ids = prompt + formatter.encode(reasoning[: found.end()])

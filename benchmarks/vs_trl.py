@@ -83,13 +83,10 @@ def build_policy(size: str, out: Path, seed: int = 0) -> Path:
 
 
 def prompt_ids(formatter, env_seed: int, max_new: int, env_id: str = ENV_ID) -> list[int]:
-    from tether.agent.episode import LocalEnvBatch
-    from tether.agent.format import system_prompt, user_prompt
+    from tether.agent.episode import LocalEnvBatch, first_prompt_ids
 
     obs = LocalEnvBatch(env_id).reset([env_seed])[0]
-    return formatter.first_prompt_ids(
-        system_prompt(obs.rules), user_prompt(1, obs.state, obs.actions_left, max_new)
-    )
+    return first_prompt_ids(formatter, obs.rules, obs.state, obs.actions_left, max_new)
 
 
 def env_rewards(completions: list[str], env_seeds: list[int], env_id: str = ENV_ID) -> list[float]:

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from tether.agent.chat import ChatFormatter
-from tether.agent.episode import EpisodeSpec, LocalEnvBatch, run_episodes
+from tether.agent.episode import EpisodeSpec, LocalEnvBatch, first_prompt_ids, run_episodes
 from tether.agent.format import ANSWER_CLOSE, THINK_OPEN
 from tether.algos.batch import collate, token_logprobs
 from tether.policy.load import load_model_and_tokenizer
@@ -25,6 +25,21 @@ def _setup(path, tokenizer=None):
         max_new_tokens=48, temperature=1.0, stop_token_ids=(answer_close, tok.eos_token_id)
     )
     return model, tok, formatter, engine, sampling
+
+
+def test_the_loop_starts_from_the_one_first_prompt(micro_policy):
+    """Every episode's first prompt is ``first_prompt_ids`` of its level, the prompt the
+    benchmarks that score first turns build (a benchmark that assembled its own once
+    scored a different layout than the runs sample from)."""
+    _, tok, formatter, engine, sampling = _setup(micro_policy)
+    envs = LocalEnvBatch("tether/FrozenLake-v0")
+    trajs = run_episodes(engine, formatter, envs, [EpisodeSpec(0, 7, 0)], sampling, seed=1)
+    obs = LocalEnvBatch("tether/FrozenLake-v0").reset([7])[0]
+    prompt = first_prompt_ids(
+        formatter, obs.rules, obs.state, obs.actions_left, sampling.max_new_tokens
+    )
+    assert trajs[0].token_ids[: trajs[0].turns[0].prompt_end][: len(prompt)] == prompt
+    assert "Turn 1:" in tok.decode(prompt) and obs.state.strip() in tok.decode(prompt)
 
 
 def test_episode_layout_masks_and_logprobs(micro_policy):

@@ -115,6 +115,21 @@ class LocalEnvBatch:
         return out
 
 
+def first_prompt_ids(
+    formatter: ChatFormatter,
+    rules: str,
+    state: str,
+    actions_left: int | None,
+    max_reply_tokens: int,
+) -> list[int]:
+    """The token ids an episode's first generation starts from (system prompt with the
+    env's rules, turn 1's user message, the assistant's opening): the one place this
+    prompt is assembled, for the loop and for anything that scores a first turn."""
+    return formatter.first_prompt_ids(
+        system_prompt(rules), user_prompt(1, state, actions_left, max_reply_tokens)
+    )
+
+
 def run_episodes(
     engine: RolloutEngine,
     formatter: ChatFormatter,
@@ -130,9 +145,8 @@ def run_episodes(
     observations = envs.reset([s.env_seed for s in specs])
     trajectories: list[Trajectory] = []
     for spec, obs in zip(specs, observations):
-        ids = formatter.first_prompt_ids(
-            system_prompt(obs.rules),
-            user_prompt(1, obs.state, obs.actions_left, sampling.max_new_tokens),
+        ids = first_prompt_ids(
+            formatter, obs.rules, obs.state, obs.actions_left, sampling.max_new_tokens
         )
         trajectories.append(
             Trajectory(
