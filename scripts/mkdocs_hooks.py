@@ -22,11 +22,10 @@ SITE_PATHS = {
     "README.md": "quickstart.md",
     "CONTRIBUTING.md": "contributing.md",
     "benchmarks/RESULTS.md": "benchmarks/RESULTS.md",
-    "benchmarks/scaling.png": "benchmarks/scaling.png",
-    "benchmarks/soak.png": "benchmarks/soak.png",
+    # every figure under benchmarks/ (the results and the README link them)
     **{
         str(p.relative_to(ROOT)): str(p.relative_to(ROOT))
-        for p in sorted((ROOT / "benchmarks" / "learning_vs_trl").rglob("*.png"))
+        for p in sorted((ROOT / "benchmarks").rglob("*.png"))
     },
     **{
         f"benchmarks/history/{p.name}": f"benchmarks/history/{p.name}"
