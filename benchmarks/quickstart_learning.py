@@ -71,52 +71,72 @@ def _curve(con: sqlite3.Connection, run_id: str, key: str) -> list[tuple[int, fl
     ).fetchall()
 
 
-def read_run(db: str) -> tuple[str, Rise]:
-    """(run id, Rise) of the last run in an MLflow SQLite store."""
+@dataclass
+class Run:
+    """One finished run as the test and the figure read it from its store."""
+
+    run_id: str
+    label: str  # "seed <experiment.seed>"
+    rise: Rise
+    #: (step, value) of val/success and of the Wilson interval the run logged beside it
+    val: list[tuple[int, float]]
+    val_low: list[tuple[int, float]]
+    val_high: list[tuple[int, float]]
+    train: list[tuple[int, float]]  # rollout/success per iteration
+
+
+def read_run(db: str) -> Run:
+    """The last run in an MLflow SQLite store."""
     con, run_id = _last_run(db)
     rows = _curve(con, run_id, "val/success")
-    episodes = con.execute(
-        "select value from params where run_uuid=? and key='trainer.val_episodes'", (run_id,)
-    ).fetchone()
+
+    def param(key):
+        row = con.execute(
+            "select value from params where run_uuid=? and key=?", (run_id, key)
+        ).fetchone()
+        return row and row[0]
+
+    episodes = param("trainer.val_episodes")
     if len(rows) < 2 or episodes is None:
         raise SystemExit(f"{db}: run {run_id} has no validation after training (unfinished?)")
-    n = int(episodes[0])
-    return run_id, Rise(round(rows[0][1] * n), round(rows[-1][1] * n), n)
+    n = int(episodes)
+    seed = param("experiment.seed")
+    return Run(
+        run_id,
+        f"seed {seed}" if seed is not None else run_id[:8],
+        Rise(round(rows[0][1] * n), round(rows[-1][1] * n), n),
+        rows,
+        _curve(con, run_id, "val/success_ci_low"),
+        _curve(con, run_id, "val/success_ci_high"),
+        _curve(con, run_id, "rollout/success"),
+    )
 
 
-def draw(stores: list[str], path: str) -> None:
+def draw(runs: list[Run], path: str) -> None:
     """Training success per iteration of each run (thin) and its validations before and
-    after training (points with Wilson 95 % intervals)."""
+    after training (points with the Wilson 95 % intervals the run logged)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    for k, db in enumerate(stores):
-        con, run_id = _last_run(db)
-        seed = con.execute(
-            "select value from params where run_uuid=? and key='experiment.seed'", (run_id,)
-        ).fetchone()
-        label = f"seed {seed[0]}" if seed else run_id[:8]
+    for k, run in enumerate(runs):
         color = f"C{k}"
-        train = _curve(con, run_id, "rollout/success")
-        ax.plot([s for s, _ in train], [v for _, v in train], color=color, lw=1, alpha=0.6)
-        _, rise = read_run(db)
-        val = _curve(con, run_id, "val/success")
-        steps = [val[0][0], val[-1][0]]
-        counts = [rise.first, rise.last]
-        cis = [stats.binomtest(c, rise.n).proportion_ci(0.95, method="wilson") for c in counts]
-        low, high = [ci.low for ci in cis], [ci.high for ci in cis]
-        values = [c / rise.n for c in counts]
+        ax.plot([s for s, _ in run.train], [v for _, v in run.train], color=color, lw=1, alpha=0.6)
+        ends = [0, -1]  # before training, the last validation
+        values = [run.val[i][1] for i in ends]
         ax.errorbar(
-            [x + 0.3 * k for x in steps],
+            [run.val[i][0] + 0.3 * k for i in ends],
             values,
-            yerr=[[v - lo for v, lo in zip(values, low)], [hi - v for v, hi in zip(values, high)]],
+            yerr=[
+                [v - run.val_low[i][1] for v, i in zip(values, ends)],
+                [run.val_high[i][1] - v for v, i in zip(values, ends)],
+            ],
             fmt="o",
             color=color,
             capsize=3,
-            label=f"{label}: held-out {values[0]:.3f} → {values[1]:.3f}",
+            label=f"{run.label}: held-out {values[0]:.3f} → {values[1]:.3f}",
         )
     ax.set_xlabel("iteration")
     ax.set_ylabel("success")
@@ -136,7 +156,6 @@ def main() -> None:
     )
     parser.add_argument("--figure", help="write the curves to this image file")
     args = parser.parse_args()
-    rises = []
     print(f"{'run':34} {'first':>7} {'last':>7} {'gain':>7} {'95 % interval':>18} {'p':>7}")
 
     def row(name: str, rise: Rise, p: str) -> str:
@@ -147,10 +166,10 @@ def main() -> None:
             + p
         )
 
-    for db in args.stores:
-        run_id, rise = read_run(db)
-        rises.append(rise)
-        print(row(run_id, rise, f"{rise.p_value:7.4f}"))
+    runs = [read_run(db) for db in args.stores]
+    rises = [run.rise for run in runs]
+    for run in runs:
+        print(row(run.run_id, run.rise, f"{run.rise.p_value:7.4f}"))
     total = pooled(rises)
     print(row(f"pooled ({len(rises)} runs, {total.n} a point)", total, f"{total.p_value:7.1e}"))
     each = all(r.last - r.first >= args.min_gain * r.n - 1e-9 for r in rises)
@@ -161,7 +180,7 @@ def main() -> None:
         f">= {args.min_gain:+.3f}: {'yes' if each else 'no'}"
     )
     if args.figure:
-        draw(args.stores, args.figure)
+        draw(runs, args.figure)
         print(f"figure: {args.figure}")
 
 
