@@ -83,7 +83,7 @@ LAYER_MAP: dict[str, set[str] | str] = {
     "policy": {"agent", "envs", "seeds", "sections"},
     "rollout": {"algos", "seeds", "sections"},
     "testing": {"actors", "algos", "diagnostics", "policy", "platform"},
-    "analysis": {"platform.tracking", "platform.sweep_spec"},
+    "analysis": {"diagnostics.uncertainty", "platform.tracking", "platform.sweep_spec"},
     "actors": {"agent", "algos", "diagnostics", "envs", "policy", "rollout", "seeds"},
     "dashboards": {"analysis"},
     "platform": ALL,

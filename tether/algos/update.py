@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -93,28 +93,15 @@ class UpdateSettings:
         """The settings of a run: the ``algo`` section, the sampling temperature the
         log-probs are taken at (greedy sampling, temperature 0, scores at 1), and the
         run's iterations, one update each, which a decaying learning rate spans."""
-        return cls(
-            clip_low=algo.clip_low,
-            clip_high=algo.clip_high,
-            kl_coef=algo.kl_coef,
-            kl_estimator=algo.kl_estimator,
-            entropy_coef=algo.entropy_coef,
-            loss_agg=algo.loss_agg,
-            ppo_epochs=algo.ppo_epochs,
-            minibatches=algo.minibatches,
-            micro_batch_size=algo.micro_batch_size,
-            max_grad_norm=algo.max_grad_norm,
-            shared_prefix=algo.shared_prefix,
-            temperature=rollout_temperature if rollout_temperature > 0 else 1.0,
-            dual_clip=algo.dual_clip,
-            logprob_chunk_tokens=algo.logprob_chunk_tokens,
-            adam_eps=algo.adam_eps,
-            off_policy=algo.off_policy,
-            off_policy_cap=algo.decoupled_cap if algo.off_policy == "decoupled" else algo.tis_cap,
-            autocast=algo.autocast,
-            lr_schedule=algo.lr_schedule,
-            lr_horizon=iterations,
-        )
+        own = {
+            "temperature": rollout_temperature if rollout_temperature > 0 else 1.0,
+            "off_policy_cap": algo.decoupled_cap
+            if algo.off_policy == "decoupled"
+            else algo.tis_cap,
+            "lr_horizon": iterations,
+        }
+        copied = {f.name: getattr(algo, f.name) for f in fields(cls) if f.name not in own}
+        return cls(**copied, **own)
 
 
 def lr_factor(schedule: str, update: int, horizon: int) -> float:

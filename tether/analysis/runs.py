@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..diagnostics.uncertainty import CI_KEYS
+
 SUCCESS = "rollout/success"
 VAL_SUCCESS = "val/success"
 REWARD_STD = "rollout/in_group_reward_std"
@@ -23,18 +25,7 @@ SAMPLINGS = ("first_turn", "trajectory")
 #: The diagnostics the paper correlates with success (per sampling, under ``collapse/<s>/``).
 #: The entropies here are estimated from the same cross-score matrix as the MI proxies
 #: (H(Z|X) = −mean(matched), H(Z) = −mean(marginal)), so they share its sampling noise.
-DIAGNOSTICS = (
-    "mi_zscore",
-    "mi_zscore_ema",
-    "mi_estimate",
-    "mi_seq_estimate",
-    "mi_seq_zscore",
-    "retrieval_acc",
-    "conditional_entropy_est",
-    "reasoning_entropy_est",
-    "conditional_entropy_seq_est",
-    "reasoning_entropy_seq_est",
-)
+DIAGNOSTICS = CI_KEYS
 
 #: Reading accuracy on the probe set (docs/methods.md, section 2): every fact of the input
 #: stated right, the share of probe levels; ``grounding/defined`` 0 when the env has none.

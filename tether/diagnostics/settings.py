@@ -160,15 +160,11 @@ class DiagnosticsConfig(StrictSection):
     )
 
     def uncertainty(self) -> Uncertainty:
+        from dataclasses import fields
+
         from .uncertainty import Uncertainty
 
-        return Uncertainty(
-            bootstrap=self.bootstrap,
-            permutations=self.permutations,
-            confidence=self.confidence,
-            alpha=self.alpha,
-            interval=self.interval,
-        )
+        return Uncertainty(**{f.name: getattr(self, f.name) for f in fields(Uncertainty)})
 
 
 # ------------------------------------------------------------------ responses

@@ -67,10 +67,10 @@ ZSCORE_EPS = 1e-3
 
 #: Proxies that get an interval (need >= 2 distinct prompts unless an entropy).
 CI_KEYS = (
-    "mi_estimate",
-    "mi_seq_estimate",
     "mi_zscore",
     "mi_zscore_ema",
+    "mi_estimate",
+    "mi_seq_estimate",
     "mi_seq_zscore",
     "retrieval_acc",
     "conditional_entropy_est",
