@@ -40,11 +40,11 @@ KEYS = ("mi_estimate", "mi_zscore", "mi_seq_estimate", "retrieval_acc", "conditi
 METHODS = ("jackknife", "bootstrap")
 
 
-def estimands(pool, draws: int, rng: np.random.Generator) -> tuple[dict, dict]:
+def estimands(pool, draws: int, rng: np.random.Generator, shape) -> tuple[dict, dict]:
     """Mean and standard error of each proxy over ``draws`` batches of the pool."""
     values = {key: [] for key in KEYS}
     for _ in range(draws):
-        L, S, column = draw_point(pool, rng)
+        L, S, column = draw_point(pool, rng, *shape)
         metrics, _ = mi_proxies(L, S, column)
         for key in KEYS:
             values[key].append(metrics[key])
@@ -54,13 +54,13 @@ def estimands(pool, draws: int, rng: np.random.Generator) -> tuple[dict, dict]:
     )
 
 
-def coverage(pool, truth: dict, batches: int, method: str, rng: np.random.Generator) -> dict:
+def coverage(pool, truth: dict, batches: int, method: str, rng: np.random.Generator, shape) -> dict:
     settings = Uncertainty(permutations=0, interval=method)
     hits = {key: 0 for key in KEYS}
     widths = {key: [] for key in KEYS}
     place = {key: [] for key in KEYS}
     for _ in range(batches):
-        L, S, column = draw_point(pool, rng)
+        L, S, column = draw_point(pool, rng, *shape)
         metrics, _ = mi_proxies(L, S, column, None, settings, rng)
         for key in KEYS:
             low, high = metrics[f"{key}_ci_low"], metrics[f"{key}_ci_high"]
@@ -85,6 +85,15 @@ def main() -> None:
     parser.add_argument("--truth-draws", type=int, default=20000)
     parser.add_argument("--pool-prompts", type=int, default=96)
     parser.add_argument("--pool-replies", type=int, default=12)
+    parser.add_argument(
+        "--shape",
+        type=int,
+        nargs=2,
+        default=(8, 4),
+        metavar=("PROMPTS", "REPLIES"),
+        help="a batch: distinct prompts x replies each (8 4: the quickstart's first turn; "
+        "64 1: the probe set's)",
+    )
     parser.add_argument("--seed", type=int, default=2026)
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     args = parser.parse_args()
@@ -99,13 +108,13 @@ def main() -> None:
     rng = np.random.default_rng(args.seed)
     totals = {(m, k): [0, 0] for m in args.methods for k in KEYS}
     for q in SHARES:
-        truth, se = estimands(pools[q], args.truth_draws, rng)
+        truth, se = estimands(pools[q], args.truth_draws, rng, args.shape)
         print(
             f"\nshare q={q:g}: estimands "
             + ", ".join(f"{k} {truth[k]:.4f} (se {se[k]:.4f})" for k in KEYS)
         )
         for method in args.methods:
-            result = coverage(pools[q], truth, args.batches, method, rng)
+            result = coverage(pools[q], truth, args.batches, method, rng, args.shape)
             for key, (hits, width, place) in result.items():
                 totals[method, key][0] += hits
                 totals[method, key][1] += args.batches

@@ -174,3 +174,17 @@ def test_the_jackknife_interval_covers_the_estimators_expectation(read):
         )
         covered += out["mi_estimate_ci_low"] <= truth <= out["mi_estimate_ci_high"]
     assert covered / 200 >= 0.88, (covered, truth)
+
+
+def test_a_jackknife_interval_at_the_ceiling_holds_the_estimate_to_rounding():
+    """A policy that reads every prompt by a wide margin has every MI replicate at log N:
+    a zero-width interval would miss an expectation that differs only in the twelfth digit
+    (the grounded policy's sequence MI, benchmarks/RESULTS.md "Interval coverage")."""
+    n, g = 8, 4
+    column = np.repeat(np.arange(n), g)
+    L = np.full((n * g, n), -60.0)
+    L[np.arange(n * g), column] = -0.01
+    out = mi_uncertainty(L, L, column, None, Uncertainty(permutations=0, interval="jackknife"))
+    low, high = out["mi_estimate_ci_low"], out["mi_estimate_ci_high"]
+    assert low < np.log(n) - 1e-12 and high > np.log(n) + 1e-12
+    assert high - low < 1e-7

@@ -81,6 +81,9 @@ CI_KEYS = (
 #: Proxies that get a permutation null (``K_null_q95``).
 NULL_KEYS = ("mi_estimate", "mi_seq_estimate", "mi_zscore", "mi_zscore_ema", "retrieval_acc")
 _ENTROPY_KEYS = CI_KEYS[6:]
+#: Relative rounding of a proxy's float64 sums over a batch (the p-value's tie tolerance and
+#: the least half-width of a jackknife interval).
+_RESOLUTION = 1e-9
 #: Proxies whose interval stays the bootstrap's under ``interval="jackknife"``.
 _NON_SMOOTH_KEYS = ("retrieval_acc",)
 
@@ -220,7 +223,10 @@ def _jackknife_intervals(
     values: dict[str, np.ndarray], point: dict, keys, confidence: float
 ) -> dict[str, float]:
     """Estimate ± t(K - 1) x the jackknife standard error,
-    sqrt((K - 1) / K x sum_k (value_k - mean)^2)."""
+    sqrt((K - 1) / K x sum_k (value_k - mean)^2), at least the rounding of the estimate
+    (``_RESOLUTION``): where every replicate equals the estimate, as a grounded policy's
+    sequence MI at its ceiling log N does, the interval is that point to rounding, not a
+    zero-width interval that misses an expectation differing in the twelfth digit."""
     out: dict[str, float] = {}
     for key in keys:
         if key not in values or key not in point:
@@ -231,6 +237,7 @@ def _jackknife_intervals(
             continue
         se = float(np.sqrt((k - 1) / k * ((v - v.mean()) ** 2).sum()))
         half = float(student_t.ppf(0.5 + confidence / 2.0, k - 1)) * se
+        half = max(half, _RESOLUTION * max(1.0, abs(float(point[key]))))
         low, high = float(point[key]) - half, float(point[key]) + half
         out[f"{key}_ci_low"], out[f"{key}_ci_high"] = low, high
     return out
@@ -238,7 +245,7 @@ def _jackknife_intervals(
 
 def _p_value(null: np.ndarray, observed: float) -> float:
     # A tolerance, so a null statistic equal to the observed one up to rounding counts.
-    reached = int((null >= observed - 1e-9 * max(1.0, abs(observed))).sum())
+    reached = int((null >= observed - _RESOLUTION * max(1.0, abs(observed))).sum())
     return (1 + reached) / (1 + len(null))
 
 
