@@ -426,3 +426,44 @@ def test_the_paper_command_prints_each_findings_verdict(tmp_path, capsys):
     assert paper.main(["no-such", "--tracking-uri", uri, "--finding", "a"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("paper: 'no-such' is not a run id") and err.count("\n") == 1
+
+
+VERDICTS = PAPER.parent / "verdicts"
+SEEDS_2026_11_27 = set(range(1000, 1016))
+
+
+def _verdict_trials(name: str):
+    spec = load_sweep_spec(VERDICTS / f"{name}.yaml")
+    grids = {k: v["grid_search"] for k, v in param_space(spec).items()}
+    return spec, [
+        decode(spec, dict(zip(grids, combo))) for combo in itertools.product(*grids.values())
+    ]
+
+
+def test_the_verdict_specs_are_the_protocol_of_2026_11_27():
+    """docs/reproduction.md, "The protocol of 2026-11-27": the arms, seeds and levels, and
+    the recipe is the quickstart's but for the paper's filter definitions."""
+    from tether.platform.config import load_config
+
+    quickstart = load_config(PAPER.parents[0] / "quickstart.yaml")
+    spec_ad, ad = _verdict_trials("a_d")
+    assert len(ad) == 48 and {t["experiment.seed"] for t in ad} == SEEDS_2026_11_27
+    assert _filters(ad) == ["none", "top_k:0.5", "top_p:0.9"]
+    spec_c, c = _verdict_trials("c")
+    assert len(c) == 64 and {t["experiment.seed"] for t in c} == SEEDS_2026_11_27
+    assert sorted({t["env.stochasticity"] for t in c}) == [0.2, 1.0]
+    assert _filters(c) == ["none", "top_p:0.9"]
+    spec_s, s = _verdict_trials("sensitivity")
+    assert len(s) == 27 and spec_s.base.experiment.seed == 1000
+    assert {t["algo.entropy_coef"] for t in s} == {0.0, 0.001, 0.01}
+    assert {t["algo.kl_coef"] for t in s} == {0.0, 0.1, 0.3}
+    assert _filters(s) == ["top_p:0.5", "top_p:0.7", "top_p:0.9"]
+    for spec, ts in ((spec_ad, ad), (spec_c, c), (spec_s, s)):
+        cfg = spec.base
+        for section in ("model", "rollout", "algo", "trainer", "diagnostics"):
+            assert getattr(cfg, section) == getattr(quickstart, section), section
+        assert cfg.env.kwargs == quickstart.env.kwargs and cfg.env.id == quickstart.env.id
+        assert cfg.model.warm_start.seed is None  # each RL seed its own warm start
+        assert cfg.experiment.name == "tether-verdicts" and spec.sweep.max_concurrent == 1
+        built = [spec.build(t).filter for t in ts]
+        assert {(f.metric, f.loss_scaling) for f in built} == {("reward_variance", "linear")}
