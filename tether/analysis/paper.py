@@ -15,8 +15,10 @@ stated in docs/reproduction.md before its confirmatory runs; this module compute
 - ``verdict_a`` ... ``verdict_d_quartiles``: the protocol's rule that turns those numbers
   into a verdict (reproduced / partly / not at this scale), with the reason in words.
 
-``python -m tether.analysis.paper <sweep parent | experiment> --finding a|b|c|d`` prints
-them as JSON (the numbers and verdicts docs/reproduction.md quotes).
+``python -m tether.analysis.paper <targets> --finding a|b|c|d`` prints them as JSON (the
+numbers and verdicts docs/reproduction.md quotes); without ``--finding`` it prints the
+protocol of 2026-11-27's family of tests (``tether.analysis.verdicts``) from the pooled
+targets.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from collections import defaultdict
 import numpy as np
 from scipy import stats
 
-from .runs import COMPARED_DIAGNOSTICS, SUCCESS, RunData, collapse_key
+from .runs import COMPARED_DIAGNOSTICS, SUCCESS, RunData, arm_of, collapse_key
 from .stats import prompt_points, quartile_of, spearman_by_run_bootstrap
 
 REPRODUCED, PARTLY, NOT_AT_THIS_SCALE = "reproduced", "partly", "not at this scale"
@@ -126,12 +128,6 @@ def t_interval(values, confidence: float = 0.95) -> dict:
         )
         out.update(ci_low=out["mean"] - half, ci_high=out["mean"] + half)
     return out
-
-
-def arm_of(run: RunData) -> str:
-    """The filter arm of a run: ``none``, ``top_p`` or ``top_k`` (with its value)."""
-    strategy = run.param("filter.strategy") or "none"
-    return strategy
 
 
 def final_success(run: RunData) -> float | None:
@@ -365,10 +361,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--tracking-uri", required=True, help="e.g. sqlite:////abs/mlflow.db")
     parser.add_argument(
+        "--protocol",
+        choices=["2026-11-27", "2026-11-23"],
+        help="2026-11-27 (the default without --finding): the seven tests of one family, "
+        "Holm-corrected, from the pooled targets (experiments/verdicts/); 2026-11-23 (the "
+        "default with --finding): the old suite's tests, one finding at a time "
+        "(experiments/paper/)",
+    )
+    parser.add_argument(
         "--finding",
         choices=["a", "b", "c", "d"],
-        required=True,
-        help="a collapse, b MI vs entropy, c stochasticity, d filters (docs/reproduction.md)",
+        help="with --protocol 2026-11-23: a collapse, b MI vs entropy, c stochasticity, "
+        "d filters (docs/reproduction.md)",
     )
     parser.add_argument("--sampling", default="first_turn", help="the diagnostics' sampling")
     parser.add_argument(
@@ -377,11 +381,15 @@ def main(argv: list[str] | None = None) -> int:
         help="the I(X;Z) estimate a and c test (d: prompt-level mi_estimate)",
     )
     args = parser.parse_args(argv)
+    protocol = args.protocol or ("2026-11-23" if args.finding else "2026-11-27")
+    old = protocol == "2026-11-23"
+    if old != (args.finding is not None):
+        parser.error("--finding a|b|c|d goes with --protocol 2026-11-23, and only with it")
     try:
         loaded = [
             run
             for target in args.targets
-            for run in load_target(args.tracking_uri, target, with_prompts=False)[1]
+            for run in load_target(args.tracking_uri, target, with_prompts=not old)[1]
         ]
     except ReportError as exc:
         print(f"paper: {exc}", file=sys.stderr)
@@ -397,7 +405,11 @@ def main(argv: list[str] | None = None) -> int:
             if r.status != "FINISHED"
         ],
     }
-    if args.finding == "a":
+    if not old:
+        from .verdicts import family
+
+        out["tests"] = family(runs)
+    elif args.finding == "a":
         rows = collapse_rows(runs, args.sampling, args.mi)
         counted = collapse_verdict(rows)
         out.update(

@@ -133,3 +133,8 @@ class RunData:
             if key.startswith(prefixes) or key in evidence.get(name, ()):
                 out.append((step, name))
         return out
+
+
+def arm_of(run: RunData) -> str:
+    """The filter arm of a run: ``none``, ``top_p`` or ``top_k``."""
+    return run.param("filter.strategy") or "none"

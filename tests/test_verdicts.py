@@ -1,0 +1,163 @@
+"""The protocol of 2026-11-27's tests (tether.analysis.verdicts) on runs whose answers
+are known by construction."""
+
+import numpy as np
+import pytest
+
+from tether.analysis.decide import NOT_REPRODUCED, REPRODUCED
+from tether.analysis.runs import SUCCESS, VAL_SUCCESS, RunData
+from tether.analysis.verdicts import (
+    PROBE_H,
+    PROBE_MI,
+    PROBE_Z,
+    c_contrasts,
+    family,
+    probe_mi_change,
+    quartile_gap,
+)
+
+STEPS = (1, 12, 24)
+
+
+def run(seed, arm, *, level=0.0, mi=(0.34, 0.34), final=0.4, rng=None, z_tracks=True):
+    """One trial: probe MI from mi[0] at iteration 1 to mi[1] at 24, final success
+    ``final``, training success rising with the step, the probe's z-score following
+    success (``z_tracks``) and its H(Z|X) not; prompt groups whose MI rises with RV."""
+    rng = rng or np.random.default_rng(hash((seed, arm, level)) % 2**32)
+    success = {s: 0.2 + 0.01 * s + rng.normal(0, 0.02) for s in STEPS}
+    metrics = {
+        PROBE_MI: {1: mi[0], 12: (mi[0] + mi[1]) / 2, 24: mi[1]},
+        SUCCESS: success,
+        VAL_SUCCESS: {0: 0.3, 24: final},
+        PROBE_Z: {s: (success[s] if z_tracks else 0) + rng.normal(0, 0.01) for s in STEPS},
+        PROBE_H: {s: rng.normal(1.0, 0.1) for s in STEPS},
+    }
+    prompt_mi = {}
+    for s in STEPS:
+        groups = []
+        for g in range(16):
+            wins = g % 9  # 0..8 successes of 8: RV from 0 up and down again
+            rewards = [1.0] * min(wins, 8) + [0.0] * (8 - min(wins, 8))
+            rv = float(np.var(rewards, ddof=1))
+            groups.append(
+                {
+                    "group_id": g,
+                    "rewards": rewards,
+                    "success": [r > 0 for r in rewards],
+                    "mi": 0.1 + rv + rng.normal(0, 0.02),
+                }
+            )
+        prompt_mi[s] = groups
+    params = {"experiment.seed": str(seed), "filter.strategy": arm, "env.stochasticity": str(level)}
+    return RunData(
+        f"{arm}-{seed}-{level}",
+        f"{arm}-{seed}",
+        params=params,
+        metrics=metrics,
+        prompt_mi=prompt_mi,
+    )
+
+
+def suite(seeds=range(10), c_gain=0.2):
+    rng = np.random.default_rng(0)
+    runs = []
+    for s in seeds:
+        runs.append(run(s, "none", mi=(0.34, 0.20 + rng.normal(0, 0.02)), final=0.40))
+        runs.append(
+            run(s, "top_p", mi=(0.34, 0.33 + rng.normal(0, 0.02)), final=0.40 + rng.normal(0, 0.01))
+        )
+        runs.append(run(s, "top_k", final=0.40 + rng.normal(0, 0.01)))
+        for level, gain in ((0.2, c_gain), (1.0, 0.0)):
+            runs.append(run(s, "none", level=level, final=0.3))
+            runs.append(run(s, "top_p", level=level, final=0.3 + gain + rng.normal(0, 0.02)))
+    return runs
+
+
+def test_each_test_of_the_family_reads_the_effect_built_in():
+    out = family(suite())
+    assert out["a1"]["verdict"] == REPRODUCED and out["a1"]["mean"] == pytest.approx(
+        -0.14, abs=0.02
+    )
+    assert out["a2"]["verdict"] == REPRODUCED and out["a2"]["mean"] == pytest.approx(0.13, abs=0.02)
+    assert out["d1"]["verdict"] == NOT_REPRODUCED  # top-p = none to within 0.01
+    assert out["d2"]["verdict"] == NOT_REPRODUCED
+    assert out["d3"]["verdict"] == REPRODUCED
+    assert out["b"]["verdict"] == REPRODUCED and out["b"]["n"] == 10
+    assert out["c"]["verdict"] == REPRODUCED and out["c"]["mean"] == pytest.approx(0.2, abs=0.02)
+    assert {t["n"] for k, t in out.items() if k != "b"} == {10}
+
+
+def test_no_effect_in_c_is_not_reproduced_and_b_without_tracking_is_not_either():
+    runs = suite(c_gain=0.0)
+    out = family(runs)
+    assert out["c"]["verdict"] == NOT_REPRODUCED
+    flat = [run(s, a, z_tracks=False) for s in range(10) for a in ("none", "top_p")]
+    assert family(flat)["b"]["verdict"] != REPRODUCED
+
+
+def test_noisy_runs_stay_out_of_a_b_and_d_and_c_pairs_by_seed():
+    runs = suite(seeds=range(6))
+    clean = family(runs)
+    # Noisy runs whose probe z-score ignores success and whose MI change is wild: were
+    # they read by a, b or d, those numbers would move.
+    odd = [run(s, "top_p", level=0.5, mi=(0.3, 5.0), z_tracks=False) for s in range(6)]
+    for r in odd:
+        for groups in r.prompt_mi.values():
+            for g in groups:
+                g["mi"] = -g["mi"]
+    mixed = family(runs + odd)
+    for key in ("a1", "a2", "b", "d1", "d3"):
+        assert mixed[key]["mean"] == pytest.approx(clean[key]["mean"]), key
+    # a seed missing its 100 % level has no contrast
+    partial = [
+        r
+        for r in runs
+        if not (r.params["experiment.seed"] == "0" and r.params["env.stochasticity"] == "1.0")
+    ]
+    assert len(c_contrasts(partial)) == 5
+
+
+def test_the_measures_of_one_run():
+    r = run(0, "none", mi=(0.34, 0.20))
+    assert probe_mi_change(r) == pytest.approx(-0.14)
+    assert probe_mi_change(RunData("x", "x")) is None
+    assert quartile_gap([r]) > 0.2  # MI = 0.1 + RV; the RVs top out at 0.29
+
+
+def test_the_paper_command_prints_the_family_from_a_store(tmp_path, capsys):
+    """``python -m tether.analysis.paper <experiment>`` (no --finding): the runs read back
+    from MLflow, prompt records included, give the numbers computed on them directly."""
+    import json
+
+    from mlflow.entities import Metric, Param
+    from mlflow.tracking import MlflowClient
+
+    from tether.analysis import paper
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(uri)
+    exp = client.create_experiment("verdicts-test", artifact_location=str(tmp_path / "art"))
+    runs = suite(seeds=range(4))
+    for r in runs:
+        rid = client.create_run(exp, run_name=r.name, tags={"tether.env": "lake"}).info.run_id
+        metrics = [
+            Metric(key, value, 0, step)
+            for key, points in r.metrics.items()
+            for step, value in points.items()
+        ]
+        params = [Param(k, v) for k, v in r.params.items()]
+        client.log_batch(rid, metrics=metrics, params=params)
+        for it, groups in r.prompt_mi.items():
+            client.log_dict(
+                rid, {"iteration": it, "groups": groups}, f"prompt_mi/iter_{it:04d}.json"
+            )
+        client.set_terminated(rid, "FINISHED")
+    assert paper.main(["verdicts-test", "--tracking-uri", uri]) == 0
+    out = json.loads(capsys.readouterr().out)
+    direct = family(runs)
+    assert out["runs"] == len(runs)
+    for key in ("a1", "a2", "b", "c", "d1", "d2", "d3"):
+        assert out["tests"][key]["verdict"] == direct[key]["verdict"], key
+        assert out["tests"][key]["mean"] == pytest.approx(direct[key]["mean"]), key
+    with pytest.raises(SystemExit):
+        paper.main(["verdicts-test", "--tracking-uri", uri, "--protocol", "2026-11-23"])

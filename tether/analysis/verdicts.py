@@ -1,0 +1,162 @@
+"""The tests of docs/reproduction.md's protocol of 2026-11-27, from run histories.
+
+Seven tests, one family (Holm-corrected by ``decide.decide``), each a difference per
+RL seed between arms that share the seed's warm start, or for b a correlation
+bootstrapped over seeds:
+
+- a1: the no-filter arm's I(X;Z) on the probe set, last diagnosed iteration minus first
+  (the paper: it falls);
+- a2: that change, top-p minus no filter (the paper: the filter keeps more);
+- d1, d2: final success, top-p minus no filter and top-p minus top-k;
+- d3: the seed's prompt groups by reward-variance quartile, mean first-turn pointwise MI
+  of the top quartile minus the bottom (the paper: MI rises with RV);
+- b: Spearman rho(probe MI z-score, success) minus abs(rho(probe H(Z|X), success)) over
+  every (run, diagnosed iteration), whole seeds resampled;
+- c: the filter's gain in final success at 20 % noise minus the mean of its gains at 0 %
+  and 100 %.
+
+Only noise-free runs enter a, b and d; c reads every level.  Pure functions of
+``RunData`` (``python -m tether.analysis.paper --protocol 2026-11-27`` loads them).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+import numpy as np
+
+from .decide import decide, paired_effect
+from .runs import SUCCESS, RunData, arm_of, collapse_key
+from .stats import _spearman_rho, prompt_points, quartile_of
+
+PROBE_MI = collapse_key("probe", "mi_estimate")
+PROBE_Z = collapse_key("probe", "mi_zscore")
+PROBE_H = collapse_key("probe", "conditional_entropy_est")
+#: The smallest effects of interest the protocol fixed before its runs.
+SESOI = {"a1": 0.08, "a2": 0.05, "d1": 0.10, "d2": 0.10, "d3": 0.05, "b": 0.27, "c": 0.10}
+DIRECTION = {"a1": -1, "a2": 1, "d1": 1, "d2": 1, "d3": 1, "b": 1, "c": 1}
+NOISE_LEVELS = (0.0, 0.2, 1.0)
+
+
+def noise(run: RunData) -> float:
+    return float(run.param("env.stochasticity") or 0.0)
+
+
+def seed(run: RunData) -> str:
+    return str(run.param("experiment.seed"))
+
+
+def probe_mi_change(run: RunData) -> float | None:
+    """Probe I(X;Z) at the last diagnosed iteration minus at the first (None with < 2)."""
+    points = run.metrics.get(PROBE_MI, {})
+    if len(points) < 2:
+        return None
+    return points[max(points)] - points[min(points)]
+
+
+def by_seed(runs: list[RunData], arm: str, value, level: float = 0.0) -> dict[str, float]:
+    """{seed: value(run)} over the runs of one filter arm at one noise level."""
+    out = {}
+    for run in runs:
+        if arm_of(run) == arm and noise(run) == level and (v := value(run)) is not None:
+            out[seed(run)] = float(v)
+    return out
+
+
+def differences(treated: dict[str, float], control: dict[str, float]) -> dict[str, float]:
+    """{seed: treated - control} over the seeds both arms have."""
+    return {s: treated[s] - control[s] for s in sorted(set(treated) & set(control))}
+
+
+def quartile_gap(runs: list[RunData]) -> float | None:
+    """Mean pointwise MI of the top reward-variance quartile of prompt groups minus the
+    bottom's (None when a quartile holds no group with MI: ties in RV)."""
+    rv, _, mi, _ = prompt_points(runs)
+    if len(rv) < 8:
+        return None
+    q = quartile_of(rv)
+    top, bottom = mi[(q == 4) & ~np.isnan(mi)], mi[(q == 1) & ~np.isnan(mi)]
+    if not len(top) or not len(bottom):
+        return None
+    return float(top.mean() - bottom.mean())
+
+
+def _points(runs: list[RunData]) -> list[tuple[str, float, float, float]]:
+    """(seed, probe MI z-score, probe H(Z|X), training success) at every diagnosed
+    iteration of every run."""
+    out = []
+    for run in runs:
+        z, h, s = (run.metrics.get(k, {}) for k in (PROBE_Z, PROBE_H, SUCCESS))
+        out += [(seed(run), z[i], h[i], s[i]) for i in sorted(set(z) & set(h) & set(s))]
+    return out
+
+
+def _b_statistic(points) -> float:
+    z, h, s = (np.array([p[k] for p in points], float) for k in (1, 2, 3))
+    return _spearman_rho(z, s) - abs(_spearman_rho(h, s))
+
+
+def b_test(runs: list[RunData], resamples: int = 2000, rng_seed: int = 0) -> dict:
+    """Test b in ``paired_effect``'s shape: the statistic on every point, a percentile
+    interval and the two one-sided bootstrap p-values from resampling whole seeds."""
+    points = _points(runs)
+    seeds = sorted({p[0] for p in points})
+    out = {"n": len(seeds), "direction": 1, "sesoi": SESOI["b"], "sd": math.nan}
+    out.update(mean=math.nan, ci_low=math.nan, ci_high=math.nan)
+    out.update(p_paper=math.nan, p_short=math.nan, power=math.nan)
+    if len(seeds) < 2 or len(points) < 3:
+        return out
+    by = defaultdict(list)
+    for p in points:
+        by[p[0]].append(p)
+    rng = np.random.default_rng(rng_seed)
+    boots = []
+    for _ in range(resamples):
+        drawn = rng.choice(len(seeds), len(seeds))
+        boots.append(_b_statistic([p for k in drawn for p in by[seeds[k]]]))
+    boots = np.asarray(boots)
+    boots = boots[~np.isnan(boots)]
+    out["mean"] = _b_statistic(points)
+    if len(boots):
+        out["ci_low"], out["ci_high"] = (float(x) for x in np.percentile(boots, [2.5, 97.5]))
+        out["sd"] = float(boots.std(ddof=1))
+        out["p_paper"] = float((1 + (boots <= 0).sum()) / (1 + len(boots)))
+        out["p_short"] = float((1 + (boots >= SESOI["b"]).sum()) / (1 + len(boots)))
+    return out
+
+
+def c_contrasts(runs: list[RunData]) -> list[float]:
+    """Per seed with every level: gain at 20 % minus the mean gain at 0 % and 100 %."""
+    gains = {
+        level: differences(
+            by_seed(runs, "top_p", RunData.final_success, level),
+            by_seed(runs, "none", RunData.final_success, level),
+        )
+        for level in NOISE_LEVELS
+    }
+    seeds = sorted(set.intersection(*(set(g) for g in gains.values())))
+    return [gains[0.2][s] - (gains[0.0][s] + gains[1.0][s]) / 2 for s in seeds]
+
+
+def family(runs: list[RunData]) -> dict[str, dict]:
+    """Every test of the family with its verdict (``decide``)."""
+    clean = [r for r in runs if noise(r) == 0.0]
+    change = {arm: by_seed(clean, arm, probe_mi_change) for arm in ("none", "top_p")}
+    success = {
+        arm: by_seed(clean, arm, RunData.final_success) for arm in ("none", "top_p", "top_k")
+    }
+    per_seed = defaultdict(list)
+    for run in clean:
+        per_seed[seed(run)].append(run)
+    values = {
+        "a1": list(change["none"].values()),
+        "a2": list(differences(change["top_p"], change["none"]).values()),
+        "d1": list(differences(success["top_p"], success["none"]).values()),
+        "d2": list(differences(success["top_p"], success["top_k"]).values()),
+        "d3": [g for rs in per_seed.values() if (g := quartile_gap(rs)) is not None],
+        "c": c_contrasts(runs),
+    }
+    tests = {k: paired_effect(v, DIRECTION[k], SESOI[k]) for k, v in values.items()}
+    tests["b"] = b_test(clean)
+    return decide(dict(sorted(tests.items())))
