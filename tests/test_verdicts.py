@@ -161,3 +161,21 @@ def test_the_paper_command_prints_the_family_from_a_store(tmp_path, capsys):
         assert out["tests"][key]["mean"] == pytest.approx(direct[key]["mean"]), key
     with pytest.raises(SystemExit):
         paper.main(["verdicts-test", "--tracking-uri", uri, "--protocol", "2026-11-23"])
+
+
+def test_the_quartile_gap_is_defined_when_most_groups_share_the_top_rv():
+    """Half the groups at the largest RV a group of 8 can have (4 of 8 succeed): an
+    exclusive top quartile would be empty; the inclusive one holds them."""
+    r = run(0, "none")
+    for groups in r.prompt_mi.values():
+        for g in groups[:10]:
+            g["rewards"] = [1.0] * 4 + [0.0] * 4
+            g["success"] = [True] * 4 + [False] * 4
+            g["mi"] = 0.6
+        for g in groups[10:]:
+            g["rewards"], g["success"], g["mi"] = [0.0] * 8, [False] * 8, 0.1
+    assert quartile_gap([r]) == pytest.approx(0.5)
+    for groups in r.prompt_mi.values():
+        for g in groups:
+            g["rewards"], g["success"] = [0.0] * 8, [False] * 8
+    assert quartile_gap([r]) is None  # one RV for every group: no quartiles

@@ -28,7 +28,7 @@ import numpy as np
 
 from .decide import decide, paired_effect
 from .runs import SUCCESS, RunData, arm_of, collapse_key
-from .stats import _spearman_rho, prompt_points, quartile_of
+from .stats import _spearman_rho, prompt_points
 
 PROBE_MI = collapse_key("probe", "mi_estimate")
 PROBE_Z = collapse_key("probe", "mi_zscore")
@@ -71,15 +71,19 @@ def differences(treated: dict[str, float], control: dict[str, float]) -> dict[st
 
 def quartile_gap(runs: list[RunData]) -> float | None:
     """Mean pointwise MI of the top reward-variance quartile of prompt groups minus the
-    bottom's (None when a quartile holds no group with MI: ties in RV)."""
+    bottom's.  With 0/1 rewards in groups of 8 a group's RV takes five values, so the
+    quartiles are inclusive: the top holds every group at or above the 75th percentile
+    of RV, the bottom every group at or below the 25th (never empty; None when they are
+    the same groups, all at one RV, or hold no MI)."""
     rv, _, mi, _ = prompt_points(runs)
+    scored = ~np.isnan(mi)
+    rv, mi = rv[scored], mi[scored]
     if len(rv) < 8:
         return None
-    q = quartile_of(rv)
-    top, bottom = mi[(q == 4) & ~np.isnan(mi)], mi[(q == 1) & ~np.isnan(mi)]
-    if not len(top) or not len(bottom):
+    low, high = np.quantile(rv, [0.25, 0.75])
+    if low == high:
         return None
-    return float(top.mean() - bottom.mean())
+    return float(mi[rv >= high].mean() - mi[rv <= low].mean())
 
 
 def _points(runs: list[RunData]) -> list[tuple[str, float, float, float]]:
