@@ -144,3 +144,15 @@ def test_the_closing_summary_shows_the_probe_and_reading_accuracy():
     text = console.export_text()
     assert "collapse/probe/mi_estimate @ 30" in text and "2.500 [2.100, 2.900]" in text
     assert "grounding/reading_acc @ 30" in text and "0.750 [0.630, 0.840]" in text
+
+
+def test_the_probe_interval_is_the_diagnostics_unless_set():
+    from tether.diagnostics.settings import DiagnosticsConfig
+
+    assert DiagnosticsConfig().probe_uncertainty() == DiagnosticsConfig().uncertainty()
+    both = DiagnosticsConfig(interval="jackknife")
+    assert both.probe_uncertainty().interval == "jackknife"
+    own = DiagnosticsConfig(probe={"interval": "jackknife"}, bootstrap=200)
+    assert own.uncertainty().interval == "bootstrap"
+    assert own.probe_uncertainty().interval == "jackknife"
+    assert own.probe_uncertainty().bootstrap == 200  # the rest is the diagnostics'

@@ -327,7 +327,7 @@ class Learner:
                 ema_state,
                 seed,
                 diagnostics_cfg.method,
-                diagnostics_cfg.uncertainty(),
+                diagnostics_cfg.probe_uncertainty(),
                 self.settings.logprob_chunk_tokens,
             )
 

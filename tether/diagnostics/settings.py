@@ -56,6 +56,12 @@ class ProbeConfig(StrictSection):
         description="Probe every N iterations (and at iteration 1), on diagnostic "
         "iterations (so it takes effect on multiples of diagnostics.every).",
     )
+    interval: Literal["same", "bootstrap", "jackknife"] = Field(
+        "same",
+        description="The probe's interval: same (diagnostics.interval's) or its own; its "
+        "coverage at the probe's shape (64 levels x 1 reply): benchmarks/RESULTS.md, "
+        "'Interval coverage'.",
+    )
 
 
 class DiagnosticsConfig(StrictSection):
@@ -165,6 +171,13 @@ class DiagnosticsConfig(StrictSection):
         from .uncertainty import Uncertainty
 
         return Uncertainty(**{f.name: getattr(self, f.name) for f in fields(Uncertainty)})
+
+    def probe_uncertainty(self) -> Uncertainty:
+        """The probe set's: the diagnostics' but for its own ``probe.interval``."""
+        from dataclasses import replace
+
+        own = self.probe.interval
+        return replace(self.uncertainty(), interval=self.interval if own == "same" else own)
 
 
 # ------------------------------------------------------------------ responses
