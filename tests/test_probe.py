@@ -146,12 +146,14 @@ def test_the_closing_summary_shows_the_probe_and_reading_accuracy():
     assert "grounding/reading_acc @ 30" in text and "0.750 [0.630, 0.840]" in text
 
 
-def test_the_probe_interval_is_the_diagnostics_unless_set():
+def test_the_probe_has_its_own_interval():
     from tether.diagnostics.settings import DiagnosticsConfig
 
-    assert DiagnosticsConfig().probe_uncertainty() == DiagnosticsConfig().uncertainty()
-    both = DiagnosticsConfig(interval="jackknife")
-    assert both.probe_uncertainty().interval == "jackknife"
+    # Shipped: the probe's jackknife beside the batch's bootstrap (RESULTS, "Interval coverage").
+    assert DiagnosticsConfig().probe_uncertainty().interval == "jackknife"
+    assert DiagnosticsConfig().uncertainty().interval == "bootstrap"
+    same = DiagnosticsConfig(interval="jackknife", probe={"interval": "same"})
+    assert same.probe_uncertainty() == same.uncertainty()
     own = DiagnosticsConfig(probe={"interval": "jackknife"}, bootstrap=200)
     assert own.uncertainty().interval == "bootstrap"
     assert own.probe_uncertainty().interval == "jackknife"
