@@ -476,3 +476,17 @@ def test_the_verdict_specs_are_the_protocol_of_2026_11_27():
         assert cfg.experiment.name == "tether-verdicts" and spec.sweep.max_concurrent == 1
         built = [spec.build(t).filter for t in ts]
         assert {(f.metric, f.loss_scaling) for f in built} == {("reward_variance", "linear")}
+
+
+def test_a_dotted_space_entry_can_be_overridden_on_the_command_line():
+    """``sweep.space.experiment.seed=...`` sets the ``experiment.seed`` entry (as the c
+    spec's half-run command does), not a nested ``experiment: {seed: ...}``."""
+    spec = load_sweep_spec(
+        VERDICTS / "a_d.yaml", ["sweep.space.experiment.seed={grid: [1000, 1001]}"]
+    )
+    assert param_space(spec)["experiment.seed"]["grid_search"] == [1000, 1001]
+    spec = load_sweep_spec(VERDICTS / "a_d.yaml", ["sweep.space.experiment.seed.grid=[7]"])
+    assert param_space(spec)["experiment.seed"]["grid_search"] == [7]
+    spec = load_sweep_spec(VERDICTS / "c.yaml", ["sweep.space.env.stochasticity={grid: [0.5]}"])
+    grids = {k: v["grid_search"] for k, v in param_space(spec).items()}
+    assert grids["env.stochasticity"] == [0.5] and len(grids["experiment.seed"]) == 16

@@ -361,6 +361,22 @@ def _sweep_error(error: dict) -> str:
     return f"{path}: {message}" + (" (unknown key)" if error["type"] == "extra_forbidden" else "")
 
 
+def _space_keys(data: dict, keys: list[str], value) -> list[str]:
+    """An override's path, with a dotted name under ``sweep.space`` kept whole: the space's
+    keys are config paths (``experiment.seed``), so ``sweep.space.experiment.seed={grid:
+    [1, 2]}`` sets that entry and ``sweep.space.experiment.seed.grid=[1, 2]`` its grid.
+    The longest prefix that names an existing entry wins; a new entry is the whole
+    remainder when the value is a mapping (an entry always is)."""
+    if keys[:2] != ["sweep", "space"] or len(keys) < 4:
+        return keys
+    rest = keys[2:]
+    space = (data.get("sweep") or {}).get("space") or {}
+    for end in range(len(rest), 1, -1):
+        if ".".join(rest[:end]) in space:
+            return ["sweep", "space", ".".join(rest[:end]), *rest[end:]]
+    return ["sweep", "space", ".".join(rest)] if isinstance(value, dict) else keys
+
+
 def load_sweep_spec(path: str | Path, overrides: list[str] | None = None) -> SweepSpec:
     """Read a sweep spec YAML plus dotted overrides (``sweep.num_samples=8`` works too)."""
     p = Path(path)
@@ -374,7 +390,7 @@ def load_sweep_spec(path: str | Path, overrides: list[str] | None = None) -> Swe
         raise ConfigError(f"{p}: the top level must be a mapping of sections")
     for text in overrides or []:
         keys, value = parse_override(text)
-        set_dotted(data, keys, value)
+        set_dotted(data, _space_keys(data, keys, value), value)
     raw_sweep = data.pop("sweep", None)
     if not isinstance(raw_sweep, dict):
         raise ConfigError(
