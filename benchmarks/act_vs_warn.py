@@ -126,6 +126,7 @@ from tether.platform.trainer import Trainer
 
 TEMPLATE = "At (0,0), goal (3,3). Right, then down."
 PREFIX = "collapse/first_turn"
+PROBE_MI = "collapse/probe/mi_estimate"
 
 
 class InjectedTrainer(Trainer):
@@ -210,6 +211,8 @@ def run_row(client, run_id: str, seed: int, mode: str, seconds: float) -> dict:
             for s in sorted(mi)
         },
         "retrieval_last3": float(np.mean([retrieval[s] for s in last])),
+        # The probe set's I(X;Z) at the last point (the verdicts protocol of 2026-11-27).
+        "probe_mi_last": (lambda h: h[max(h)] if h else None)(history(PROBE_MI)),
         "val_success": val,
         "val_intervals": {s: (val_low[s], val_high[s]) for s in val},
         "alarms": sorted(k for k in tags if k.startswith("alarm.")),
@@ -275,6 +278,21 @@ def paired(rows: list[dict], key) -> str:
     )
 
 
+def decided(rows: list[dict], key, sesoi: float) -> str:
+    """docs/reproduction.md's protocol of 2026-11-27 (its secondary act-vs-warn row, at
+    0.05 on its own): act - warn per seed, reproduced / not reproduced / undecided."""
+    from tether.analysis.decide import decide, paired_effect
+
+    warn = {r["seed"]: key(r) for r in rows if r["mode"] == "warn"}
+    act = {r["seed"]: key(r) for r in rows if r["mode"] == "act"}
+    diffs = [act[s] - warn[s] for s in sorted(warn) if s in act and None not in (act[s], warn[s])]
+    t = decide({"act": paired_effect(diffs, 1, sesoi)})["act"]
+    return (
+        f"act - warn = {t['mean']:+.3f} [{t['ci_low']:+.3f}, {t['ci_high']:+.3f}] over "
+        f"{t['n']} seeds: {t['verdict']} ({t['because']})"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--spec", default="experiments/quickstart.yaml")
@@ -331,6 +349,12 @@ def main() -> None:
     print("MI:", paired(rows, lambda r: r["mi_last3"]))
     print("retrieval:", paired(rows, lambda r: r["retrieval_last3"]))
     print("val/success:", paired(rows, lambda r: r["val_success"][max(r["val_success"])]))
+    print("\nprotocol of 2026-11-27 (docs/reproduction.md), secondary, each at 0.05:")
+    print("  final probe I(X;Z):", decided(rows, lambda r: r.get("probe_mi_last"), 0.05))
+    print(
+        "  final val/success:",
+        decided(rows, lambda r: r["val_success"][max(r["val_success"])], 0.10),
+    )
 
 
 if __name__ == "__main__":
