@@ -84,3 +84,14 @@ def test_holm_can_turn_a_single_test_verdict_undecided():
     family = {"x": paired_effect(diffs, 1, 0.3), **{k: paired_effect(flat, 1, 0.01) for k in "abc"}}
     assert alone["p_paper"] * 4 > 0.05
     assert decide(family)["x"]["verdict"] != REPRODUCED
+
+
+def test_the_protocols_power_table_is_what_the_code_computes():
+    """docs/reproduction.md, "Power, worked out before the runs" (16 seeds, family of 7)."""
+    assert paired_power(16, 0.10, 0.12) == pytest.approx(0.94, abs=0.005)
+    assert paired_power(16, 0.10, 0.12, 0.05 / 7) == pytest.approx(0.71, abs=0.005)
+    assert paired_power(16, 0.05, 0.05) == pytest.approx(0.98, abs=0.005)
+    assert paired_power(16, 0.05, 0.05, 0.05 / 7) == pytest.approx(0.87, abs=0.005)
+    assert paired_power(12, 0.10, 0.12, 0.05 / 7) == pytest.approx(0.52, abs=0.005)
+    assert paired_power(10, 0.10, 0.12, 0.05 / 7) == pytest.approx(0.40, abs=0.005)
+    assert seeds_needed(0.10, 0.12, power=0.70, alpha=0.05 / 7) == 16
