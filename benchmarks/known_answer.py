@@ -11,6 +11,8 @@ breakage is **caught** when the broken run does not pass.
     python benchmarks/known_answer.py --tasks doors --presets grpo --seeds 0
     python benchmarks/known_answer.py --breakages-only
     python benchmarks/known_answer.py --seeds 1 --no-breakages --models /tmp/ka-models
+    python benchmarks/known_answer.py --tasks doors --presets ppo --no-breakages \
+        --set algo.kl_coef=0.05 algo.lr_schedule=cosine      # a candidate recipe
 
 Writes ``<out>/known_answer.json`` and prints one row per run.
 """
@@ -45,11 +47,33 @@ BREAKAGE_TASKS = {
 }
 
 
+def sections_of(overrides: list[str]) -> dict[str, dict]:
+    """``section.key=value`` overrides (values read as YAML) as the sections
+    ``known_answer_config`` adds to each run's config."""
+    from tether.platform.config import parse_override
+
+    sections: dict[str, dict] = {}
+    for text in overrides:
+        path, value = parse_override(text)
+        if len(path) != 2:
+            raise SystemExit(f"--set {text!r}: give section.key=value")
+        sections.setdefault(path[0], {})[path[1]] = value
+    return sections
+
+
 def one_run(
-    task, preset, seed, out: Path, breakage: str | None = None, models: Path | None = None
+    task,
+    preset,
+    seed,
+    out: Path,
+    breakage: str | None = None,
+    models: Path | None = None,
+    sections: dict | None = None,
 ) -> dict:
     name = f"{task}-{preset}-s{seed}" + (f"-{breakage}" if breakage else "")
-    cfg = known_answer_config(task, preset, seed, out / name, models or out / "models")
+    cfg = known_answer_config(
+        task, preset, seed, out / name, models or out / "models", **(sections or {})
+    )
     started = time.perf_counter()
     with broken(breakage) if breakage else contextlib.nullcontext():
         result = run_known_answer(cfg)
@@ -59,6 +83,7 @@ def one_run(
         "preset": preset,
         "seed": seed,
         "breakage": breakage,
+        "algo": cfg.algo.model_dump(include=RECIPE_FIELDS),
         "val_before": result.val_before,
         "val_after": result.val_after,
         "passes": verdict[0],
@@ -75,6 +100,10 @@ def one_run(
     return row
 
 
+#: The algorithm settings a row records (those a per-task recipe may change).
+RECIPE_FIELDS = {"lr", "lr_schedule", "kl_coef", "entropy_coef", "clip_low", "clip_high"}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("/tmp/tether_known_answer"))
@@ -86,14 +115,25 @@ def main() -> None:
     parser.add_argument(
         "--models", type=Path, help="warm-start cache, shareable (default <out>/models)"
     )
+    parser.add_argument(
+        "--set",
+        nargs="+",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override a setting of every unbroken run (e.g. algo.kl_coef=0.05); "
+        "the breakages run as the tests run them",
+    )
     args = parser.parse_args()
+    sections = sections_of(args.set)
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
     if not args.breakages_only:
         for task in args.tasks:
             for preset in args.presets:
                 for seed in args.seeds:
-                    rows.append(one_run(task, preset, seed, args.out, models=args.models))
+                    rows.append(
+                        one_run(task, preset, seed, args.out, models=args.models, sections=sections)
+                    )
     for breakage in () if args.no_breakages else BREAKAGES:
         rows.append(
             one_run(BREAKAGE_TASKS[breakage], "grpo", 0, args.out, breakage, models=args.models)
