@@ -83,6 +83,13 @@ TASKS: dict[str, KnownAnswerTask] = {
 #: Learning rate of each preset on these tasks (PPO's critic starts from nothing).
 LEARNING_RATES = {"grpo": 1e-3, "drgrpo": 1e-3, "dapo": 1e-3, "ppo": 1e-3}
 
+#: Settings of a preset on one task beyond the shared ones of ``known_answer_config``
+#: (``algo`` section values; see the module's docstring for the evidence).
+RECIPES: dict[tuple[str, str], dict] = {
+    ("doors", "drgrpo"): {"kl_coef": 0.05},
+    ("doors", "dapo"): {"kl_coef": 0.05},
+}
+
 
 def known_answer_config(
     task: str,
@@ -116,6 +123,7 @@ def known_answer_config(
             "kl_coef": 0.0,
             "entropy_coef": 0.0,
             "micro_batch_size": 64,
+            **RECIPES.get((task, preset), {}),
         },
         "trainer": {
             "iterations": iterations,
