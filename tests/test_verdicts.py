@@ -85,6 +85,10 @@ def test_each_test_of_the_family_reads_the_effect_built_in():
     assert out["d2"]["verdict"] == NOT_REPRODUCED
     assert out["d3"]["verdict"] == REPRODUCED
     assert out["b"]["verdict"] == REPRODUCED and out["b"]["n"] == 10
+    # b's spread is its bootstrap standard error x sqrt(seeds): the interval is ~3.9 SE wide
+    se = out["b"]["sd"] / np.sqrt(10)
+    assert out["b"]["ci_high"] - out["b"]["ci_low"] == pytest.approx(3.92 * se, rel=0.3)
+    assert 0 < out["b"]["power"] <= 1
     assert out["c"]["verdict"] == REPRODUCED and out["c"]["mean"] == pytest.approx(0.2, abs=0.02)
     assert {t["n"] for k, t in out.items() if k != "b"} == {10}
 

@@ -105,7 +105,8 @@ def spearman_table(
     return result
 
 
-def _spearman_rho(x: np.ndarray, y: np.ndarray) -> float:
+def spearman_rho(x: np.ndarray, y: np.ndarray) -> float:
+    """Spearman's rho, NaN with fewer than 3 points or a constant side."""
     if len(x) < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
         return math.nan
     return float(stats.spearmanr(x, y).statistic)
@@ -171,7 +172,7 @@ def spearman_by_run_bootstrap(
             if not parts:
                 return math.nan, math.nan
             a = np.concatenate(parts, axis=1)
-            return _spearman_rho(a[0], a[2]), _spearman_rho(a[1], a[2])
+            return spearman_rho(a[0], a[2]), spearman_rho(a[1], a[2])
 
         rho, rho_ref = both(range(len(runs)))
         boot = [both(d) for d in draws]

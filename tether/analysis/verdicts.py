@@ -26,9 +26,9 @@ from collections import defaultdict
 
 import numpy as np
 
-from .decide import decide, paired_effect
+from .decide import decide, paired_effect, paired_power
 from .runs import SUCCESS, RunData, arm_of, collapse_key
-from .stats import _spearman_rho, prompt_points
+from .stats import prompt_points, spearman_rho
 
 PROBE_MI = collapse_key("probe", "mi_estimate")
 PROBE_Z = collapse_key("probe", "mi_zscore")
@@ -98,7 +98,7 @@ def _points(runs: list[RunData]) -> list[tuple[str, float, float, float]]:
 
 def _b_statistic(points) -> float:
     z, h, s = (np.array([p[k] for p in points], float) for k in (1, 2, 3))
-    return _spearman_rho(z, s) - abs(_spearman_rho(h, s))
+    return spearman_rho(z, s) - abs(spearman_rho(h, s))
 
 
 def b_test(runs: list[RunData], resamples: int = 2000, rng_seed: int = 0) -> dict:
@@ -124,7 +124,10 @@ def b_test(runs: list[RunData], resamples: int = 2000, rng_seed: int = 0) -> dic
     out["mean"] = _b_statistic(points)
     if len(boots):
         out["ci_low"], out["ci_high"] = (float(x) for x in np.percentile(boots, [2.5, 97.5]))
-        out["sd"] = float(boots.std(ddof=1))
+        # The bootstrap's spread is the statistic's standard error; as the per-seed SD that
+        # ``paired_power`` takes (it divides by sqrt(n)) that is se x sqrt(n).
+        out["sd"] = float(boots.std(ddof=1)) * math.sqrt(len(seeds))
+        out["power"] = paired_power(len(seeds), SESOI["b"], out["sd"])
         out["p_paper"] = float((1 + (boots <= 0).sum()) / (1 + len(boots)))
         out["p_short"] = float((1 + (boots >= SESOI["b"]).sum()) / (1 + len(boots)))
     return out
