@@ -167,6 +167,12 @@ def test_the_paper_command_prints_the_family_from_a_store(tmp_path, capsys):
         assert out["tests"][key]["mean"] == pytest.approx(direct[key]["mean"]), key
     with pytest.raises(SystemExit):
         paper.main(["verdicts-test", "--tracking-uri", uri, "--protocol", "2026-11-23"])
+    capsys.readouterr()
+    assert paper.main(["verdicts-test", "--tracking-uri", uri, "--table"]) == 0
+    table = capsys.readouterr().out
+    for key in ("a1.", "a2.", "b.", "c.", "d1.", "d2.", "d3."):
+        assert key in table
+    assert table.count(direct["a1"]["verdict"]) >= 1 and "settings that differ: {}" in table
 
 
 def test_the_quartile_gap_is_defined_when_most_groups_share_the_top_rv():

@@ -374,6 +374,11 @@ def main(argv: list[str] | None = None) -> int:
         help="with --protocol 2026-11-23: a collapse, b MI vs entropy, c stochasticity, "
         "d filters (docs/reproduction.md)",
     )
+    parser.add_argument(
+        "--table",
+        action="store_true",
+        help="with the protocol of 2026-11-27: print the family as a table, not JSON",
+    )
     parser.add_argument("--sampling", default="first_turn", help="the diagnostics' sampling")
     parser.add_argument(
         "--mi",
@@ -406,9 +411,15 @@ def main(argv: list[str] | None = None) -> int:
         ],
     }
     if not old:
-        from .verdicts import family
+        from .verdicts import family, family_table
 
         out["tests"] = family(runs)
+        if args.table:
+            from rich.console import Console
+
+            Console().print(family_table(out["tests"]))
+            print(f"runs {out['runs']}; settings that differ: {out['settings_that_differ']}")
+            return 0
     elif args.finding == "a":
         rows = collapse_rows(runs, args.sampling, args.mi)
         counted = collapse_verdict(rows)

@@ -167,3 +167,38 @@ def family(runs: list[RunData]) -> dict[str, dict]:
     tests = {k: paired_effect(v, DIRECTION[k], SESOI[k]) for k, v in values.items()}
     tests["b"] = b_test(clean)
     return decide(dict(sorted(tests.items())))
+
+
+#: What each test compares, in a reader's words (the table's first column).
+TESTS = {
+    "a1": "a1. no filter: probe I(X;Z) change",
+    "a2": "a2. I(X;Z) change, top-p - none",
+    "b": "b. rho(MI z) - |rho(H(Z|X))|",
+    "c": "c. gain at 20 % - gain at 0/100 %",
+    "d1": "d1. success, top-p - none",
+    "d2": "d2. success, top-p - top-k",
+    "d3": "d3. MI, top - bottom RV quartile",
+}
+
+
+def family_table(tests: dict[str, dict]):
+    """The family as a rich table: each test's mean [95 %], p-values, power and verdict."""
+    from rich.table import Table
+
+    table = Table(title="Protocol of 2026-11-27 (docs/reproduction.md)")
+    for name in ("test", "seeds", "mean [95 %]", "p / Holm", "power / Holm", "verdict"):
+        table.add_column(name)
+
+    def num(x, fmt="{:+.3f}"):
+        return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else fmt.format(x)
+
+    for key, t in tests.items():
+        table.add_row(
+            TESTS.get(key, key),
+            str(t["n"]),
+            f"{num(t['mean'])} [{num(t['ci_low'])}, {num(t['ci_high'])}]",
+            f"{num(t['p_paper'], '{:.3g}')} / {num(t['p_paper_holm'], '{:.3g}')}",
+            f"{num(t['power'], '{:.2f}')} / {num(t.get('power_holm'), '{:.2f}')}",
+            t["verdict"] or f"none ({t['because']})",
+        )
+    return table
