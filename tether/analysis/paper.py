@@ -32,8 +32,15 @@ from collections import defaultdict
 import numpy as np
 from scipy import stats
 
-from .runs import COMPARED_DIAGNOSTICS, SUCCESS, RunData, arm_of, collapse_key
-from .stats import prompt_points, quartile_of, spearman_by_run_bootstrap
+from .runs import COMPARED_DIAGNOSTICS, SUCCESS, RunData, collapse_key
+from .stats import (  # noqa: F401  (t_interval and paired_gain are this module's API too)
+    final_success,
+    paired_gain,
+    prompt_points,
+    quartile_of,
+    spearman_by_run_bootstrap,
+    t_interval,
+)
 
 REPRODUCED, PARTLY, NOT_AT_THIS_SCALE = "reproduced", "partly", "not at this scale"
 #: Seeds per compared arm the protocol's counting rules are written for.
@@ -111,55 +118,6 @@ def collapse_rows(
             )
         rows.append(row)
     return rows
-
-
-def t_interval(values, confidence: float = 0.95) -> dict:
-    """Mean and Student-t interval of independent values (e.g. one per seed)."""
-    v = np.asarray([x for x in values if x is not None and not math.isnan(x)], float)
-    out = {
-        "n": len(v),
-        "mean": float(v.mean()) if len(v) else math.nan,
-        "ci_low": math.nan,
-        "ci_high": math.nan,
-    }
-    if len(v) >= 2:
-        half = float(
-            stats.t.ppf(0.5 + confidence / 2, len(v) - 1) * v.std(ddof=1) / math.sqrt(len(v))
-        )
-        out.update(ci_low=out["mean"] - half, ci_high=out["mean"] + half)
-    return out
-
-
-def final_success(run: RunData) -> float | None:
-    return run.final_success()
-
-
-def paired_gain(
-    runs: list[RunData], treated: str, control: str, value=final_success, by: tuple[str, ...] = ()
-) -> dict:
-    """Per seed (and per value of each ``by`` param): ``value(treated) - value(control)``
-    between the runs of two filter arms with the same seed; mean and t-interval over seeds
-    in each cell."""
-    cells: dict[tuple, dict[str, dict[str, float]]] = defaultdict(lambda: defaultdict(dict))
-    for run in runs:
-        v = value(run)
-        if v is None:
-            continue
-        cell = tuple(float(run.param(p)) for p in by)
-        cells[cell][arm_of(run)][str(run.param("experiment.seed"))] = v
-    out = {}
-    for cell, arms in sorted(cells.items()):
-        seeds = sorted(set(arms.get(treated, {})) & set(arms.get(control, {})))
-        diffs = [arms[treated][s] - arms[control][s] for s in seeds]
-        label = ",".join(f"{p}={c:g}" for p, c in zip(by, cell)) or "all"
-        out[label] = {
-            "seeds": seeds,
-            "differences": diffs,
-            **t_interval(diffs),
-            treated: t_interval(list(arms.get(treated, {}).values())),
-            control: t_interval(list(arms.get(control, {}).values())),
-        }
-    return out
 
 
 def collapse_verdict(rows: list[dict]) -> dict:

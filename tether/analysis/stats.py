@@ -8,19 +8,22 @@
   mean success and pointwise MI per quartile;
 - ``regimes``: each run's path in the (H(Z|X), I(X;Z)) plane and the regime
   (docs/methods.md, section 1) of its last point;
-- ``stochasticity_curves`` and ``sensitivity_trajectories``: the sweeps' views.
+- ``stochasticity_curves`` and ``sensitivity_trajectories``: the sweeps' views;
+- ``t_interval`` and ``paired_gain``: per-seed differences between two filter arms, with
+  their t-interval (the reproduction's old and new verdicts both use them).
 Each returns its rows plus ``notes`` naming what could not be computed and why.
 """
 
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from dataclasses import dataclass, field
 
 import numpy as np
 from scipy import stats
 
-from .runs import SUCCESS, RunData, collapse_key, diagnostic_key
+from .runs import SUCCESS, RunData, arm_of, collapse_key, diagnostic_key
 
 REGIMES = {
     (True, True): "diverse and grounded",
@@ -460,3 +463,52 @@ def sensitivity_trajectories(
         if not any(m is not None for pts in points.values() for m, _, _ in pts):
             result.notes.append(f"sensitivity of {f}: {mi_key} not logged; success only")
     return result
+
+
+def t_interval(values, confidence: float = 0.95) -> dict:
+    """Mean and Student-t interval of independent values (e.g. one per seed)."""
+    v = np.asarray([x for x in values if x is not None and not math.isnan(x)], float)
+    out = {
+        "n": len(v),
+        "mean": float(v.mean()) if len(v) else math.nan,
+        "ci_low": math.nan,
+        "ci_high": math.nan,
+    }
+    if len(v) >= 2:
+        half = float(
+            stats.t.ppf(0.5 + confidence / 2, len(v) - 1) * v.std(ddof=1) / math.sqrt(len(v))
+        )
+        out.update(ci_low=out["mean"] - half, ci_high=out["mean"] + half)
+    return out
+
+
+def final_success(run: RunData) -> float | None:
+    return run.final_success()
+
+
+def paired_gain(
+    runs: list[RunData], treated: str, control: str, value=final_success, by: tuple[str, ...] = ()
+) -> dict:
+    """Per seed (and per value of each ``by`` param): ``value(treated) - value(control)``
+    between the runs of two filter arms with the same seed; mean and t-interval over seeds
+    in each cell."""
+    cells: dict[tuple, dict[str, dict[str, float]]] = defaultdict(lambda: defaultdict(dict))
+    for run in runs:
+        v = value(run)
+        if v is None:
+            continue
+        cell = tuple(float(run.param(p)) for p in by)
+        cells[cell][arm_of(run)][str(run.param("experiment.seed"))] = v
+    out = {}
+    for cell, arms in sorted(cells.items()):
+        seeds = sorted(set(arms.get(treated, {})) & set(arms.get(control, {})))
+        diffs = [arms[treated][s] - arms[control][s] for s in seeds]
+        label = ",".join(f"{p}={c:g}" for p, c in zip(by, cell)) or "all"
+        out[label] = {
+            "seeds": seeds,
+            "differences": diffs,
+            **t_interval(diffs),
+            treated: t_interval(list(arms.get(treated, {}).values())),
+            control: t_interval(list(arms.get(control, {}).values())),
+        }
+    return out

@@ -28,7 +28,7 @@ import numpy as np
 
 from .decide import decide, paired_effect, paired_power
 from .runs import SUCCESS, RunData, arm_of, collapse_key
-from .stats import prompt_points, spearman_rho
+from .stats import paired_gain, prompt_points, spearman_rho
 
 PROBE_MI = collapse_key("probe", "mi_estimate")
 PROBE_Z = collapse_key("probe", "mi_zscore")
@@ -55,18 +55,9 @@ def probe_mi_change(run: RunData) -> float | None:
     return points[max(points)] - points[min(points)]
 
 
-def by_seed(runs: list[RunData], arm: str, value, level: float = 0.0) -> dict[str, float]:
-    """{seed: value(run)} over the runs of one filter arm at one noise level."""
-    out = {}
-    for run in runs:
-        if arm_of(run) == arm and noise(run) == level and (v := value(run)) is not None:
-            out[seed(run)] = float(v)
-    return out
-
-
-def differences(treated: dict[str, float], control: dict[str, float]) -> dict[str, float]:
-    """{seed: treated - control} over the seeds both arms have."""
-    return {s: treated[s] - control[s] for s in sorted(set(treated) & set(control))}
+def differences(runs: list[RunData], treated: str, control: str, value) -> list[float]:
+    """value(treated) - value(control) per seed, over seeds both arms have (``paired_gain``)."""
+    return paired_gain(runs, treated, control, value).get("all", {}).get("differences", [])
 
 
 def quartile_gap(runs: list[RunData]) -> float | None:
@@ -135,32 +126,30 @@ def b_test(runs: list[RunData], resamples: int = 2000, rng_seed: int = 0) -> dic
 
 def c_contrasts(runs: list[RunData]) -> list[float]:
     """Per seed with every level: gain at 20 % minus the mean gain at 0 % and 100 %."""
+    cells = paired_gain(runs, "top_p", "none", by=("env.stochasticity",))
     gains = {
-        level: differences(
-            by_seed(runs, "top_p", RunData.final_success, level),
-            by_seed(runs, "none", RunData.final_success, level),
-        )
-        for level in NOISE_LEVELS
+        level: dict(zip(cell["seeds"], cell["differences"]))
+        for level, cell in ((float(k.split("=")[1]), c) for k, c in cells.items())
     }
-    seeds = sorted(set.intersection(*(set(g) for g in gains.values())))
+    if not all(level in gains for level in NOISE_LEVELS):
+        return []
+    seeds = sorted(set.intersection(*(set(gains[level]) for level in NOISE_LEVELS)))
     return [gains[0.2][s] - (gains[0.0][s] + gains[1.0][s]) / 2 for s in seeds]
 
 
 def family(runs: list[RunData]) -> dict[str, dict]:
     """Every test of the family with its verdict (``decide``)."""
     clean = [r for r in runs if noise(r) == 0.0]
-    change = {arm: by_seed(clean, arm, probe_mi_change) for arm in ("none", "top_p")}
-    success = {
-        arm: by_seed(clean, arm, RunData.final_success) for arm in ("none", "top_p", "top_k")
-    }
+    final = RunData.final_success
     per_seed = defaultdict(list)
     for run in clean:
         per_seed[seed(run)].append(run)
+    none_change = [probe_mi_change(r) for r in clean if arm_of(r) == "none"]
     values = {
-        "a1": list(change["none"].values()),
-        "a2": list(differences(change["top_p"], change["none"]).values()),
-        "d1": list(differences(success["top_p"], success["none"]).values()),
-        "d2": list(differences(success["top_p"], success["top_k"]).values()),
+        "a1": [v for v in none_change if v is not None],
+        "a2": differences(clean, "top_p", "none", probe_mi_change),
+        "d1": differences(clean, "top_p", "none", final),
+        "d2": differences(clean, "top_p", "top_k", final),
         "d3": [g for rs in per_seed.values() if (g := quartile_gap(rs)) is not None],
         "c": c_contrasts(runs),
     }
