@@ -29,6 +29,8 @@ import math
 import numpy as np
 from scipy import stats
 
+from .stats import t_interval
+
 REPRODUCED = "reproduced"
 NOT_REPRODUCED = "not reproduced"
 UNDECIDED = "undecided at this power"
@@ -74,18 +76,13 @@ def paired_effect(
         raise ValueError("direction must be +1 or -1 and sesoi > 0")
     v = np.asarray([x for x in differences if x is not None and not math.isnan(x)], float)
     n = len(v)
-    out = {"n": n, "direction": direction, "sesoi": sesoi, "mean": math.nan}
-    out.update(ci_low=math.nan, ci_high=math.nan, sd=math.nan)
+    out = {"direction": direction, "sesoi": sesoi, **t_interval(v, confidence), "sd": math.nan}
     out.update(p_paper=math.nan, p_short=math.nan, power=math.nan)
-    if n == 0:
-        return out
-    out["mean"] = float(v.mean())
     if n < 2:
         return out
     sd = float(v.std(ddof=1))
     se = sd / math.sqrt(n)
-    half = float(stats.t.ppf(0.5 + confidence / 2.0, n - 1)) * se
-    out.update(sd=sd, ci_low=out["mean"] - half, ci_high=out["mean"] + half)
+    out["sd"] = sd
     toward = direction * out["mean"]  # the effect measured in the paper's direction
     if se > 0:
         out["p_paper"] = float(stats.t.sf(toward / se, n - 1))
