@@ -29,6 +29,16 @@ end (not timed), checkpoints never.
 
 Writes ``<out>/async_rollouts.json`` (every interval time, per arm and round) and
 ``<out>/async_rollouts.md`` (the table).
+
+Learning and I(X;Z) by staleness (``--learning``): the runs of a sweep over
+``rollout.max_staleness`` and ``experiment.seed`` (``experiments/async_staleness.yaml``),
+read back from MLflow; per k, final held-out success and the probe set's I(X;Z) at the
+last diagnosed iteration (mean over seeds, 95 % t interval), and each against k = 0
+paired by seed (mean difference, 95 % t interval):
+
+    tether sweep experiments/async_staleness.yaml
+    python benchmarks/async_rollouts.py --learning <parent run id> \
+        --tracking-uri sqlite:///$HOME/tether_runs/async_staleness/mlflow.db
 """
 
 from __future__ import annotations
@@ -160,6 +170,75 @@ def table(results: list[dict], baseline: str) -> str:
     return "\n".join(lines)
 
 
+def staleness_of(run) -> str:
+    return str(int(float(run.param("rollout.max_staleness") or 0)))
+
+
+def probe_mi(run) -> float | None:
+    from tether.analysis.verdicts import PROBE_MI
+
+    return run.last(PROBE_MI)
+
+
+def learning_table(runs: list) -> str:
+    """Final success and probe I(X;Z) by staleness k, and each k against k = 0 by seed."""
+    from tether.analysis.stats import final_success, paired_gain, t_interval
+
+    def cell(t: dict) -> str:
+        if t["n"] < 2:
+            return f"{t['mean']:.3f} (n = {t['n']})"
+        return f"{t['mean']:+.3f} [{t['ci_low']:+.3f}, {t['ci_high']:+.3f}]"
+
+    levels = sorted({staleness_of(r) for r in runs}, key=int)
+    lines = [
+        "| k | seeds | final success | probe I(X;Z) | success − k=0 (paired) "
+        "| probe I(X;Z) − k=0 (paired) | mean staleness |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for k in levels:
+        arm = [r for r in runs if staleness_of(r) == k]
+        staleness = [r.last("async/staleness_mean") or 0.0 for r in arm]
+        row = [
+            k,
+            str(len(arm)),
+            cell(t_interval([final_success(r) for r in arm])).lstrip("+"),
+            cell(t_interval([probe_mi(r) for r in arm])).lstrip("+"),
+        ]
+        for value in (final_success, probe_mi):
+            if k == "0":
+                row.append("–")
+                continue
+            gain = paired_gain(runs, k, "0", value, arm=staleness_of)["all"]
+            row.append(cell(gain))
+        row.append(f"{np.mean(staleness):.2f}")
+        lines.append("| " + " | ".join(row) + " |")
+    per_run = [
+        "",
+        "| run | k | seed | final success [Wilson] | probe I(X;Z) [interval] |",
+        "|---|---|---|---|---|",
+    ]
+    from tether.analysis.runs import VAL_SUCCESS
+    from tether.analysis.verdicts import PROBE_MI
+
+    for r in sorted(runs, key=lambda r: (int(staleness_of(r)), str(r.param("experiment.seed")))):
+        final = max((s for s in r.metrics.get(VAL_SUCCESS, {}) if s > 0), default=None)
+        low = r.metrics.get(f"{VAL_SUCCESS}_ci_low", {}).get(final)
+        high = r.metrics.get(f"{VAL_SUCCESS}_ci_high", {}).get(final)
+        mi = r.last(PROBE_MI)
+        mi_low, mi_high = r.last(f"{PROBE_MI}_ci_low"), r.last(f"{PROBE_MI}_ci_high")
+
+        def fmt(x, lo, hi):
+            if x is None:
+                return "–"
+            return f"{x:.3f}" + (f" [{lo:.3f}, {hi:.3f}]" if lo is not None else "")
+
+        per_run.append(
+            f"| {r.run_id[:8]} | {staleness_of(r)} | {r.param('experiment.seed')} | "
+            f"{fmt(r.final_success(), low, high)} | {fmt(mi, mi_low, mi_high)} |"
+        )
+    return "\n".join(lines + per_run)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default=str(ROOT / "experiments" / "quickstart.yaml"))
@@ -185,7 +264,15 @@ def main() -> None:
         metavar="KEY=VALUE",
         help="more dotted config overrides",
     )
+    parser.add_argument("--learning", metavar="PARENT", help="the staleness sweep's parent run")
+    parser.add_argument("--tracking-uri", help="--learning: where the sweep logged")
     args = parser.parse_args()
+    if args.learning:
+        from tether.analysis.source import load_target
+
+        _, runs = load_target(args.tracking_uri, args.learning, with_prompts=False)
+        print(learning_table([r for r in runs if r.param("rollout.max_staleness") is not None]))
+        return
     if args.iterations < args.warmup + 2:
         raise SystemExit("--iterations must be at least --warmup + 2 (the last is not timed)")
     out = Path(args.out)

@@ -487,18 +487,23 @@ def final_success(run: RunData) -> float | None:
 
 
 def paired_gain(
-    runs: list[RunData], treated: str, control: str, value=final_success, by: tuple[str, ...] = ()
+    runs: list[RunData],
+    treated: str,
+    control: str,
+    value=final_success,
+    by: tuple[str, ...] = (),
+    arm=arm_of,
 ) -> dict:
     """Per seed (and per value of each ``by`` param): ``value(treated) - value(control)``
-    between the runs of two filter arms with the same seed; mean and t-interval over seeds
-    in each cell."""
+    between the runs of two arms with the same seed (``arm(run)`` names a run's arm: its
+    filter by default); mean and t-interval over seeds in each cell."""
     cells: dict[tuple, dict[str, dict[str, float]]] = defaultdict(lambda: defaultdict(dict))
     for run in runs:
         v = value(run)
         if v is None:
             continue
         cell = tuple(float(run.param(p)) for p in by)
-        cells[cell][arm_of(run)][str(run.param("experiment.seed"))] = v
+        cells[cell][arm(run)][str(run.param("experiment.seed"))] = v
     out = {}
     for cell, arms in sorted(cells.items()):
         seeds = sorted(set(arms.get(treated, {})) & set(arms.get(control, {})))
