@@ -184,10 +184,10 @@ def learning_table(runs: list) -> str:
     """Final success and probe I(X;Z) by staleness k, and each k against k = 0 by seed."""
     from tether.analysis.stats import final_success, paired_gain, t_interval
 
-    def cell(t: dict) -> str:
+    def cell(t: dict, sign: str = "+") -> str:
         if t["n"] < 2:
             return f"{t['mean']:.3f} (n = {t['n']})"
-        return f"{t['mean']:+.3f} [{t['ci_low']:+.3f}, {t['ci_high']:+.3f}]"
+        return f"{t['mean']:{sign}.3f} [{t['ci_low']:{sign}.3f}, {t['ci_high']:{sign}.3f}]"
 
     levels = sorted({staleness_of(r) for r in runs}, key=int)
     lines = [
@@ -201,8 +201,8 @@ def learning_table(runs: list) -> str:
         row = [
             k,
             str(len(arm)),
-            cell(t_interval([final_success(r) for r in arm])).lstrip("+"),
-            cell(t_interval([probe_mi(r) for r in arm])).lstrip("+"),
+            cell(t_interval([final_success(r) for r in arm]), "-"),
+            cell(t_interval([probe_mi(r) for r in arm]), "-"),
         ]
         for value in (final_success, probe_mi):
             if k == "0":
