@@ -180,6 +180,24 @@ def probe_mi(run) -> float | None:
     return run.last(PROBE_MI)
 
 
+def load_sweep(tracking_uri: str, parent: str) -> list:
+    """The sweep's runs with their metric histories (the async ones too), no artifacts."""
+    import re
+
+    from mlflow import MlflowClient
+
+    from tether.analysis.source import WANTED, ReportError, load_run, resolve
+
+    wanted = re.compile(f"(?:{WANTED.pattern})|async/")
+    try:
+        client = MlflowClient(tracking_uri=tracking_uri)
+        target = resolve(client, parent)
+    except ReportError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    runs = [load_run(client, r, False, wanted, with_prompt_mi=False) for r in target.runs]
+    return [r for r in runs if r.param("rollout.max_staleness") is not None]
+
+
 def learning_table(runs: list) -> str:
     """Final success and probe I(X;Z) by staleness k, and each k against k = 0 by seed."""
     from tether.analysis.stats import final_success, paired_gain, t_interval
@@ -197,7 +215,13 @@ def learning_table(runs: list) -> str:
     ]
     for k in levels:
         arm = [r for r in runs if staleness_of(r) == k]
-        staleness = [r.last("async/staleness_mean") or 0.0 for r in arm]
+        # mean over the trained batches of each run (k = 0 logs none: 0)
+        staleness = [
+            float(np.mean(r.series("async/staleness_mean")[1]))
+            if r.has("async/staleness_mean")
+            else 0.0
+            for r in arm
+        ]
         row = [
             k,
             str(len(arm)),
@@ -212,6 +236,25 @@ def learning_table(runs: list) -> str:
             row.append(cell(gain))
         row.append(f"{np.mean(staleness):.2f}")
         lines.append("| " + " | ".join(row) + " |")
+
+    def run_mean(r, key: str, reduce=np.mean) -> float:
+        _, values = r.series(key)
+        return float(reduce(values)) if values.size else float("nan")
+
+    lines += [
+        "",
+        "| k | IS weight: mean / max | clipped fraction | behaviour-learner KL (mean / max) |",
+        "|---|---|---|---|",
+    ]
+    for k in levels:
+        arm = [r for r in runs if staleness_of(r) == k]
+        lines.append(
+            f"| {k} | {np.mean([run_mean(r, 'async/is_weight_mean') for r in arm]):.3f} / "
+            f"{max(run_mean(r, 'async/is_weight_max', np.max) for r in arm):.2f} | "
+            f"{np.mean([run_mean(r, 'async/is_clipped_frac') for r in arm]):.4f} | "
+            f"{np.mean([run_mean(r, 'async/behaviour_kl') for r in arm]):.4f} / "
+            f"{max(run_mean(r, 'async/behaviour_kl', np.max) for r in arm):.4f} |"
+        )
     per_run = [
         "",
         "| run | k | seed | final success [Wilson] | probe I(X;Z) [interval] |",
@@ -268,10 +311,7 @@ def main() -> None:
     parser.add_argument("--tracking-uri", help="--learning: where the sweep logged")
     args = parser.parse_args()
     if args.learning:
-        from tether.analysis.source import load_target
-
-        _, runs = load_target(args.tracking_uri, args.learning, with_prompts=False)
-        print(learning_table([r for r in runs if r.param("rollout.max_staleness") is not None]))
+        print(learning_table(load_sweep(args.tracking_uri, args.learning)))
         return
     if args.iterations < args.warmup + 2:
         raise SystemExit("--iterations must be at least --warmup + 2 (the last is not timed)")
