@@ -94,6 +94,10 @@ def main() -> None:
     parser.add_argument("--taus", type=float, nargs="+", default=[0.0, 0.1, 0.2, 0.3])
     parser.add_argument("--shares", type=float, nargs="+", default=[0.3, 0.5, 0.67, 0.8])
     args = parser.parse_args()
+    if args.devices < 2 or not all(0.0 <= t <= 1.0 for t in args.taus):
+        parser.error("--devices must be >= 2 and every --taus value in [0, 1]")
+    if not all(0.0 < x < 1.0 for x in args.shares):
+        parser.error("every --shares value must be in (0, 1)")
     stages = measured_stages(Path(args.results))
     collect = stages["collect"] / args.vllm_speedup
     update, sync = stages["update"], stages["sync"]
