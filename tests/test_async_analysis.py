@@ -72,3 +72,17 @@ def test_staleness_table_pairs_each_k_with_k0_by_seed():
     assert "-0.050 [-0.050, -0.050]" in k2
     assert "0.600 [" in k2  # the k = 2 arm's own mean success
     assert "| 0.700 [0.650, 0.750] |" in text  # a run's Wilson interval, as logged
+
+
+def test_the_report_draws_the_async_curves_only_for_async_runs():
+    from tether.analysis.views import ASYNC_CURVES, async_figure
+
+    sync = _run(0, 1, 0.6, 0.4)
+    assert async_figure([sync]) is None
+    stale = _run(2, 1, 0.6, 0.4)
+    for key, _ in ASYNC_CURVES:
+        stale.metrics[key] = {1: 0.0, 2: 1.0, 3: 2.0}
+    figure = async_figure([sync, stale])
+    assert figure is not None and len(figure.panels) == len(ASYNC_CURVES)
+    (series,) = figure.panels[0].series  # only the async run has the curve
+    assert (list(series.x), list(series.y)) == ([1, 2, 3], [0.0, 1.0, 2.0])

@@ -293,6 +293,24 @@ def probe_figure(runs: list[RunData], notes: list[str]) -> Figure | None:
     return Figure("probe", "Probe set and reading accuracy beside the batch proxies", panels)
 
 
+#: The asynchronous-rollout curves (``rollout.max_staleness`` >= 1; docs/methods.md).
+ASYNC_CURVES = (
+    ("async/staleness_mean", "staleness of the trained batch (versions)"),
+    ("async/behaviour_kl", "behaviour-learner KL"),
+    ("async/is_weight_mean", "importance weight, mean"),
+    ("async/is_clipped_frac", "share of tokens past the weight cap"),
+)
+
+
+def async_figure(runs: list[RunData]) -> Figure | None:
+    """How stale the trained batches were and how far the sampler's policy was from the
+    learner's, for runs with asynchronous rollouts (none for synchronous runs)."""
+    if not any(r.has(ASYNC_CURVES[0][0]) for r in runs):
+        return None
+    panels = [p for key, title in ASYNC_CURVES if (p := curve_panel(runs, key, title))]
+    return Figure("async", "Asynchronous rollouts: staleness and off-policy correction", panels)
+
+
 def stage_iterations(iterations: list[int]) -> dict[str, int]:
     """Early / mid / late: the first, middle and last logged iteration."""
     its = sorted(iterations)
