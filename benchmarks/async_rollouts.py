@@ -174,54 +174,48 @@ def staleness_of(run) -> str:
     return str(int(float(run.param("rollout.max_staleness") or 0)))
 
 
-def probe_mi(run) -> float | None:
-    from tether.analysis.verdicts import PROBE_MI
-
-    return run.last(PROBE_MI)
-
-
 def load_sweep(tracking_uri: str, parent: str) -> list:
-    """The sweep's runs with their metric histories (the async ones too), no artifacts."""
-    import re
-
+    """The sweep's runs with their metric histories (``async/*`` included), no artifacts."""
     from mlflow import MlflowClient
 
-    from tether.analysis.source import WANTED, ReportError, load_run, resolve
+    from tether.analysis.source import ReportError, load_run, resolve
 
-    wanted = re.compile(f"(?:{WANTED.pattern})|async/")
     try:
         client = MlflowClient(tracking_uri=tracking_uri)
         target = resolve(client, parent)
     except ReportError as exc:
         raise SystemExit(f"error: {exc}") from None
-    runs = [load_run(client, r, False, wanted, with_prompt_mi=False) for r in target.runs]
+    runs = [load_run(client, r, with_prompts=False, with_prompt_mi=False) for r in target.runs]
     return [r for r in runs if r.param("rollout.max_staleness") is not None]
 
 
 def learning_table(runs: list) -> str:
     """Final success and probe I(X;Z) by staleness k, and each k against k = 0 by seed."""
+    from tether.analysis.runs import VAL_SUCCESS
     from tether.analysis.stats import final_success, paired_gain, t_interval
+    from tether.analysis.verdicts import PROBE_MI
+
+    def probe_mi(run) -> float | None:
+        return run.last(PROBE_MI)
+
+    def run_mean(r, key: str, reduce=np.mean) -> float:
+        _, values = r.series(key)
+        return float(reduce(values)) if values.size else float("nan")
 
     def cell(t: dict, sign: str = "+") -> str:
         if t["n"] < 2:
             return f"{t['mean']:.3f} (n = {t['n']})"
         return f"{t['mean']:{sign}.3f} [{t['ci_low']:{sign}.3f}, {t['ci_high']:{sign}.3f}]"
 
-    levels = sorted({staleness_of(r) for r in runs}, key=int)
+    arms: dict[str, list] = {}
+    for r in sorted(runs, key=lambda r: (int(staleness_of(r)), str(r.param("experiment.seed")))):
+        arms.setdefault(staleness_of(r), []).append(r)
     lines = [
         "| k | seeds | final success | probe I(X;Z) | success − k=0 (paired) "
         "| probe I(X;Z) − k=0 (paired) | mean staleness |",
         "|---|---|---|---|---|---|---|",
     ]
-    for k in levels:
-        arm = [r for r in runs if staleness_of(r) == k]
-        # mean over the trained batches of each run (k = 0 logs none: 0)
-        staleness = [
-            float(np.mean(r.series("async/staleness_mean")[1]))
-            if r.has("async/staleness_mean")
-            else 0.0
-            for r in arm
-        ]
+    for k, arm in arms.items():
         row = [
             k,
             str(len(arm)),
@@ -229,25 +223,19 @@ def learning_table(runs: list) -> str:
             cell(t_interval([probe_mi(r) for r in arm]), "-"),
         ]
         for value in (final_success, probe_mi):
-            if k == "0":
-                row.append("–")
-                continue
-            gain = paired_gain(runs, k, "0", value, arm=staleness_of)["all"]
-            row.append(cell(gain))
+            gain = k != "0" and paired_gain(runs, k, "0", value, arm=staleness_of)["all"]
+            row.append(cell(gain) if gain else "–")
+        # mean over each run's trained batches (k = 0 logs none: 0)
+        staleness = [run_mean(r, "async/staleness_mean") if k != "0" else 0.0 for r in arm]
         row.append(f"{np.mean(staleness):.2f}")
         lines.append("| " + " | ".join(row) + " |")
-
-    def run_mean(r, key: str, reduce=np.mean) -> float:
-        _, values = r.series(key)
-        return float(reduce(values)) if values.size else float("nan")
 
     lines += [
         "",
         "| k | IS weight: mean / max | clipped fraction | behaviour-learner KL (mean / max) |",
         "|---|---|---|---|",
     ]
-    for k in levels:
-        arm = [r for r in runs if staleness_of(r) == k]
+    for k, arm in arms.items():
         lines.append(
             f"| {k} | {np.mean([run_mean(r, 'async/is_weight_mean') for r in arm]):.3f} / "
             f"{max(run_mean(r, 'async/is_weight_max', np.max) for r in arm):.2f} | "
@@ -255,31 +243,28 @@ def learning_table(runs: list) -> str:
             f"{np.mean([run_mean(r, 'async/behaviour_kl') for r in arm]):.4f} / "
             f"{max(run_mean(r, 'async/behaviour_kl', np.max) for r in arm):.4f} |"
         )
-    per_run = [
+
+    def fmt(x, lo, hi):
+        if x is None:
+            return "–"
+        return f"{x:.3f}" + (f" [{lo:.3f}, {hi:.3f}]" if lo is not None else "")
+
+    lines += [
         "",
         "| run | k | seed | final success [Wilson] | probe I(X;Z) [interval] |",
         "|---|---|---|---|---|",
     ]
-    from tether.analysis.runs import VAL_SUCCESS
-    from tether.analysis.verdicts import PROBE_MI
-
-    for r in sorted(runs, key=lambda r: (int(staleness_of(r)), str(r.param("experiment.seed")))):
-        final = max((s for s in r.metrics.get(VAL_SUCCESS, {}) if s > 0), default=None)
-        low = r.metrics.get(f"{VAL_SUCCESS}_ci_low", {}).get(final)
-        high = r.metrics.get(f"{VAL_SUCCESS}_ci_high", {}).get(final)
-        mi = r.last(PROBE_MI)
-        mi_low, mi_high = r.last(f"{PROBE_MI}_ci_low"), r.last(f"{PROBE_MI}_ci_high")
-
-        def fmt(x, lo, hi):
-            if x is None:
-                return "–"
-            return f"{x:.3f}" + (f" [{lo:.3f}, {hi:.3f}]" if lo is not None else "")
-
-        per_run.append(
-            f"| {r.run_id[:8]} | {staleness_of(r)} | {r.param('experiment.seed')} | "
-            f"{fmt(r.final_success(), low, high)} | {fmt(mi, mi_low, mi_high)} |"
-        )
-    return "\n".join(lines + per_run)
+    for k, arm in arms.items():
+        for r in arm:
+            final = max((s for s in r.metrics.get(VAL_SUCCESS, {}) if s > 0), default=None)
+            low = r.metrics.get(f"{VAL_SUCCESS}_ci_low", {}).get(final)
+            high = r.metrics.get(f"{VAL_SUCCESS}_ci_high", {}).get(final)
+            mi_low, mi_high = r.last(f"{PROBE_MI}_ci_low"), r.last(f"{PROBE_MI}_ci_high")
+            lines.append(
+                f"| {r.run_id[:8]} | {k} | {r.param('experiment.seed')} | "
+                f"{fmt(r.final_success(), low, high)} | {fmt(probe_mi(r), mi_low, mi_high)} |"
+            )
+    return "\n".join(lines)
 
 
 def main() -> None:
