@@ -27,7 +27,7 @@ import ray
 import torch
 
 from ..algos.batch import TrajectoryBatch
-from ..algos.update import UpdateSettings, lr_factor, policy_update, prepare_batch
+from ..algos.update import UpdateSettings, autocast, lr_factor, policy_update, prepare_batch
 from ..policy.critic import ValueModel
 from ..policy.load import load_model, load_tokenizer
 from ..policy.lora import LoraConfig, add_lora, merged_state_dict
@@ -267,6 +267,10 @@ class Learner:
         self.full_model.load_state_dict(state)
         return self.full_model
 
+    def _diagnostics_precision(self, diagnostics_cfg) -> str:
+        """``diagnostics.autocast`` as decided for this process's device."""
+        return resolve_autocast(diagnostics_cfg.autocast, self.device.type)
+
     def _scoring_model(self):
         """The analysis model (None off rank 0), with the span extractor the
         cross-scoring reads turns through built on first use."""
@@ -293,7 +297,7 @@ class Learner:
         model = self._scoring_model()
         if model is None:
             return None
-        with torch.no_grad():
+        with torch.no_grad(), autocast(model, self._diagnostics_precision(diagnostics_cfg)):
             return collapse_diagnostics(
                 model,
                 trajectories,
@@ -318,7 +322,7 @@ class Learner:
         model = self._scoring_model()
         if model is None:
             return None
-        with torch.no_grad():
+        with torch.no_grad(), autocast(model, self._diagnostics_precision(diagnostics_cfg)):
             return probe_diagnostics(
                 model,
                 trajectories,
@@ -346,9 +350,9 @@ class Learner:
         """The dtype the policy's parameters really have (``model.dtype`` as loaded), and
         the autocast its forwards run in (``algo.autocast`` as decided here), if any."""
         dtype = str(next(self.model.parameters()).dtype).removeprefix("torch.")
-        autocast = getattr(getattr(self, "settings", None), "autocast", "none")
-        if autocast != "none":
-            return f"{dtype} ({autocast} autocast)"
+        precision = getattr(getattr(self, "settings", None), "autocast", "none")
+        if precision != "none":
+            return f"{dtype} ({precision} autocast)"
         return dtype
 
     # -- weights and checkpoints ------------------------------------------------------

@@ -27,7 +27,13 @@ import torch
 
 from ..algos.attention import prefix_and_causal_weights, register_attention
 from ..algos.micro_batches import length_chunks
-from ..algos.vocab import DEFAULT_CHUNK_TOKENS, model_states, returned_cache, split_head
+from ..algos.vocab import (
+    DEFAULT_CHUNK_TOKENS,
+    head_logits,
+    model_states,
+    returned_cache,
+    split_head,
+)
 from .scoring import right_pad, target_logprobs
 
 MULTI_PREFIX_ATTENTION = "tether_multi_prefix"
@@ -87,7 +93,7 @@ def _encode_contexts(model, contexts: Sequence[Sequence[int]], device):
     else:
         backbone, head = split
         out = backbone(input_ids=ids, attention_mask=mask, use_cache=True)
-        last_logits = head(out.last_hidden_state[rows, lengths - 1])  # [C, V]
+        last_logits = head_logits(out.last_hidden_state[rows, lengths - 1], head)  # [C, V]
     kv = [(layer.keys, layer.values) for layer in returned_cache(out).layers]
     return kv, mask.bool(), lengths, last_logits
 

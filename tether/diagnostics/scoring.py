@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ..algos.vocab import DEFAULT_CHUNK_TOKENS
+from ..algos.vocab import DEFAULT_CHUNK_TOKENS, head_logits
 
 
 def target_logprobs(
@@ -22,15 +22,15 @@ def target_logprobs(
 
     ``states`` are logits [..., V] (``head`` None) or hidden states [..., H] that
     ``head`` maps to logits (`tether.algos.vocab.model_states`); either way at most
-    ``chunk_tokens`` positions' logits exist at once (0: all)."""
+    ``chunk_tokens`` positions' logits exist at once (0: all).  Under bfloat16 autocast
+    (``diagnostics.autocast``) the head runs in float32 (`tether.algos.vocab.head_logits`)."""
     flat_states = states.reshape(-1, states.shape[-1])
     flat_targets = targets.reshape(-1)
     step = max(1, chunk_tokens if chunk_tokens > 0 else flat_targets.shape[0])
     picked = []
     for start in range(0, flat_targets.shape[0], step):
         part = flat_states[start : start + step]
-        logits = part if head is None else head(part)  # [n, V]
-        scaled = logits.float() / temperature
+        scaled = head_logits(part, head) / temperature  # [n, V] float32
         tokens = flat_targets[start : start + step, None]
         picked.append(scaled.gather(-1, tokens).squeeze(-1) - torch.logsumexp(scaled, dim=-1))
     if not picked:
