@@ -173,10 +173,10 @@ class RayConfig(StrictSection):
         1000,
         ge=1,
         description="A local Ray's GCS keeps the status events of at most this many "
-        "task attempts (every actor method call is one; Ray's default, 100000, is "
-        "about 250 MB of the GCS server's memory, reached after hundreds of "
-        "iterations); None: Ray's default or RAY_task_events_max_num_task_in_gcs. "
-        "A cluster joined keeps its own.",
+        "task attempts, and remembers as many evicted ones (every actor method call "
+        "is one; Ray's default, 100000, is about 350 MB of the GCS server's memory, "
+        "reached after thousands of iterations); None: Ray's defaults or their RAY_ "
+        "variables. A cluster joined keeps its own.",
     )
     autoscaler_wait_s: float = Field(
         120.0,

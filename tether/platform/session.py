@@ -146,8 +146,8 @@ def cap_gcs_task_events(cap: int | None) -> None:
     Every actor method call is a task whose events its caller reports to the GCS, which
     keeps them in memory (for ``ray.timeline`` and the state API) until the first cap,
     then evicts the oldest finished ones and remembers each evicted attempt until the
-    second: at Ray's defaults the GCS server of a run grows by about 2.5 kB per call for
-    100000 calls, then by a few dozen bytes per call for a million more (measured:
+    second: at Ray's defaults the GCS server grows by about 3 kB per call for 100000 calls
+    (to ~350 MB), then more slowly for a million more (measured:
     ``benchmarks/gcs_task_events.py``).  Set in this process's environment, which
     ``ray.init`` passes to the GCS server it spawns (Ray reads ``RAY_<setting>`` when a
     process starts).  None leaves the environment as it is (these variables there, or
