@@ -145,12 +145,12 @@ def disk_by_part(output_dir: Path) -> dict[str, float]:
 
 
 class Recorder:
-    """The run's event hook: a CSV row after every ``every``-th iteration."""
+    """The run's event hook: a CSV row after every ``every``-th iteration (written, not
+    kept: this process is the driver being measured; 500 rows held were ~0.8 MB)."""
 
     def __init__(self, path: Path, cfg, every: int) -> None:
         self.path, self.cfg, self.every = path, cfg, every
         self.output_dir = Path(cfg.experiment.output_dir).resolve()
-        self.rows: list[dict] = []
         self.last = time.perf_counter()
         self.fields: list[str] | None = None
 
@@ -176,7 +176,6 @@ class Recorder:
             "time": time.time(),
         }
         self.last = now
-        self.rows.append(row)
         if self.fields is None:
             self.fields = list(row)
             with self.path.open("w", newline="") as f:
@@ -351,7 +350,8 @@ def main() -> None:
             f"{summary.seconds:.0f} s (warm start and set-up included; "
             f"{(time.time() - started) / 60:.1f} min); rows in {path}"
         )
-        rows = recorder.rows
+        with path.open() as f:
+            rows = list(csv.DictReader(f))
         (args.out / "soak_summary.json").write_text(
             json.dumps({"run_id": summary.run_id, "status": summary.status}, indent=1)
         )

@@ -21,3 +21,41 @@ def test_local_ray_prints_no_auth_warning(tmp_path):
     assert "auth 1.0" in out.stdout
     assert "Token authentication" not in out.stderr + out.stdout
     assert "WARNING" not in out.stderr, out.stderr[-2000:]
+
+
+def test_local_ray_gcs_keeps_capped_task_events(tmp_path):
+    """``ray.task_events_in_gcs`` reaches the GCS server a run starts (its environment)
+    and bounds what it keeps: 40 actor calls, at most 5 task attempts' events held."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_task_events_max_num_task_in_gcs"}
+    code = (
+        "import os, time, psutil, ray\n"
+        "from tether.platform import preflight\n"
+        "from tether.platform.config import build_config\n"
+        "from tether.platform.session import prepare_process, stop_ray\n"
+        "prepare_process(None)\n"
+        "cfg = build_config({}, ['ray.num_cpus=1', 'ray.task_events_in_gcs=5'])\n"
+        "started = preflight.connect(cfg, None)\n"
+        "gcs = [p for p in psutil.Process().children(recursive=True)\n"
+        "       if os.path.basename(p.cmdline()[0]) == 'gcs_server']\n"
+        "print('gcs env', gcs[0].environ().get('RAY_task_events_max_num_task_in_gcs'))\n"
+        "@ray.remote(num_cpus=0)\n"
+        "class Echo:\n"
+        "    def step(self, x):\n"
+        "        return x\n"
+        "actor = Echo.remote()\n"
+        "ray.get([actor.step.remote(i) for i in range(40)])\n"
+        "from ray._private.state import state\n"
+        "held = []\n"
+        "for _ in range(20):  # callers report every second\n"
+        "    time.sleep(0.5)\n"
+        "    held.append(len(state._get_all_task_events()))\n"
+        "print('held', max(held))\n"
+        "stop_ray(started)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "gcs env 5" in out.stdout, out.stdout
+    held = int(out.stdout.split("held ")[1].split()[0])
+    assert 0 < held <= 5, out.stdout

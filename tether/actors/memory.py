@@ -39,7 +39,8 @@ def release_free_memory() -> bool:
     if it released any.  A learner's batches change shape every iteration, and glibc
     keeps the freed chunks of each shape in its arenas: without this the process's
     resident memory wanders upward over hundreds of iterations (benchmarks/RESULTS.md,
-    "Soak").  Elsewhere than glibc, nothing to do: False."""
+    "Soak").  The learner calls it after every update, the driver after every
+    iteration.  Elsewhere than glibc, nothing to do: False."""
     try:
         import ctypes
 

@@ -169,6 +169,15 @@ class RayConfig(StrictSection):
     num_cpus: int | None = Field(
         None, ge=1, description="CPUs of a local Ray (default: enough for the actors asked for)."
     )
+    task_events_in_gcs: int | None = Field(
+        1000,
+        ge=1,
+        description="A local Ray's GCS keeps the status events of at most this many "
+        "task attempts, and remembers as many evicted ones (every actor method call "
+        "is one; Ray's default, 100000, is about 350 MB of the GCS server's memory, "
+        "reached after thousands of iterations); None: Ray's defaults or their RAY_ "
+        "variables. A cluster joined keeps its own.",
+    )
     autoscaler_wait_s: float = Field(
         120.0,
         ge=0,

@@ -81,11 +81,18 @@ def check_ray_reachable(address: str, timeout: float = 10.0) -> None:
         ) from None
 
 
-def start_ray(address: str | None, num_cpus: int | None, required_cpus: float) -> bool:
+def start_ray(
+    address: str | None,
+    num_cpus: int | None,
+    required_cpus: float,
+    task_events_in_gcs: int | None = None,
+) -> bool:
     """Join ``address`` or start a fresh local Ray; return True if this call started it.
 
     ``address="local"`` always starts a new local instance, so a stale
     ``ray_current_cluster`` file from an earlier ``ray stop`` is never joined.
+    ``task_events_in_gcs`` caps the task events a local Ray's GCS keeps
+    (``cap_gcs_task_events``); a cluster joined keeps its own setting.
     """
     import ray
 
@@ -105,6 +112,7 @@ def start_ray(address: str | None, num_cpus: int | None, required_cpus: float) -
             ray.init(address=address, runtime_env=runtime_env, log_to_driver=False)
         else:
             explicit_local_auth_mode()
+            cap_gcs_task_events(task_events_in_gcs)
             cpus = num_cpus or max(os.cpu_count() or 1, int(-(-required_cpus // 1)))
             ray.init(
                 address="local",
@@ -119,6 +127,34 @@ def start_ray(address: str | None, num_cpus: int | None, required_cpus: float) -
         raise ClusterError(f"could not start or join {where}: {exc}".splitlines()[0]) from None
     interrupt_on_sigterm()
     return True
+
+
+#: Ray's settings (``ray_config_def.h``), read from the environment by every Ray process
+#: when it starts, the GCS server included: the task attempts whose events the GCS keeps,
+#: and the evicted attempts it remembers (per job) so that their late events stay out.
+TASK_EVENTS_ENV = (
+    "RAY_task_events_max_num_task_in_gcs",
+    "RAY_task_events_max_dropped_task_attempts_tracked_per_job_in_gcs",
+)
+
+
+def cap_gcs_task_events(cap: int | None) -> None:
+    """Make the GCS server of a local Ray started after this keep the status events of at
+    most ``cap`` task attempts, and remember at most ``cap`` evicted ones per job (Ray's
+    defaults: 100000 and 1000000).
+
+    Every actor method call is a task whose events its caller reports to the GCS, which
+    keeps them in memory (for ``ray.timeline`` and the state API) until the first cap,
+    then evicts the oldest finished ones and remembers each evicted attempt until the
+    second: at Ray's defaults the GCS server grows by about 3 kB per call for 100000 calls
+    (to ~350 MB), then more slowly for a million more (measured:
+    ``benchmarks/gcs_task_events.py``).  Set in this process's environment, which
+    ``ray.init`` passes to the GCS server it spawns (Ray reads ``RAY_<setting>`` when a
+    process starts).  None leaves the environment as it is (these variables there, or
+    Ray's defaults)."""
+    if cap is not None:
+        for name in TASK_EVENTS_ENV:
+            os.environ[name] = str(cap)
 
 
 def explicit_local_auth_mode() -> None:

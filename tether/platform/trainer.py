@@ -23,6 +23,7 @@ from pathlib import Path
 
 from .. import seeds
 from ..actors.learner_group import LearnerDied, LearnerGroup
+from ..actors.memory import release_free_memory
 from ..agent.chat import ChatFormatter
 from ..agent.metrics import rollout_metrics
 from ..agent.pairs import SpanExtractor
@@ -179,6 +180,10 @@ class Trainer:
                 metrics = self.iteration(it)
                 if self.after_iteration(it, metrics):
                     break
+                # glibc keeps the pages this iteration freed (batches, episodes, figures
+                # of varying size) in its arenas: without this the driver's memory
+                # creeps up by a few MB per 100 iterations (benchmarks/RESULTS.md, "Soak")
+                release_free_memory()
                 it += 1
             except LearnerDied as died:  # rebuilt from the last checkpoint: re-run from there
                 it = 1 + self.recovery.recover(
