@@ -51,7 +51,7 @@ class ProbeConfig(StrictSection):
         "is bounded by log(levels) instead of log(batch prompts).",
     )
     every: int = Field(
-        5,
+        10,
         ge=1,
         description="Probe every N iterations (and at iteration 1), on diagnostic "
         "iterations (so it takes effect on multiples of diagnostics.every).",
@@ -67,10 +67,12 @@ class ProbeConfig(StrictSection):
 
 class DiagnosticsConfig(StrictSection):
     every: int = Field(
-        5,
+        10,
         ge=1,
         description="Cross-score MI diagnostics every N iterations "
-        "(and at iteration 1); docs/methods.md, section 2.",
+        "(and at iteration 1); docs/methods.md, section 2. The default cadence (10; chain and "
+        "heatmaps 20, gradient SNR 40) adds +8 % to the quickstart's iteration time "
+        "(benchmarks/RESULTS.md, 'Collapse diagnostics overhead').",
     )
     samplings: list[Literal["first_turn", "trajectory"]] = Field(
         default_factory=lambda: ["first_turn", "trajectory"],
@@ -92,7 +94,7 @@ class DiagnosticsConfig(StrictSection):
     )
     information_chain: bool = Field(True, description="Also log I(Z;A) and I(X;A) beside I(X;Z).")
     chain_every: int = Field(
-        10,
+        20,
         ge=1,
         description="Score the information-chain links I(Z;A) "
         "and I(X;A) every N iterations (and at iteration 1), on diagnostic "
@@ -111,24 +113,24 @@ class DiagnosticsConfig(StrictSection):
         "information chain): bfloat16 autocast for the body, the vocabulary head and the "
         "log-softmax in float32; auto = bfloat16 where the device runs it natively (a CPU "
         "with AVX512-BF16 or AMX, a GPU that supports it), float32 elsewhere. On the "
-        "quickstart's probe set the scoring ran 2.7x faster and I(X;Z) moved by 1e-4 "
-        "nats/token (benchmarks/RESULTS.md, 'Collapse diagnostics overhead').",
+        "quickstart's probe set the scoring ran 1.8-2.0x faster and I(X;Z) moved by at most "
+        "4e-4 nats/token (benchmarks/RESULTS.md, 'Collapse diagnostics overhead').",
     )
     heatmap_every: int = Field(
-        10,
+        20,
         ge=1,
         description="Log the cross-score matrix as a heatmap every N iterations (and at "
         "iteration 1), on diagnostic iterations.",
     )
     grad_snr_every: int = Field(
-        10,
+        40,
         ge=0,
         description="Gradient SNR by reward-variance bucket "
         "every N iterations, not at iteration 1 (0 = off; docs/methods.md, section 10): "
         "one forward and two "
         "gradient passes over every collected trajectory (before "
-        "filtering), about 1-2 updates' worth of compute; every 10 gives "
-        "a 400-iteration run 40 analyses.",
+        "filtering), about 1-2 updates' worth of compute; every 40 gives "
+        "a 400-iteration run 10 analyses.",
     )
     grad_snr_buckets: int = Field(
         6, ge=1, description="RV quantile buckets of the gradient-SNR analysis."
