@@ -211,8 +211,8 @@ def near_ceiling_batch(rng, prompts: int = 8, replies: int = 4, spread: float = 
 def test_the_log_jackknife_is_the_jackknife_on_each_proxys_log_scale():
     """By hand from the delete-one replicates: MI on log(log N - MI) (a replicate, with one
     prompt fewer, against log(N - 1)), H(Z|X) on log H, the z-score as the quotients of
-    MI's interval and (std(marginal) + eps)'s log-scale interval; mi_zscore_ema over its
-    fixed denominator."""
+    MI's interval and std(marginal)'s log-scale interval (plus eps); mi_zscore_ema over
+    its fixed denominator."""
     from scipy.stats import t as student_t
 
     from tether.diagnostics.uncertainty import ZSCORE_EPS, _jackknife, _row_quantities
@@ -241,9 +241,9 @@ def test_the_log_jackknife_is_the_jackknife_on_each_proxys_log_scale():
     assert metrics["conditional_entropy_est_ci_low"] == pytest.approx(h * np.exp(-t * s))
     assert metrics["conditional_entropy_est_ci_high"] == pytest.approx(h * np.exp(t * s))
     mi_low, mi_high = ceiling("mi_estimate")
-    spread = metrics["marginal_std"] + ZSCORE_EPS
-    s = se(np.log(rep["marginal_std"] + ZSCORE_EPS))
-    sd_low, sd_high = spread * np.exp(-t * s), spread * np.exp(t * s)
+    spread = metrics["marginal_std"]
+    s = se(np.log(rep["marginal_std"]))
+    sd_low, sd_high = spread * np.exp(-t * s) + ZSCORE_EPS, spread * np.exp(t * s) + ZSCORE_EPS
     assert metrics["mi_zscore_ci_low"] == pytest.approx(mi_low / sd_high)
     assert metrics["mi_zscore_ci_high"] == pytest.approx(mi_high / sd_low)
     ema = sigma_ema + ZSCORE_EPS

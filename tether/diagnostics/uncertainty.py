@@ -4,7 +4,7 @@ Two things are reported beside every proxy of `tether.diagnostics.mi` at every
 diagnostic point, and neither calls the model again:
 
 - **an interval** (``confidence``, 95 % by default) of what the proxy estimates: its
-  expectation over batches of this shape from the same policy.  Two methods
+  expectation over batches of this shape from the same policy.  Three methods
   (``interval``), their coverage measured on known answers in
   benchmarks/interval_coverage.py (benchmarks/RESULTS.md, "Interval coverage"):
 
@@ -29,6 +29,24 @@ diagnostic point, and neither calls the model again:
     Retrieval accuracy, an argmax whose delete-one variance is unreliable, keeps the
     bootstrap's interval.  With one distinct prompt the pairs are left out one by one
     (entropies only).
+  - ``log_jackknife``: the same delete-one replicates, the Student-t interval taken on
+    a log scale anchored at the bound each proxy has, and mapped back.  Each row's
+    pointwise MI is at most log N (its own prompt is one of the N in its marginal), so
+    MI and sequence MI go on log(log N - MI) (a replicate, with one prompt fewer,
+    against log(N - 1)); the entropies, >= 0, on log H; a z-score's interval is the
+    range of the quotients of its numerator's (MI's) interval and its denominator's
+    (std(marginal), on its log scale, plus the 1e-3 guard).  Why it should cover where
+    the linear interval does not: next to a bound the estimate's distance to it is a
+    mean of small non-negative terms whose spread grows with their size (a few rows far
+    from the ceiling carry it), so its sampling distribution is skewed and roughly
+    log-normal; on the log scale it is near symmetric, and the interval mapped back is
+    asymmetric the right way (at the ceiling it reaches further below the estimate, where
+    the expectation lies, and never above log N; an entropy's never below 0).  Far from
+    a bound the log scale is nearly linear and the interval the jackknife's.  Its cost:
+    where one left-out prompt brings a replicate close to the bound, the log scale's
+    spread is large and the side away from the bound very wide.  What it cannot see is
+    the same as the jackknife's: rare replies that a batch does not hold.  A proxy whose
+    estimate or a replicate lies outside its scale's domain keeps the linear interval.
 
 - **a permutation test of "reasoning depends on the input"**.  Under the null
   hypothesis the reasoning is exchangeable across prompts, so which column a row
@@ -311,13 +329,10 @@ def _log_jackknife_intervals(
                 denominator = None if sigma_ema is None else [sigma_ema + ZSCORE_EPS] * 2
             else:
                 spread = "marginal_std" if key == "mi_zscore" else "marginal_seq_std"
-                denominator = _log_interval(
-                    float(point[spread]) + ZSCORE_EPS,
-                    values[spread] + ZSCORE_EPS,
-                    None,
-                    None,
-                    t_quantile,
+                spreads = _log_interval(
+                    float(point[spread]), values[spread], None, None, t_quantile
                 )
+                denominator = None if spreads is None else [e + ZSCORE_EPS for e in spreads]
             if numerator is None or denominator is None:
                 continue
             quotients = [a / b for a in numerator for b in denominator]
