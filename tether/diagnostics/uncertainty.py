@@ -47,6 +47,9 @@ diagnostic point, and neither calls the model again:
     spread is large and the side away from the bound very wide.  What it cannot see is
     the same as the jackknife's: rare replies that a batch does not hold.  A proxy whose
     estimate or a replicate lies outside its scale's domain keeps the linear interval.
+    On the known answers (seed 17) it covered MI in 94 % of batches at both the batch's
+    and the probe's shape, the z-score, sequence MI and H(Z|X) in 74-90 %: an option,
+    not a default.
 
 - **a permutation test of "reasoning depends on the input"**.  Under the null
   hypothesis the reasoning is exchangeable across prompts, so which column a row
