@@ -231,7 +231,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=2026)
     parser.add_argument(
         "--interval",
-        choices=("bootstrap", "jackknife"),
+        choices=("bootstrap", "jackknife", "log_jackknife"),
         default="bootstrap",
         help="the proxies' interval (diagnostics.interval; default the shipped one)",
     )

@@ -37,7 +37,7 @@ from tether.diagnostics.uncertainty import Uncertainty
 from tether.testing.harness import HarnessConfig, torch_threads
 
 KEYS = ("mi_estimate", "mi_zscore", "mi_seq_estimate", "retrieval_acc", "conditional_entropy_est")
-METHODS = ("jackknife", "bootstrap")
+METHODS = ("jackknife", "bootstrap", "log_jackknife")
 
 
 def estimands(pool, draws: int, rng: np.random.Generator, shape) -> tuple[dict, dict]:

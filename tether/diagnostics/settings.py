@@ -56,11 +56,12 @@ class ProbeConfig(StrictSection):
         description="Probe every N iterations (and at iteration 1), on diagnostic "
         "iterations (so it takes effect on multiples of diagnostics.every).",
     )
-    interval: Literal["same", "bootstrap", "jackknife"] = Field(
+    interval: Literal["same", "bootstrap", "jackknife", "log_jackknife"] = Field(
         "jackknife",
         description="The probe's interval: jackknife (leave one level out; at the probe's "
         "shape it covered MI in 0.925 of 1,000 known-answer batches on two seeds, the "
-        "bootstrap 0.73-0.87: benchmarks/RESULTS.md, 'Interval coverage'), bootstrap, or "
+        "bootstrap 0.73-0.87: benchmarks/RESULTS.md, 'Interval coverage'), bootstrap, "
+        "log_jackknife (the jackknife on each proxy's log scale, docs/methods.md section 3), or "
         "same (diagnostics.interval's). The batch's proxies keep diagnostics.interval.",
     )
 
@@ -140,12 +141,14 @@ class DiagnosticsConfig(StrictSection):
         description="Run the collapse diagnostics at all (cross-scoring, "
         "heatmaps and gradient SNR).",
     )
-    interval: Literal["bootstrap", "jackknife"] = Field(
+    interval: Literal["bootstrap", "jackknife", "log_jackknife"] = Field(
         "bootstrap",
         description="Interval logged beside every MI proxy (<proxy>_ci_low / _ci_high), from "
         "the cross-score matrix (no model calls): bootstrap (percentile by prompt, biased "
-        "low for MI and widened to hold the estimate) or jackknife (leave one prompt out, "
-        "Student-t around the estimate; retrieval keeps the bootstrap's). Coverage of both: "
+        "low for MI and widened to hold the estimate), jackknife (leave one prompt out, "
+        "Student-t around the estimate; retrieval keeps the bootstrap's) or log_jackknife (the "
+        "jackknife on log(log N - MI), log H and, for the z-scores, their numerator's and "
+        "denominator's log scales). Coverage of each: "
         "benchmarks/RESULTS.md, 'Interval coverage'; docs/methods.md section 3.",
     )
     bootstrap: int = Field(

@@ -4,7 +4,7 @@ Two things are reported beside every proxy of `tether.diagnostics.mi` at every
 diagnostic point, and neither calls the model again:
 
 - **an interval** (``confidence``, 95 % by default) of what the proxy estimates: its
-  expectation over batches of this shape from the same policy.  Two methods
+  expectation over batches of this shape from the same policy.  Three methods
   (``interval``), their coverage measured on known answers in
   benchmarks/interval_coverage.py (benchmarks/RESULTS.md, "Interval coverage"):
 
@@ -29,6 +29,27 @@ diagnostic point, and neither calls the model again:
     Retrieval accuracy, an argmax whose delete-one variance is unreliable, keeps the
     bootstrap's interval.  With one distinct prompt the pairs are left out one by one
     (entropies only).
+  - ``log_jackknife``: the same delete-one replicates, the Student-t interval taken on
+    a log scale anchored at the bound each proxy has, and mapped back.  Each row's
+    pointwise MI is at most log N (its own prompt is one of the N in its marginal), so
+    MI and sequence MI go on log(log N - MI) (a replicate, with one prompt fewer,
+    against log(N - 1)); the entropies, >= 0, on log H; a z-score's interval is the
+    range of the quotients of its numerator's (MI's) interval and its denominator's
+    (std(marginal), on its log scale, plus the 1e-3 guard).  Why it should cover where
+    the linear interval does not: next to a bound the estimate's distance to it is a
+    mean of small non-negative terms whose spread grows with their size (a few rows far
+    from the ceiling carry it), so its sampling distribution is skewed and roughly
+    log-normal; on the log scale it is near symmetric, and the interval mapped back is
+    asymmetric the right way (at the ceiling it reaches further below the estimate, where
+    the expectation lies, and never above log N; an entropy's never below 0).  Far from
+    a bound the log scale is nearly linear and the interval the jackknife's.  Its cost:
+    where one left-out prompt brings a replicate close to the bound, the log scale's
+    spread is large and the side away from the bound very wide.  What it cannot see is
+    the same as the jackknife's: rare replies that a batch does not hold.  A proxy whose
+    estimate or a replicate lies outside its scale's domain keeps the linear interval.
+    On the known answers (seed 17) it covered MI in 94 % of batches at both the batch's
+    and the probe's shape, the z-score, sequence MI and H(Z|X) in 74-90 %: an option,
+    not a default.
 
 - **a permutation test of "reasoning depends on the input"**.  Under the null
   hypothesis the reasoning is exchangeable across prompts, so which column a row
@@ -86,6 +107,11 @@ _ENTROPY_KEYS = CI_KEYS[6:]
 _RESOLUTION = 1e-9
 #: Proxies whose interval stays the bootstrap's under ``interval="jackknife"``.
 _NON_SMOOTH_KEYS = ("retrieval_acc",)
+#: ``log_jackknife``: proxies bounded above by log N (each row's pointwise MI is), put on the
+#: log of their distance to it; entropies (>= 0), on the log of their value; z-scores, the
+#: numerator's interval over the denominator's.
+_CEILING_KEYS = ("mi_estimate", "mi_seq_estimate")
+_ZSCORE_KEYS = {"mi_zscore": "mi_estimate", "mi_seq_zscore": "mi_seq_estimate"}
 
 
 @dataclass(frozen=True)
@@ -96,8 +122,9 @@ class Uncertainty:
     permutations: int = 1000
     confidence: float = 0.95
     alpha: float = 0.05
-    #: ``bootstrap`` (the percentile interval by prompt, widened to hold the estimate) or
-    #: ``jackknife`` (delete one prompt, Student-t interval around the estimate)
+    #: ``bootstrap`` (the percentile interval by prompt, widened to hold the estimate),
+    #: ``jackknife`` (delete one prompt, Student-t interval around the estimate) or
+    #: ``log_jackknife`` (the jackknife on the log of each proxy's distance to its bound)
     interval: str = "bootstrap"
 
 
@@ -195,6 +222,8 @@ def _statistics(
         "reasoning_entropy_est": -marginal_mean,
         "conditional_entropy_seq_est": -mean(q["matched_seq"]),
         "reasoning_entropy_seq_est": -marginal_seq_mean,
+        "marginal_std": sigma,
+        "marginal_seq_std": std(q["marginal_seq"], marginal_seq_mean),
     }
     if sigma_ema is not None:
         out["mi_zscore_ema"] = gap / (sigma_ema + ZSCORE_EPS)
@@ -243,6 +272,85 @@ def _jackknife_intervals(
     return out
 
 
+def _log_scale(value: float, replicates: np.ndarray, bound: float | None, bound_replicate):
+    """(the log-scale estimate and replicates, and the map back) for a proxy bounded above by
+    ``bound`` (replicates by ``bound_replicate``: a replicate has one prompt fewer), or below
+    by 0 when ``bound`` is None; None where a value lies outside that domain."""
+    if bound is None:
+        distance, distances = value, replicates
+        back = np.exp
+    else:
+        distance, distances = bound - value, bound_replicate - replicates
+        back = lambda phi: bound - np.exp(phi)  # noqa: E731
+    if distance <= 0 or not np.all(distances > 0):
+        return None
+    return float(np.log(distance)), np.log(distances), back
+
+
+def _log_interval(
+    value: float, replicates: np.ndarray, bound, bound_replicate, t_quantile: float
+) -> list[float] | None:
+    """The jackknife's Student-t interval on the log scale of `_log_scale`, mapped back."""
+    scaled = _log_scale(value, replicates, bound, bound_replicate)
+    if scaled is None:
+        return None
+    phi, phis, back = scaled
+    k = len(phis)
+    se = float(np.sqrt((k - 1) / k * ((phis - phis.mean()) ** 2).sum()))
+    return sorted((float(back(phi - t_quantile * se)), float(back(phi + t_quantile * se))))
+
+
+def _log_jackknife_intervals(
+    values: dict[str, np.ndarray],
+    point: dict,
+    keys,
+    confidence: float,
+    n_columns: int,
+    sigma_ema: float | None,
+) -> dict[str, float]:
+    """The jackknife interval on a log scale anchored at each proxy's bound, mapped back:
+    MI (each row's pointwise MI is at most log N) on log(log N - MI), entropies (>= 0) on
+    log(H), the z-scores from their numerator's and denominator's intervals.  A proxy whose
+    estimate or a replicate lies outside its scale's domain gets the linear jackknife's."""
+    out = _jackknife_intervals(values, point, keys, confidence)  # the fallback
+    k = len(next(iter(values.values())))
+    if k < 2:
+        return out
+    t_quantile = float(student_t.ppf(0.5 + confidence / 2.0, k - 1))
+    ceiling = (np.log(n_columns), np.log(n_columns - 1)) if n_columns >= 2 else None
+    for key in keys:
+        if key not in values or key not in point:
+            continue
+        if key in _CEILING_KEYS and ceiling:
+            ends = _log_interval(float(point[key]), values[key], *ceiling, t_quantile)
+        elif key in _ENTROPY_KEYS:
+            ends = _log_interval(float(point[key]), values[key], None, None, t_quantile)
+        elif (key in _ZSCORE_KEYS or key == "mi_zscore_ema") and ceiling:
+            mi = _ZSCORE_KEYS.get(key, "mi_estimate")
+            numerator = _log_interval(float(point[mi]), values[mi], *ceiling, t_quantile)
+            if key == "mi_zscore_ema":
+                denominator = None if sigma_ema is None else [sigma_ema + ZSCORE_EPS] * 2
+            else:
+                spread = "marginal_std" if key == "mi_zscore" else "marginal_seq_std"
+                spreads = _log_interval(
+                    float(point[spread]), values[spread], None, None, t_quantile
+                )
+                denominator = None if spreads is None else [e + ZSCORE_EPS for e in spreads]
+            if numerator is None or denominator is None:
+                continue
+            quotients = [a / b for a in numerator for b in denominator]
+            ends = [min(quotients), max(quotients)]
+        else:
+            continue
+        if ends is None:
+            continue
+        estimate = float(point[key])
+        half = _RESOLUTION * max(1.0, abs(estimate))
+        out[f"{key}_ci_low"] = min(ends[0], estimate - half)
+        out[f"{key}_ci_high"] = max(ends[1], estimate + half)
+    return out
+
+
 def _p_value(null: np.ndarray, observed: float) -> float:
     # A tolerance, so a null statistic equal to the observed one up to rounding counts.
     reached = int((null >= observed - _RESOLUTION * max(1.0, abs(observed))).sum())
@@ -281,13 +389,20 @@ def mi_uncertainty(
         for key, values in _statistics(q, np.ones((1, m)), sigma_ema if multi else None).items()
     }
     keys = CI_KEYS if multi else _ENTROPY_KEYS
-    if settings.interval == "jackknife" and (multi or m >= 2):
+    if settings.interval in ("jackknife", "log_jackknife") and (multi or m >= 2):
         # Retrieval is an argmax, not a smooth statistic: leaving out one prompt can flip
         # many rows at once, and the delete-one variance is then unreliable (far too
         # wide), so retrieval keeps the bootstrap interval.
         replicates = _jackknife(L, S, column, q, sigma_ema if multi else None)
         smooth = [key for key in keys if key not in _NON_SMOOTH_KEYS]
-        out.update(_jackknife_intervals(replicates, point, smooth, settings.confidence))
+        if settings.interval == "log_jackknife":
+            out.update(
+                _log_jackknife_intervals(
+                    replicates, point, smooth, settings.confidence, n, sigma_ema if multi else None
+                )
+            )
+        else:
+            out.update(_jackknife_intervals(replicates, point, smooth, settings.confidence))
         keys = [key for key in keys if key in _NON_SMOOTH_KEYS]
     if keys and settings.bootstrap > 0:
         clusters, n_clusters = (column, n) if multi else (np.arange(m), m)
