@@ -113,7 +113,7 @@ def test_collapse_diagnostics_are_logged(finished_run):
     for sampling in ("first_turn", "trajectory"):
         assert f"collapse/{sampling}/num_pairs" in metrics
         assert f"collapse/{sampling}/conditional_entropy_est" in metrics
-        # Iteration 1 always runs the diagnostics (default cadence 5 + iteration 1).
+        # Iteration 1 always runs the diagnostics (default cadence 10 + iteration 1).
         steps = set(_history(client, summary.run_id, f"collapse/{sampling}/num_pairs"))
         assert 1 in steps and 2 not in steps
     # Two groups -> two distinct first-turn prompts (two FrozenLake maps): the MI proxies
@@ -125,7 +125,7 @@ def test_collapse_diagnostics_are_logged(finished_run):
     chance = _history(client, summary.run_id, "collapse/first_turn/retrieval_chance")
     assert set(chance) == {1} and 0.0 < chance[1] <= 1.0
     for sampling in ("first_turn", "trajectory"):
-        # The information chain is scored at iteration 1 (then every chain_every = 10).
+        # The information chain is scored at iteration 1 (then every chain_every = 20).
         assert set(_history(client, summary.run_id, f"collapse/{sampling}/za/num_pairs")) == {1}
     images = [a.path for a in client.list_artifacts(summary.run_id, "diagnostics")]
     assert any(p.endswith("cross_scores_first_turn_0001.png") for p in images)

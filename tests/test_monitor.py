@@ -232,7 +232,7 @@ def test_monitor_page_follows_a_real_training_run(ray_local, micro_policy, tmp_p
             4,
             screenshot_path(tmp_path, "monitor_real_run.png"),
             kept_last=0.0,
-            probe_at=1,  # the probe set's default cadence: every 5 and at 1
+            probe_at=1,  # the probe set's default cadence: every 10 and at 1
         )
     finally:
         resume.set()
