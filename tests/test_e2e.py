@@ -95,6 +95,10 @@ def test_run_records_what_it_ran_on(finished_run):
 
     assert tags["env.torch"] == torch.__version__
     assert tags["model.dtype_effective"] == "float32"  # every process loaded float32
+    from tether.policy.precision import resolve_autocast
+
+    # diagnostics.autocast: auto, as the learner decided it on this CPU
+    assert tags["diagnostics.autocast_effective"] == resolve_autocast("auto", "cpu")
     metrics = MlflowClient(summary.tracking_uri).get_run(summary.run_id).data.metrics
     assert metrics["system/peak_rss_gb/learner"] > 0.1
     # The MLflow UI opens the experiment on its runs (a training experiment), and the run

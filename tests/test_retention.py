@@ -74,9 +74,17 @@ def _write_iterations(tracker, cfg, iterations):
 
 
 def _config(tmp_path, *overrides):
+    # Heatmaps every 10th iteration (diagnostics every 5): the cadence the sets kept below
+    # are worked out for, whatever the defaults are.
     return build_config(
         {"experiment": {"output_dir": str(tmp_path / "out"), "name": "retention"}},
-        [f"trainer.iterations={ITERATIONS}", "diagnostics.samplings=[first_turn]", *overrides],
+        [
+            f"trainer.iterations={ITERATIONS}",
+            "diagnostics.samplings=[first_turn]",
+            "diagnostics.every=5",
+            "diagnostics.heatmap_every=10",
+            *overrides,
+        ],
     )
 
 

@@ -229,6 +229,13 @@ def test_the_head_leaves_autocast():
         plain = head(states)  # what autocast alone would give
     assert inside.dtype == torch.float32 and plain.dtype == torch.bfloat16
     assert torch.equal(inside, head(states.bfloat16().float()))
+    # A head stored in bfloat16 (a model loaded so) takes bfloat16 states, as without
+    # autocast (the diagnostics score such models under diagnostics.autocast: auto).
+    stored = torch.nn.Linear(16, 32, bias=False).bfloat16()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = head_logits(states, stored)
+    assert logits.dtype == torch.float32
+    assert torch.equal(logits, stored(states.bfloat16()).float())
 
 
 def test_auto_autocast_follows_the_hardware(monkeypatch):

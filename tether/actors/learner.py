@@ -267,9 +267,9 @@ class Learner:
         self.full_model.load_state_dict(state)
         return self.full_model
 
-    def _diagnostics_precision(self, diagnostics_cfg) -> str:
-        """``diagnostics.autocast`` as decided for this process's device."""
-        return resolve_autocast(diagnostics_cfg.autocast, self.device.type)
+    def diagnostics_precision(self, setting: str) -> str:
+        """``diagnostics.autocast`` as decided for this process's device: none or bfloat16."""
+        return resolve_autocast(setting, self.device.type)
 
     def _scoring_model(self):
         """The analysis model (None off rank 0), with the span extractor the
@@ -297,7 +297,7 @@ class Learner:
         model = self._scoring_model()
         if model is None:
             return None
-        with torch.no_grad(), autocast(model, self._diagnostics_precision(diagnostics_cfg)):
+        with torch.no_grad(), autocast(model, self.diagnostics_precision(diagnostics_cfg.autocast)):
             return collapse_diagnostics(
                 model,
                 trajectories,
@@ -322,7 +322,7 @@ class Learner:
         model = self._scoring_model()
         if model is None:
             return None
-        with torch.no_grad(), autocast(model, self._diagnostics_precision(diagnostics_cfg)):
+        with torch.no_grad(), autocast(model, self.diagnostics_precision(diagnostics_cfg.autocast)):
             return probe_diagnostics(
                 model,
                 trajectories,

@@ -205,6 +205,9 @@ class LearnerGroup:
     def dtype_effective(self) -> str:
         return self._all("dtype_effective")
 
+    def diagnostics_precision(self, setting: str) -> str:
+        return self._all("diagnostics_precision", setting)
+
     def state_dict(self) -> ray.ObjectRef:
         """The full policy weights as an object-store reference (rank 0 gathers them)."""
         refs = [rank.state_dict.remote() for rank in self.ranks]

@@ -95,8 +95,11 @@ def head_logits(states: Tensor, head: torch.nn.Module | None) -> Tensor:
     if head is None:
         return states.float()
     if torch.is_autocast_enabled(states.device.type):
+        # float32 states into a float32 head; a head stored in another dtype (a model
+        # loaded in bfloat16) takes its own, as it would without autocast.
+        dtype = next(head.parameters()).dtype
         with torch.autocast(states.device.type, enabled=False):
-            return head(states.float())
+            return head(states.to(dtype)).float()
     return head(states).float()
 
 

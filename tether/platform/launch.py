@@ -78,9 +78,10 @@ def learner_request(cfg: TetherConfig, model_path: str) -> ActorRequest:
     )
 
 
-def dtype_tags(learner, fleet: RolloutFleet) -> dict[str, str]:
+def dtype_tags(learner, fleet: RolloutFleet, diagnostics_autocast: str) -> dict[str, str]:
     """What the run computed in: the parameters' dtype as the learner and each rollout
-    worker loaded them (one name when all agree), and the log-softmax's (float32)."""
+    worker loaded them (one name when all agree), the log-softmax's (float32), and the
+    precision of the diagnostics' cross-scoring (``diagnostics.autocast`` as decided)."""
     used = {"learner": learner.dtype_effective()}
     for k, dtype in enumerate(fleet.dtypes()):
         used[f"rollout_worker{k}"] = dtype
@@ -90,6 +91,7 @@ def dtype_tags(learner, fleet: RolloutFleet) -> dict[str, str]:
         if same
         else ",".join(f"{k}={v}" for k, v in used.items()),
         "model.logprob_dtype": "float32",
+        "diagnostics.autocast_effective": learner.diagnostics_precision(diagnostics_autocast),
     }
 
 

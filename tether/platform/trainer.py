@@ -416,7 +416,10 @@ class Trainer:
         stops = self.fleet.start_run()
         self.sampling = SamplingParams(**{**self.sampling.__dict__, "stop_token_ids": stops})
         self.tracker.set_tags(
-            {"tether.model_path": self.model_path, **dtype_tags(self.learner, self.fleet)}
+            {
+                "tether.model_path": self.model_path,
+                **dtype_tags(self.learner, self.fleet, cfg.diagnostics.autocast),
+            }
         )
 
     def close(self, status: str) -> None:
