@@ -180,9 +180,7 @@ class Trainer:
                 metrics = self.iteration(it)
                 if self.after_iteration(it, metrics):
                     break
-                # glibc keeps the pages this iteration freed (batches, episodes, figures
-                # of varying size) in its arenas: without this the driver's memory
-                # creeps up by a few MB per 100 iterations (benchmarks/RESULTS.md, "Soak")
+                # glibc keeps the pages an iteration frees: hand them back (RESULTS, "Soak")
                 release_free_memory()
                 it += 1
             except LearnerDied as died:  # rebuilt from the last checkpoint: re-run from there
@@ -415,12 +413,8 @@ class Trainer:
         start_learner(self.learner, self.responder.settings, cfg)
         stops = self.fleet.start_run()
         self.sampling = SamplingParams(**{**self.sampling.__dict__, "stop_token_ids": stops})
-        self.tracker.set_tags(
-            {
-                "tether.model_path": self.model_path,
-                **dtype_tags(self.learner, self.fleet, cfg.diagnostics.autocast),
-            }
-        )
+        tags = dtype_tags(self.learner, self.fleet, cfg.diagnostics.autocast)
+        self.tracker.set_tags({"tether.model_path": self.model_path, **tags})
 
     def close(self, status: str) -> None:
         """End the MLflow run and hand the actors back to the pool: a keeping pool holds
