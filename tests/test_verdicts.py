@@ -130,22 +130,17 @@ def test_the_measures_of_one_run():
     assert quartile_gap([r]) > 0.15  # MI = 0.1 + RV: the top quartile 0.2-0.29 above the bottom
 
 
-def test_the_paper_command_prints_the_family_from_a_store(tmp_path, capsys):
-    """``python -m tether.analysis.paper <experiment>`` (no --finding): the runs read back
-    from MLflow, prompt records included, give the numbers computed on them directly."""
-    import json
-
+def store_of(tmp_path, runs) -> str:
+    """The runs logged to a fresh SQLite MLflow store (experiment ``verdicts-test``)."""
     from mlflow.entities import Metric, Param
     from mlflow.tracking import MlflowClient
-
-    from tether.analysis import paper
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     client = MlflowClient(uri)
     exp = client.create_experiment("verdicts-test", artifact_location=str(tmp_path / "art"))
-    runs = suite(seeds=range(4))
     for r in runs:
-        rid = client.create_run(exp, run_name=r.name, tags={"tether.env": "lake"}).info.run_id
+        tags = {"tether.env": "lake", "env.tether_commit": "c0ffee"}
+        rid = client.create_run(exp, run_name=r.name, tags=tags).info.run_id
         metrics = [
             Metric(key, value, 0, step)
             for key, points in r.metrics.items()
@@ -158,6 +153,18 @@ def test_the_paper_command_prints_the_family_from_a_store(tmp_path, capsys):
                 rid, {"iteration": it, "groups": groups}, f"prompt_mi/iter_{it:04d}.json"
             )
         client.set_terminated(rid, "FINISHED")
+    return uri
+
+
+def test_the_paper_command_prints_the_family_from_a_store(tmp_path, capsys):
+    """``python -m tether.analysis.paper <experiment>`` (no --finding): the runs read back
+    from MLflow, prompt records included, give the numbers computed on them directly."""
+    import json
+
+    from tether.analysis import paper
+
+    runs = suite(seeds=range(4))
+    uri = store_of(tmp_path, runs)
     assert paper.main(["verdicts-test", "--tracking-uri", uri]) == 0
     out = json.loads(capsys.readouterr().out)
     direct = family(runs)
@@ -172,7 +179,52 @@ def test_the_paper_command_prints_the_family_from_a_store(tmp_path, capsys):
     table = capsys.readouterr().out
     for key in ("a1.", "a2.", "b.", "c.", "d1.", "d2.", "d3."):
         assert key in table
-    assert table.count(direct["a1"]["verdict"]) >= 1 and "settings that differ: {}" in table
+    assert table.count(direct["a1"]["verdict"]) >= 1 and "differ: {}" in table
+    assert "['c0ffee']" in table  # the commit the runs trained on
+
+
+def test_record_files_carry_the_runs_to_the_analyses_without_the_store(tmp_path, capsys):
+    """A sweep run in parts on machines that do not keep their stores: each part exported
+    (``--export``) and the files pooled give what the pooled store gives; a record reads
+    back equal to the runs the store gives; ``tether report`` builds from a record alone."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from tether.analysis import paper, records
+    from tether.analysis.source import load_target
+    from tether.platform.cli import app
+
+    runs = suite(seeds=range(6))
+    uri = store_of(tmp_path, runs)
+    whole = tmp_path / "whole.json.gz"
+    assert paper.main(["verdicts-test", "--tracking-uri", uri, "--export", str(whole)]) == 0
+    from_store = json.loads(capsys.readouterr().out)
+    stored = load_target(uri, "verdicts-test")[1]
+    assert records.load(whole) == stored  # every field: params, tags, metrics, prompt records
+    # the same runs give the same bytes (a part committed twice is no change)
+    twice = [records.dump(stored, tmp_path / f"{k}.json.gz").read_bytes() for k in "ab"]
+    assert twice[0] == twice[1]
+    # two parts by seed, as two machines would have run them; the family reads them pooled
+    first = [r for r in stored if int(r.params["experiment.seed"]) < 3]
+    parts = [
+        records.dump(first, tmp_path / "part1.json.gz"),
+        records.dump([r for r in stored if r not in first], tmp_path / "part2.json"),
+    ]
+    assert paper.main([str(p) for p in parts]) == 0  # no --tracking-uri: no store needed
+    pooled = json.loads(capsys.readouterr().out)
+    assert pooled["runs"] == from_store["runs"] == len(runs) and pooled["commits"] == ["c0ffee"]
+    assert pooled["tests"] == from_store["tests"]
+    # half the seeds is not the whole: the pooling is what brings the rest in
+    assert paper.main([str(parts[0])]) == 0
+    assert json.loads(capsys.readouterr().out)["runs"] == len(first)
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"format": "something else"}')
+    assert paper.main([str(bad)]) == 2 and "not a Tether run record" in capsys.readouterr().err
+    assert paper.main(["verdicts-test"]) == 2  # a store's name without a store
+    result = CliRunner().invoke(app, ["report", str(whole), "--out", str(tmp_path / "rep")])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "rep" / "report.html").is_file() and "logged as" not in result.output
 
 
 def test_the_quartile_gap_is_defined_when_most_groups_share_the_top_rv():

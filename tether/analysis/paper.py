@@ -314,10 +314,18 @@ def main(argv: list[str] | None = None) -> int:
         "targets",
         nargs="+",
         metavar="target",
-        help="sweep parent run ids, run ids or experiment names; several are pooled (e.g. "
-        "finding d's top-k arm with finding a's identical none and top-p trials)",
+        help="sweep parent run ids, run ids, experiment names or record files (--export); "
+        "several are pooled (e.g. the parts of a sweep run on several machines)",
     )
-    parser.add_argument("--tracking-uri", required=True, help="e.g. sqlite:////abs/mlflow.db")
+    parser.add_argument(
+        "--tracking-uri", help="e.g. sqlite:////abs/mlflow.db (not needed for record files)"
+    )
+    parser.add_argument(
+        "--export",
+        metavar="FILE",
+        help="also write the loaded runs to a record file (*.json or *.json.gz) that later "
+        "calls take as a target, without the store (tether/analysis/records.py)",
+    )
     parser.add_argument(
         "--protocol",
         choices=["2026-11-27", "2026-11-23"],
@@ -352,16 +360,27 @@ def main(argv: list[str] | None = None) -> int:
         loaded = [
             run
             for target in args.targets
-            for run in load_target(args.tracking_uri, target, with_prompts=not old)[1]
+            # an export keeps the prompt-level rewards too: the report's heatmaps read them
+            for run in load_target(
+                args.tracking_uri, target, with_prompts=not old or bool(args.export)
+            )[1]
         ]
     except ReportError as exc:
         print(f"paper: {exc}", file=sys.stderr)
         return 2
+    if args.export:
+        from . import records
+
+        source = {"tracking_uri": args.tracking_uri, "targets": args.targets}
+        written = records.dump(loaded, args.export, source)
+        print(f"paper: {len(loaded)} runs -> {written}", file=sys.stderr)
     runs = [r for r in loaded if r.status == "FINISHED"]  # a stopped trial is not a result
     out: dict = {
         "runs": len(runs),
         # pooled runs must differ only in what the findings compare
         "settings_that_differ": differing_settings(runs),
+        # the Tether commit(s) the runs trained on (a verdict's runs share one)
+        "commits": sorted({r.tags.get("env.tether_commit", "unknown") for r in runs}),
         "not_finished": [
             f"{r.name} ({r.status}, iteration {r.latest_iteration})"
             for r in loaded
@@ -376,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
             from rich.console import Console
 
             Console().print(family_table(out["tests"]))
-            print(f"runs {out['runs']}; settings that differ: {out['settings_that_differ']}")
+            print(f"runs {out['runs']} {out['commits']}; differ: {out['settings_that_differ']}")
             return 0
     elif args.finding == "a":
         rows = collapse_rows(runs, args.sampling, args.mi)

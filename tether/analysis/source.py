@@ -1,7 +1,8 @@
 """Read Tether runs from MLflow into ``RunData`` (the only MLflow-aware analysis code).
 
-A target is a run id (a training run, or a sweep's parent: its children), or an
-experiment name (its Tether runs). A Tether training run carries the ``tether.env`` tag
+A target is a run id (a training run, or a sweep's parent: its children), an
+experiment name (its Tether runs), or a record file (``records``: runs exported from a
+store, read without one). A Tether training run carries the ``tether.env`` tag
 the driver sets; sweep parents carry ``tether.kind = sweep``.
 """
 
@@ -35,7 +36,7 @@ class ReportError(RuntimeError):
 
 @dataclass
 class Target:
-    kind: str  # run | sweep | experiment
+    kind: str  # run | sweep | experiment | records
     label: str
     experiment_id: str
     runs: list  # mlflow Run objects of the training runs
@@ -203,9 +204,21 @@ def load_run(
 
 
 def load_target(
-    tracking_uri: str, target: str, with_prompts: bool = True
+    tracking_uri: str | None, target: str, with_prompts: bool = True
 ) -> tuple[Target, list[RunData]]:
     from ..platform.tracking import TrackingError, check_tracking_reachable
+    from . import records
+
+    if records.is_record_file(target):
+        try:
+            runs = records.load(target)
+        except ValueError as exc:
+            raise ReportError(str(exc)) from None
+        if not runs:
+            raise ReportError(f"record file {target} holds no runs")
+        return Target("records", Path(target).name, "", [], None), runs
+    if tracking_uri is None:
+        raise ReportError(f"{target!r} is not a record file; name the store (--tracking-uri)")
 
     try:
         check_tracking_reachable(tracking_uri)

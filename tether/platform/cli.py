@@ -327,7 +327,7 @@ OUTPUT_DIR = typer.Option(
 @app.command()
 def report(
     target: str = typer.Argument(
-        ..., help="A run id, a sweep's parent run id, or an experiment name."
+        ..., help="A run id, a sweep's parent run id, an experiment name, or a record file."
     ),
     tracking_uri: str | None = TRACKING_URI,
     output_dir: Path | None = OUTPUT_DIR,
@@ -364,9 +364,12 @@ def report(
 
     cli_tracking.check_choice("--sampling", sampling, SAMPLINGS)
     cli_tracking.check_choice("--mi", mi_name, DIAGNOSTICS)
-    uri = cli_tracking.tracking_uri(tracking_uri, output_dir)
+    from ..analysis.records import is_record_file
+
+    # a record file (python -m tether.analysis.paper --export) needs no store
+    uri = None if is_record_file(target) else cli_tracking.tracking_uri(tracking_uri, output_dir)
     settings = ReportSettings(sampling=sampling, mi_name=mi_name)
-    cli_tracking.report(target, uri, out, settings, log, finished_only)
+    cli_tracking.report(target, uri, out, settings, log and uri is not None, finished_only)
 
 
 @app.command("sync-tracking")

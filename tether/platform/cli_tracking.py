@@ -33,7 +33,7 @@ def check_choice(option: str, value: str, choices) -> None:
 
 # -- tether report ------------------------------------------------------------------------
 def report(
-    target: str, uri: str, out: Path | None, settings, log: bool, finished_only: bool
+    target: str, uri: str | None, out: Path | None, settings, log: bool, finished_only: bool
 ) -> None:
     """Build the report of ``target`` into ``out``, print its tables, log it to MLflow."""
     from ..analysis.report import build_report

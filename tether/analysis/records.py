@@ -1,0 +1,91 @@
+"""Run records: the analyses' input (``RunData``) kept in a file, outside any MLflow store.
+
+A sweep too long for one sitting of a machine runs in parts, each part on a fresh machine
+with its own MLflow store; what the analyses need from each part's finished trials
+(params, tags, the metric histories ``source.WANTED`` keeps, alarms, prompt-level rewards
+and MI) is exported to a record file, and the parts are pooled by naming the files as
+targets::
+
+    python -m tether.analysis.paper <parent> --tracking-uri sqlite:///.../mlflow.db \\
+        --export part1.json.gz
+    python -m tether.analysis.paper part1.json.gz part2.json.gz --table
+    tether report part1.json.gz
+
+A record is the analyses' view of a run, not a copy of the run: figures, checkpoints and
+the metrics the analyses do not read stay in the store it came from.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from dataclasses import asdict, fields
+from pathlib import Path
+
+from .runs import RunData
+
+FORMAT = "tether.run-records/1"
+SUFFIXES = (".json", ".json.gz")
+
+
+def is_record_file(target: str) -> bool:
+    """A target that names a record file (an existing ``*.json`` or ``*.json.gz``)."""
+    return target.endswith(SUFFIXES) and Path(target).is_file()
+
+
+def _encode(run: RunData) -> dict:
+    data = asdict(run)
+    # JSON keys are strings: steps and iterations are written as such and read back as int
+    data["metrics"] = {k: {str(s): v for s, v in pts.items()} for k, pts in run.metrics.items()}
+    return data
+
+
+def _decode(data: dict) -> RunData:
+    known = {f.name for f in fields(RunData)}
+    unknown = set(data) - known
+    if unknown:
+        raise ValueError(f"unknown fields {sorted(unknown)} (a newer record format?)")
+    data = dict(data)
+    data["metrics"] = {
+        k: {int(s): float(v) for s, v in pts.items()} for k, pts in data.get("metrics", {}).items()
+    }
+    for name in ("prompts", "prompt_mi"):
+        data[name] = {int(it): groups for it, groups in data.get(name, {}).items()}
+    return RunData(**data)
+
+
+def dump(runs: list[RunData], path: str | Path, source: dict | None = None) -> Path:
+    """Write ``runs`` to ``path`` (gzip-compressed when it ends in ``.gz``); ``source``
+    says where they came from (tracking URI, target), kept beside them."""
+    path = Path(path)
+    if not path.name.endswith(SUFFIXES):
+        raise ValueError(f"{path}: a record file's name ends in {' or '.join(SUFFIXES)}")
+    text = json.dumps(
+        {"format": FORMAT, "source": source or {}, "runs": [_encode(r) for r in runs]},
+        sort_keys=True,
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.name.endswith(".gz"):
+        # no name or time in the header: the same runs give the same bytes (a part
+        # committed twice is no change)
+        path.write_bytes(gzip.compress(text.encode(), mtime=0))
+    else:
+        path.write_text(text)
+    return path
+
+
+def load(path: str | Path) -> list[RunData]:
+    """The runs of a record file; ValueError (one line: what, where) when it is not one."""
+    path = Path(path)
+    try:
+        raw = gzip.decompress(path.read_bytes()) if path.name.endswith(".gz") else path.read_bytes()
+        data = json.loads(raw)
+    except (OSError, EOFError, ValueError) as exc:
+        raise ValueError(f"{path}: not a readable record file ({exc})") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        found = data.get("format") if isinstance(data, dict) else type(data).__name__
+        raise ValueError(f"{path}: not a Tether run record (format {found!r}, want {FORMAT!r})")
+    try:
+        return [_decode(r) for r in data["runs"]]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"{path}: a malformed run record ({exc})") from None
