@@ -218,6 +218,9 @@ def test_record_files_carry_the_runs_to_the_analyses_without_the_store(tmp_path,
     # half the seeds is not the whole: the pooling is what brings the rest in
     assert paper.main([str(parts[0])]) == 0
     assert json.loads(capsys.readouterr().out)["runs"] == len(first)
+    # a part given twice is one trial counted twice: refused, not silently deduplicated
+    assert paper.main([str(parts[0]), str(parts[1]), str(parts[0])]) == 2
+    assert "the same trial more than once" in capsys.readouterr().err
     bad = tmp_path / "bad.json"
     bad.write_text('{"format": "something else"}')
     assert paper.main([str(bad)]) == 2 and "not a Tether run record" in capsys.readouterr().err

@@ -15,10 +15,8 @@ stated in docs/reproduction.md before its confirmatory runs; this module compute
 - ``verdict_a`` ... ``verdict_d_quartiles``: the protocol's rule that turns those numbers
   into a verdict (reproduced / partly / not at this scale), with the reason in words.
 
-``python -m tether.analysis.paper <targets> --finding a|b|c|d`` prints them as JSON (the
-numbers and verdicts docs/reproduction.md quotes); without ``--finding`` it prints the
-protocol of 2026-11-27's family of tests (``tether.analysis.verdicts``) from the pooled
-targets.
+``python -m tether.analysis.paper <targets> --finding a|b|c|d`` prints them as JSON; without
+``--finding``, the protocol of 2026-11-27's family (``tether.analysis.verdicts``).
 """
 
 from __future__ import annotations
@@ -307,6 +305,7 @@ def _finite(value):
 
 
 def main(argv: list[str] | None = None) -> int:
+    from . import records
     from .source import ReportError, load_target
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -369,12 +368,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"paper: {exc}", file=sys.stderr)
         return 2
     if args.export:
-        from . import records
-
         source = {"tracking_uri": args.tracking_uri, "targets": args.targets}
         written = records.dump(loaded, args.export, source)
         print(f"paper: {len(loaded)} runs -> {written}", file=sys.stderr)
     runs = [r for r in loaded if r.status == "FINISHED"]  # a stopped trial is not a result
+    if twice := records.repeated(runs):
+        print(f"paper: the same trial more than once (same params): {twice}", file=sys.stderr)
+        return 2
     out: dict = {
         "runs": len(runs),
         # pooled runs must differ only in what the findings compare

@@ -89,3 +89,13 @@ def load(path: str | Path) -> list[RunData]:
         return [_decode(r) for r in data["runs"]]
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"{path}: a malformed run record ({exc})") from None
+
+
+def repeated(runs: list[RunData]) -> list[list[str]]:
+    """Groups of runs with the same params: one trial counted twice (a part exported
+    twice, or a seed rerun after its first runs were exported). Paired analyses would
+    keep one of them silently."""
+    by_params: dict[tuple, list[str]] = {}
+    for run in runs:
+        by_params.setdefault(tuple(sorted(run.params.items())), []).append(run.name)
+    return [names for names in by_params.values() if len(names) > 1]
