@@ -12,6 +12,7 @@ import csv
 import json
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -65,15 +66,21 @@ def cluster(tmp_path_factory, micro_policy):
     temp_dir = tempfile.mkdtemp(prefix="rsw", dir="/tmp")  # short: Ray's socket paths
     log = tmp_path_factory.mktemp("cluster") / "ray_start.log"
     dashboard = f"http://127.0.0.1:{_free_port()}"
-    # Ray >= 2.59 starts clusters with token auth; the `ray` CLI sends the local token
-    # only in mode "token".
+    # Ray >= 2.59 clusters use token auth; the `ray` CLI sends the token only in mode
+    # "token", and `ray start` in that mode needs one to exist. A fresh machine has no
+    # ~/.ray/auth_token (the nightly's clean machine failed here): this cluster's own,
+    # beside its temp dir, for the head and every CLI call.
+    token = Path(temp_dir) / "auth_token"
+    token.write_text(secrets.token_hex(32))
     env = {
         **os.environ,
         "RAY_USAGE_STATS_ENABLED": "0",
         "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN_PATH": str(token),
         "PATH": f"{Path(os.sys.executable).parent}:{os.environ.get('PATH', '')}",
     }
     env.pop("RAY_ADDRESS", None)
+    env.pop("RAY_AUTH_TOKEN", None)  # it would win over the path
     with log.open("w") as out:
         head = subprocess.Popen(
             [
