@@ -2,20 +2,23 @@
 are known by construction."""
 
 import zlib
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from tether.analysis.decide import NOT_REPRODUCED, REPRODUCED
-from tether.analysis.runs import SUCCESS, VAL_SUCCESS, RunData
+from tether.analysis.runs import SUCCESS, VAL_SUCCESS, RunData, arm_of
 from tether.analysis.verdicts import (
     PROBE_H,
     PROBE_MI,
     PROBE_Z,
     c_contrasts,
     family,
+    noise,
     probe_mi_change,
     quartile_gap,
+    seed,
 )
 
 STEPS = (1, 12, 24)
@@ -218,6 +221,15 @@ def test_record_files_carry_the_runs_to_the_analyses_without_the_store(tmp_path,
     # half the seeds is not the whole: the pooling is what brings the rest in
     assert paper.main([str(parts[0])]) == 0
     assert json.loads(capsys.readouterr().out)["runs"] == len(first)
+    # a part cut short: seed 0's top-k arm did not finish, seed 1's top-p never started
+    cut = [
+        replace(r, status="KILLED") if (seed(r), arm_of(r)) == ("0", "top_k") else r
+        for r in stored
+        if seed(r) in "012" and (seed(r), arm_of(r), noise(r)) != ("1", "top_p", 0.0)
+    ]
+    kept, left_out = records.complete_seeds(cut)
+    assert left_out == ["0", "1"] and {seed(r) for r in kept} == {"2"}
+    assert len(kept) == 7  # seed 2 whole: three arms at no noise, two at each other level
     # a part given twice is one trial counted twice: refused, not silently deduplicated
     assert paper.main([str(parts[0]), str(parts[1]), str(parts[0])]) == 2
     assert "the same trial more than once" in capsys.readouterr().err

@@ -322,8 +322,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--export",
         metavar="FILE",
-        help="also write the loaded runs to a record file (*.json or *.json.gz) that later "
-        "calls take as a target, without the store (tether/analysis/records.py)",
+        help="also write the finished runs of the seeds whose every arm finished to a record "
+        "file (*.json or *.json.gz) that later calls take as a target, without the store",
     )
     parser.add_argument(
         "--protocol",
@@ -367,10 +367,11 @@ def main(argv: list[str] | None = None) -> int:
     except ReportError as exc:
         print(f"paper: {exc}", file=sys.stderr)
         return 2
-    if args.export:
+    if args.export:  # the finished runs of the seeds whose every arm finished
+        kept, cut = records.complete_seeds(loaded)
         source = {"tracking_uri": args.tracking_uri, "targets": args.targets}
-        written = records.dump(loaded, args.export, source)
-        print(f"paper: {len(loaded)} runs -> {written}", file=sys.stderr)
+        written = records.dump(kept, args.export, source)
+        print(f"paper: {len(kept)} runs -> {written}; seeds left out: {cut}", file=sys.stderr)
     runs = [r for r in loaded if r.status == "FINISHED"]  # a stopped trial is not a result
     if twice := records.repeated(runs):
         print(f"paper: the same trial more than once (same params): {twice}", file=sys.stderr)

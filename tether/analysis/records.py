@@ -99,3 +99,27 @@ def repeated(runs: list[RunData]) -> list[list[str]]:
     for run in runs:
         by_params.setdefault(tuple(sorted(run.params.items())), []).append(run.name)
     return [names for names in by_params.values() if len(names) > 1]
+
+
+def complete_seeds(runs: list[RunData]) -> tuple[list[RunData], list[str]]:
+    """The finished runs of the seeds that finished every arm, and the seeds left out.
+
+    An arm is a combination of the params that vary between the runs other than
+    ``experiment.seed``; the arms are those any seed has. A part of a sweep cut short
+    leaves a seed with some arms only: exported, its rerun in a later part would count
+    those twice (``repeated``), and its pairs would span two machines."""
+    finished = [r for r in runs if r.status == "FINISHED"]
+    varying = sorted(
+        k
+        for k in {k for r in finished for k in r.params}
+        if k != "experiment.seed" and len({r.params.get(k) for r in finished}) > 1
+    )
+    arms: dict[str, set] = {}
+    for run in finished:
+        arms.setdefault(str(run.params.get("experiment.seed")), set()).add(
+            tuple(run.params.get(k) for k in varying)
+        )
+    every = set().union(*arms.values()) if arms else set()
+    seeds = {str(r.params.get("experiment.seed")) for r in runs}
+    left_out = sorted(s for s in seeds if arms.get(s) != every)
+    return [r for r in finished if str(r.params.get("experiment.seed")) not in left_out], left_out
