@@ -230,6 +230,9 @@ def test_record_files_carry_the_runs_to_the_analyses_without_the_store(tmp_path,
     kept, left_out = records.complete_seeds(cut)
     assert left_out == ["0", "1"] and {seed(r) for r in kept} == {"2"}
     assert len(kept) == 7  # seed 2 whole: three arms at no noise, two at each other level
+    with pytest.raises(ValueError, match="no seed finished every arm"):
+        records.export([r for r in cut if seed(r) == "0"], tmp_path / "none.json.gz", {})
+    assert not (tmp_path / "none.json.gz").exists()
     # a part given twice is one trial counted twice: refused, not silently deduplicated
     assert paper.main([str(parts[0]), str(parts[1]), str(parts[0])]) == 2
     assert "the same trial more than once" in capsys.readouterr().err

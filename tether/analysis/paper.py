@@ -316,14 +316,12 @@ def main(argv: list[str] | None = None) -> int:
         help="sweep parent run ids, run ids, experiment names or record files (--export); "
         "several are pooled (e.g. the parts of a sweep run on several machines)",
     )
-    parser.add_argument(
-        "--tracking-uri", help="e.g. sqlite:////abs/mlflow.db (not needed for record files)"
-    )
+    parser.add_argument("--tracking-uri", help="e.g. sqlite:////abs/mlflow.db (stores only)")
     parser.add_argument(
         "--export",
         metavar="FILE",
         help="also write the finished runs of the seeds whose every arm finished to a record "
-        "file (*.json or *.json.gz) that later calls take as a target, without the store",
+        "file (*.json[.gz]) that later calls take as a target, without the store",
     )
     parser.add_argument(
         "--protocol",
@@ -367,11 +365,13 @@ def main(argv: list[str] | None = None) -> int:
     except ReportError as exc:
         print(f"paper: {exc}", file=sys.stderr)
         return 2
-    if args.export:  # the finished runs of the seeds whose every arm finished
-        kept, cut = records.complete_seeds(loaded)
+    if args.export:
         source = {"tracking_uri": args.tracking_uri, "targets": args.targets}
-        written = records.dump(kept, args.export, source)
-        print(f"paper: {len(kept)} runs -> {written}; seeds left out: {cut}", file=sys.stderr)
+        try:
+            print(f"paper: {records.export(loaded, args.export, source)}", file=sys.stderr)
+        except ValueError as exc:
+            print(f"paper: {exc}", file=sys.stderr)
+            return 2
     runs = [r for r in loaded if r.status == "FINISHED"]  # a stopped trial is not a result
     if twice := records.repeated(runs):
         print(f"paper: the same trial more than once (same params): {twice}", file=sys.stderr)

@@ -105,21 +105,36 @@ def complete_seeds(runs: list[RunData]) -> tuple[list[RunData], list[str]]:
     """The finished runs of the seeds that finished every arm, and the seeds left out.
 
     An arm is a combination of the params that vary between the runs other than
-    ``experiment.seed``; the arms are those any seed has. A part of a sweep cut short
-    leaves a seed with some arms only: exported, its rerun in a later part would count
-    those twice (``repeated``), and its pairs would span two machines."""
-    finished = [r for r in runs if r.status == "FINISHED"]
+    ``experiment.seed``; the arms are those any run has, finished or not. A part of a
+    sweep cut short leaves a seed with some arms only: exported, its rerun in a later part
+    would count those twice (``repeated``), and its pairs would span two machines. A trial
+    that never started left no run to name its arm: a part's sweep must have ended
+    cleanly (``run_part.sh`` exports only then)."""
     varying = sorted(
         k
-        for k in {k for r in finished for k in r.params}
-        if k != "experiment.seed" and len({r.params.get(k) for r in finished}) > 1
+        for k in {k for r in runs for k in r.params}
+        if k != "experiment.seed" and len({r.params.get(k) for r in runs}) > 1
     )
-    arms: dict[str, set] = {}
-    for run in finished:
-        arms.setdefault(str(run.params.get("experiment.seed")), set()).add(
-            tuple(run.params.get(k) for k in varying)
-        )
-    every = set().union(*arms.values()) if arms else set()
-    seeds = {str(r.params.get("experiment.seed")) for r in runs}
-    left_out = sorted(s for s in seeds if arms.get(s) != every)
-    return [r for r in finished if str(r.params.get("experiment.seed")) not in left_out], left_out
+
+    def arm(run: RunData) -> tuple:
+        return tuple(run.params.get(k) for k in varying)
+
+    def seed(run: RunData) -> str:
+        return str(run.params.get("experiment.seed"))
+
+    every = {arm(r) for r in runs}  # a trial killed or failed still names its arm
+    done: dict[str, set] = {}
+    for run in runs:
+        if run.status == "FINISHED":
+            done.setdefault(seed(run), set()).add(arm(run))
+    left_out = sorted({seed(r) for r in runs if done.get(seed(r)) != every})
+    return [r for r in runs if r.status == "FINISHED" and seed(r) not in left_out], left_out
+
+
+def export(runs: list[RunData], path: str | Path, source: dict) -> str:
+    """Write the finished runs of the seeds whose every arm finished (``complete_seeds``)
+    to ``path``; what was written and left out, in words. ValueError when no seed did."""
+    kept, cut = complete_seeds(runs)
+    if not kept:
+        raise ValueError(f"no seed finished every arm (seeds left out: {cut}); nothing written")
+    return f"{len(kept)} runs -> {dump(kept, path, source)}; seeds left out: {cut or 'none'}"
