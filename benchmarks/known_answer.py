@@ -31,7 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tether.testing.learning import (  # noqa: E402
     BREAKAGES,
     TASKS,
+    KnownAnswerResult,
     broken,
+    cell_passes,
     known_answer_config,
     passes,
     run_known_answer,
@@ -90,6 +92,7 @@ def one_run(
         "why": verdict[1],
         "success": result.success,
         "max_clipfrac": max(result.clipfrac or [float("nan")]),
+        "status": result.status,
         "seconds": round(time.perf_counter() - started, 1),
     }
     print(
@@ -98,6 +101,13 @@ def one_run(
         flush=True,
     )
     return row
+
+
+def as_result(row: dict) -> KnownAnswerResult:
+    """A row back as the result the pass rules read."""
+    return KnownAnswerResult(
+        row["val_before"], row["val_after"], row["success"], [row["max_clipfrac"]], row["status"]
+    )
 
 
 #: The algorithm settings a row records (those a per-task recipe may change).
@@ -130,10 +140,13 @@ def main() -> None:
     if not args.breakages_only:
         for task in args.tasks:
             for preset in args.presets:
-                for seed in args.seeds:
-                    rows.append(
-                        one_run(task, preset, seed, args.out, models=args.models, sections=sections)
-                    )
+                cell = [
+                    one_run(task, preset, seed, args.out, models=args.models, sections=sections)
+                    for seed in args.seeds
+                ]
+                rows += cell
+                ok, why = cell_passes([as_result(r) for r in cell], task)
+                print(f"{task}-{preset} over seeds {args.seeds}: passes={ok} ({why})", flush=True)
     for breakage in () if args.no_breakages else BREAKAGES:
         rows.append(
             one_run(BREAKAGE_TASKS[breakage], "grpo", 0, args.out, breakage, models=args.models)

@@ -19,7 +19,8 @@ colour; benchmarks/history/2026-11-25.md).  Doors starts near uniform (~0.1, cha
 A run **passes** (``passes``) when held-out success reaches the task's target, at least
 0.2 above where it started, and every update was on-policy (``actor/pg_clipfrac`` 0: one
 minibatch and one epoch, so the importance ratio is 1 unless the old-policy log-probs are
-wrong).  Learning alone does not catch misaligned old log-probs: PPO's clip still passes
+wrong); an algorithm passes a task (``cell_passes``, the nightly's matrix) when the mean
+over its seeds does and every run was on-policy.  Learning alone does not catch misaligned old log-probs: PPO's clip still passes
 the gradient of the tokens on the unclipped side (a row-shifted run reached 0.92).
 
 Settings: every run shares lr 1e-3 (``LEARNING_RATES``), no KL and no entropy bonus,
@@ -168,21 +169,49 @@ class KnownAnswerResult:
     status: str = ""
 
 
-def passes(result: KnownAnswerResult, task: str) -> tuple[bool, str]:
-    """Whether a known-answer run did what a working loop does, and why not."""
-    spec = TASKS[task]
+#: How far held-out success must rise above where it started.
+MIN_RISE = 0.2
+
+
+def _ran_clean(result: KnownAnswerResult) -> str | None:
+    """Why a run is not a clean run of the loop (ended early, or an on-policy update
+    clipped), else None."""
     if result.status != "FINISHED":
-        return False, f"the run ended {result.status}"
-    if result.val_after < spec.target:
-        return False, f"held-out success {result.val_after:.3f} < target {spec.target}"
-    if result.val_after < result.val_before + 0.2:
-        return (
-            False,
-            f"held-out success rose only {result.val_before:.3f} -> {result.val_after:.3f}",
-        )
+        return f"the run ended {result.status}"
     if not result.clipfrac or max(result.clipfrac) > 0.0:
-        return False, f"an on-policy update clipped (max pg_clipfrac {max(result.clipfrac or [1])})"
-    return True, f"held-out success {result.val_before:.3f} -> {result.val_after:.3f}, on-policy"
+        return f"an on-policy update clipped (max pg_clipfrac {max(result.clipfrac or [1])})"
+    return None
+
+
+def passes(result: KnownAnswerResult, task: str) -> tuple[bool, str]:
+    """Whether a known-answer run did what a working loop does, and why not (one run:
+    the breakage tests' rule)."""
+    return cell_passes([result], task)
+
+
+def cell_passes(results: list[KnownAnswerResult], task: str) -> tuple[bool, str]:
+    """Whether one algorithm on one task, over its seeds, did what a working loop does:
+    the **mean** held-out success reaches the task's target and rises at least
+    ``MIN_RISE`` above the mean start, and every run finished with every update
+    on-policy.  A run's held-out success is read on 128 episodes (standard error ~0.027
+    near 0.9) and its trajectory differs between CPUs, so one seed's result is one draw;
+    the claim is about the algorithm (benchmarks/history/2026-11-27.md, "The known-answer
+    matrix on another CPU")."""
+    spec = TASKS[task]
+    if not results:
+        return False, "no run"
+    for result in results:
+        if why := _ran_clean(result):
+            return False, why
+    before = sum(r.val_before for r in results) / len(results)
+    after = sum(r.val_after for r in results) / len(results)
+    runs = ", ".join(f"{r.val_before:.3f} -> {r.val_after:.3f}" for r in results)
+    what = "held-out success" if len(results) == 1 else f"mean held-out success ({runs})"
+    if after < spec.target:
+        return False, f"{what} {after:.3f} < target {spec.target}"
+    if after < before + MIN_RISE:
+        return False, f"{what} rose only {before:.3f} -> {after:.3f}"
+    return True, f"{what} {before:.3f} -> {after:.3f}, on-policy"
 
 
 def run_known_answer(cfg) -> KnownAnswerResult:
