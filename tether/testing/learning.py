@@ -36,8 +36,12 @@ then 0.945 / 0.898 / 0.945).  The decay from 1e-3 learns too slowly (0.51-0.71 o
 three); from 2e-3 it passes Dr.GRPO and DAPO by less.  PPO on Doors has no recipe: no
 candidate passed it on every seed (the anchor 1 of 3, the decays 0 and 2 of 3; its
 policy still runs away to unparseable replies), so it stays out of the nightly matrix.
-GRPO and every Choice run keep the shared settings, so the breakage runs (all GRPO) are
-as before.  The record: benchmarks/history/doors-recipe.md.
+On a second CPU (the earlier results were all from one machine) PPO on Choice fell
+short at the shared settings (0.781 / 0.883 / 0.938 on seeds 0-2); the same anchor, screened
+against raising the critic's learning rate to 1e-3 (0.961 / 0.945 / 0.914), gave 0.953 /
+0.953 / 0.938 there and is its recipe (benchmarks/history/2026-11-27.md, "The
+known-answer matrix on another CPU"). GRPO and every other Choice run keep the shared
+settings, so the breakage runs (all GRPO) are as before.  The record: benchmarks/history/doors-recipe.md.
 
 Breakages, each applied in the driver process to what the learner is given:
 ``advantage_sign`` (every estimator's advantages negated; negating the scores is the
@@ -105,6 +109,7 @@ LEARNING_RATES = {"grpo": 1e-3, "drgrpo": 1e-3, "dapo": 1e-3, "ppo": 1e-3}
 RECIPES: dict[tuple[str, str], dict] = {
     ("doors", "drgrpo"): {"kl_coef": 0.05},
     ("doors", "dapo"): {"kl_coef": 0.05},
+    ("choice", "ppo"): {"kl_coef": 0.05},
 }
 
 
