@@ -129,6 +129,27 @@ def test_act_defaults_follow_the_paper_and_keep_the_regularisers_as_options():
     assert [r.kind for r in optional.template_collapse.actions] == ["raise_kl", "raise_entropy"]
 
 
+def test_a_run_grounded_for_many_checkpoints_keeps_one_to_roll_back_to(tmp_path):
+    """Checkpoints at iterations 1-6 all grounded, the collapse's reference at 1 (the
+    run's first grounded point, as in tests/test_template_collapse.py on a CPU where p
+    stayed below 0.005 for four iterations): the first is kept beside the newest, so
+    the rollback has a target; keeping only the newest three left none."""
+    from tether.diagnostics.settings import Rollback
+    from tether.platform.alarm_responder import GROUNDED_KEPT, AlarmResponder
+
+    cfg = build_config({"alarms": {"template_collapse": {"mode": "act"}}})
+    responder = AlarmResponder(cfg, emit=lambda *a: None)
+    p_key = cfg.alarms.template_collapse.p_metric
+    for it in range(1, 7):
+        responder.note_checkpoint(it, tmp_path / f"ckpt_{it}", {p_key: 0.001}, {})
+    kept = [c.iteration for c in responder.grounded]
+    assert kept == [1, 5, 6] and len(kept) == GROUNDED_KEPT
+    assert Rollback().apply(responder.knobs, responder.grounded, 1)[1].iteration == 1
+    assert Rollback().apply(responder.knobs, responder.grounded, 5)[1].iteration == 5
+    responder.note_checkpoint(7, tmp_path / "ckpt_7", {p_key: 0.4}, {})  # not grounded
+    assert [c.iteration for c in responder.grounded] == [1, 5, 6]
+
+
 def test_monitor_reports_act_alarms_in_breach():
     config = AlarmsConfig.model_validate(
         {

@@ -28,7 +28,8 @@ from .events import Event
 from .fleet import RolloutFleet
 from .tracking import Tracker
 
-#: grounded checkpoints kept as rollback targets (the newest; protected from pruning)
+#: grounded checkpoints kept as rollback targets (the first and the newest; protected from
+#: pruning)
 GROUNDED_KEPT = 3
 
 
@@ -182,7 +183,13 @@ class AlarmResponder:
         """Before checkpoint ``path`` of iteration ``it`` is written: keep it as a rollback
         target when the run is grounded now (only when an alarm acts)."""
         if self.controller is not None and self.grounded_now(metrics, diagnostics):
-            self.grounded = [*self.grounded, GroundedCheckpoint(it, str(path))][-GROUNDED_KEPT:]
+            kept = [*self.grounded, GroundedCheckpoint(it, str(path))]
+            # The first stays: a collapse's reference is often the run's first grounded
+            # point, and a rollback goes to a checkpoint at or before it (with only the
+            # newest kept, a run grounded for 4 checkpoints had none to return to).
+            if len(kept) > GROUNDED_KEPT:
+                kept = [kept[0], *kept[-(GROUNDED_KEPT - 1) :]]
+            self.grounded = kept
 
     def protected(self) -> tuple[Path, ...]:
         """Checkpoints that pruning must keep: the rollback targets."""
