@@ -231,6 +231,9 @@ def acted(micro_policy, models_dir, ray_local, tmp_path_factory):
     taken when it happens (later checkpoints replace it on disk)."""
     tmp = tmp_path_factory.mktemp("act")
     cfg = _config(tmp, models_dir, 5)
+    # Every checkpoint stays: the rollback test reads iteration 3's, which is neither among
+    # the newest two nor a rollback target (the first grounded one and the newest two are).
+    cfg.retention.checkpoints = 10
     targets = []
 
     def on_event(kind, data):
