@@ -114,8 +114,11 @@ def test_world_size_2_matches_world_size_1(
         assert two[4].backend == "gloo" and one[4].backend == "none"
         (w1, state1, m1, prep1, _), (w2, state2, m2, prep2, _) = one, two
         # Old, reference log-probs and values computed on split rows, joined whole.
+        # float32 on row blocks of different sizes: an AMD EPYC (no AVX-512) CPU gave up to
+        # 8e-5 on 11 of 7,452 log-probs (the rest within 1e-5), 2026-11-27; 2e-4 holds that
+        # with room and is far below any real misalignment (a shifted row moves nats).
         for name in ("old_logprobs", "ref_logprobs") + (("values",) if use_critic else ()):
-            assert torch.allclose(getattr(prep1, name), getattr(prep2, name), atol=1e-5), name
+            assert torch.allclose(getattr(prep1, name), getattr(prep2, name), atol=2e-4), name
             assert getattr(prep2, name).abs().sum() > 0
         assert w1.keys() == w2.keys()
         initial = load_model_and_tokenizer(micro_policy)[0].state_dict()
