@@ -1,13 +1,14 @@
 """The protocol of 2026-11-27's tests (tether.analysis.verdicts) on runs whose answers
 are known by construction."""
 
+import json
 import zlib
 from dataclasses import replace
 
 import numpy as np
 import pytest
 
-from tether.analysis.decide import NOT_REPRODUCED, REPRODUCED
+from tether.analysis.decide import NOT_REPRODUCED, REPRODUCED, UNDECIDED
 from tether.analysis.runs import SUCCESS, VAL_SUCCESS, RunData, arm_of
 from tether.analysis.verdicts import (
     PROBE_H,
@@ -261,3 +262,90 @@ def test_the_quartile_gap_is_defined_when_most_groups_share_the_top_rv():
         for g in groups:
             g["rewards"], g["success"] = [0.0] * 8, [False] * 8
     assert quartile_gap([r]) is None  # one RV for every group: no quartiles
+
+
+def sensitivity_grid(effect, noise=0.01, skip=()):
+    """The sensitivity sweep's 27 trials: final success 0.5 plus ``effect[factor]`` times
+    the level's rank (-1, 0, +1) for each factor, plus noise; probe MI logged with an
+    interval at iterations 12 and 24."""
+    from tether.analysis.verdicts import FACTORS
+
+    levels = {
+        "algo.entropy_coef": (0.0, 0.001, 0.01),
+        "algo.kl_coef": (0.0, 0.1, 0.3),
+        "filter.value": (0.5, 0.7, 0.9),
+    }
+    rng = np.random.default_rng(3)
+    runs = []
+    for i, e in enumerate(levels["algo.entropy_coef"]):
+        for j, k in enumerate(levels["algo.kl_coef"]):
+            for m, p in enumerate(levels["filter.value"]):
+                if (i, j, m) in skip:
+                    continue
+                ranks = dict(zip(FACTORS, (i - 1, j - 1, m - 1)))
+                final = 0.5 + sum(effect[f] * ranks[f] for f in FACTORS) + rng.normal(0, noise)
+                mi = 0.3 + 0.01 * i
+                metrics = {
+                    VAL_SUCCESS: {0: 0.3, 24: final},
+                    f"{VAL_SUCCESS}_ci_low": {0: 0.25, 24: final - 0.06},
+                    f"{VAL_SUCCESS}_ci_high": {0: 0.35, 24: final + 0.06},
+                    PROBE_MI: {12: 0.3, 24: mi},
+                    f"{PROBE_MI}_ci_low": {12: 0.2, 24: mi - 0.05},
+                    f"{PROBE_MI}_ci_high": {12: 0.4, 24: mi + 0.05},
+                }
+                params = {
+                    "experiment.seed": "1000",
+                    "algo.entropy_coef": str(e),
+                    "algo.kl_coef": str(k),
+                    "filter.strategy": "top_p",
+                    "filter.value": str(p),
+                }
+                runs.append(RunData(f"s{i}{j}{m}", f"s{i}{j}{m}", params=params, metrics=metrics))
+    return runs
+
+
+def test_the_sensitivity_row_reads_which_factor_moves_success(tmp_path, capsys):
+    """Success built to move 0.3 over the entropy and KL levels and 0.01 over the top-p
+    ratio's: reproduced; the other way round: not reproduced; no factor moving it:
+    undecided; a cell missing: no verdict. Pooled records of its parts give the same."""
+    from tether.analysis import paper, records
+    from tether.analysis.verdicts import sensitivity
+
+    robust = {"algo.entropy_coef": 0.15, "algo.kl_coef": -0.15, "filter.value": 0.005}
+    row = sensitivity(sensitivity_grid(robust))
+    assert row["verdict"] == REPRODUCED, row["because"]
+    assert row["spread"]["algo.entropy_coef"]["spread"] == pytest.approx(0.3, abs=0.02)
+    assert row["spread"]["filter.value"]["spread"] == pytest.approx(0.01, abs=0.02)
+    assert row["difference"]["algo.kl_coef"]["ci_high"] < 0
+    first = row["cells"][0]
+    assert first["success_ci"] == pytest.approx([first["success"] - 0.06, first["success"] + 0.06])
+    assert first["probe_mi"] == pytest.approx(0.3) and first["probe_mi_ci"] == pytest.approx(
+        [0.25, 0.35]
+    )
+    sensitive = {"algo.entropy_coef": 0.005, "algo.kl_coef": 0.005, "filter.value": 0.15}
+    assert sensitivity(sensitivity_grid(sensitive))["verdict"] == NOT_REPRODUCED
+    flat = {k: 0.0 for k in robust}
+    assert sensitivity(sensitivity_grid(flat, noise=0.05))["verdict"] == UNDECIDED
+    partial = sensitivity(sensitivity_grid(robust, skip={(2, 2, 2)}))
+    assert partial["verdict"] is None and "26 cells" in partial["because"]
+    # parts by entropy coefficient, as run_part.sh runs them; pooled by the command
+    runs = sensitivity_grid(robust)
+    parts = []
+    for e in ("0.0", "0.001", "0.01"):
+        part = [r for r in runs if r.params["algo.entropy_coef"] == e]
+        parts.append(str(records.dump(part, tmp_path / f"sens-{e}.json.gz")))
+    assert paper.main([*parts, "--sensitivity"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["sensitivity"]["verdict"] == REPRODUCED and len(out["sensitivity"]["cells"]) == 27
+    assert paper.main([*parts, "--sensitivity", "--table"]) == 0
+    table = capsys.readouterr().out
+    assert "top-p ratio" in table and f"verdict: {REPRODUCED}" in table
+
+
+def test_the_sensitivity_rows_power_rises_with_the_spread():
+    """The simulated power: no effect never says reproduced; an effect far above the
+    noise always does (the simulation reads the same test as the row)."""
+    from tether.analysis.verdicts import sensitivity_power
+
+    assert sensitivity_power(0.0, 0.05, simulations=20, resamples=200) == 0.0
+    assert sensitivity_power(0.3, 0.02, simulations=20, resamples=200) == 1.0

@@ -342,6 +342,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="with the protocol of 2026-11-27: print the family as a table, not JSON",
     )
+    parser.add_argument(
+        "--sensitivity",
+        action="store_true",
+        help="with the protocol of 2026-11-27: the sensitivity sweep's row (each cell's final "
+        "success and probe I(X;Z), the factors' spreads, the verdict), not the family",
+    )
     parser.add_argument("--sampling", default="first_turn", help="the diagnostics' sampling")
     parser.add_argument(
         "--mi",
@@ -353,6 +359,8 @@ def main(argv: list[str] | None = None) -> int:
     old = protocol == "2026-11-23"
     if old != (args.finding is not None):
         parser.error("--finding a|b|c|d goes with --protocol 2026-11-23, and only with it")
+    if old and args.sensitivity:
+        parser.error("--sensitivity goes with the protocol of 2026-11-27")
     try:
         loaded = [
             run
@@ -389,13 +397,18 @@ def main(argv: list[str] | None = None) -> int:
         ],
     }
     if not old:
-        from .verdicts import family, family_table
+        from rich.console import Console
 
-        out["tests"] = family(runs)
+        from .verdicts import family, family_table, sensitivity, sensitivity_tables
+
+        if args.sensitivity:
+            out["sensitivity"] = sensitivity(runs)
+        else:
+            out["tests"] = family(runs)
         if args.table:
-            from rich.console import Console
-
-            Console().print(family_table(out["tests"]))
+            tables = sensitivity_tables(out["sensitivity"]) if args.sensitivity else None
+            for table in tables or [family_table(out["tests"])]:
+                Console().print(table)
             print(f"runs {out['runs']} {out['commits']}; differ: {out['settings_that_differ']}")
             return 0
     elif args.finding == "a":

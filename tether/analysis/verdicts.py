@@ -17,6 +17,11 @@ bootstrapped over seeds:
 
 Only noise-free runs enter a, b and d; c reads every level.  Pure functions of
 ``RunData`` (``python -m tether.analysis.paper --protocol 2026-11-27`` loads them).
+
+The sensitivity row, a secondary test outside the family (``sensitivity``): over the grid
+of entropy coefficient x KL coefficient x top-p ratio, each factor's *spread* (the range
+over its levels of the mean final success over the other factors' cells), the top-p
+ratio's spread minus each other factor's with a bootstrap interval over cells.
 """
 
 from __future__ import annotations
@@ -26,8 +31,8 @@ from collections import defaultdict
 
 import numpy as np
 
-from .decide import decide, paired_effect, paired_power
-from .runs import SUCCESS, RunData, arm_of, collapse_key
+from .decide import NOT_REPRODUCED, REPRODUCED, UNDECIDED, decide, paired_effect, paired_power
+from .runs import SUCCESS, VAL_SUCCESS, RunData, arm_of, collapse_key
 from .stats import paired_gain, prompt_points, spearman_rho
 
 PROBE_MI = collapse_key("probe", "mi_estimate")
@@ -191,3 +196,185 @@ def family_table(tests: dict[str, dict]):
             t["verdict"] or f"none ({t['because']})",
         )
     return table
+
+
+#: The sensitivity sweep's factors (experiments/verdicts/sensitivity.yaml), in a reader's words.
+FACTORS = {
+    "algo.entropy_coef": "entropy coefficient",
+    "algo.kl_coef": "KL coefficient",
+    "filter.value": "top-p ratio",
+}
+TOP_P = "filter.value"
+
+
+def _interval_at(run: RunData, key: str, step: int | None) -> list[float | None]:
+    """The logged 95 % interval of ``key`` at ``step`` ([None, None] when not logged)."""
+    return [run.metrics.get(f"{key}_ci_{end}", {}).get(step) for end in ("low", "high")]
+
+
+def sensitivity_cells(runs: list[RunData]) -> list[dict]:
+    """One row per trial with every factor set: its levels, final success with the Wilson
+    interval its validation logged, and final probe I(X;Z) with its interval."""
+    rows = []
+    for run in runs:
+        if any(run.param(k) is None for k in FACTORS) or run.final_success() is None:
+            continue
+        val = [s for s in run.metrics.get(VAL_SUCCESS, {}) if s > 0]
+        mi = run.metrics.get(PROBE_MI, {})
+        last = max(mi) if mi else None
+        rows.append(
+            {
+                "run": run.name,
+                **{k: float(run.param(k)) for k in FACTORS},
+                "success": run.final_success(),
+                "success_ci": _interval_at(run, VAL_SUCCESS, max(val) if val else None),
+                "probe_mi": mi.get(last) if last is not None else None,
+                "probe_mi_ci": _interval_at(run, PROBE_MI, last),
+            }
+        )
+    return sorted(rows, key=lambda r: tuple(r[k] for k in FACTORS))
+
+
+def _spreads(levels: np.ndarray, success: np.ndarray, values: list[np.ndarray]) -> np.ndarray:
+    """Each factor's range over its levels of the mean success of the cells at that level
+    (NaN when a level has no cell)."""
+    out = []
+    for j, vals in enumerate(values):
+        means = [
+            success[levels[:, j] == v].mean() if (levels[:, j] == v).any() else np.nan for v in vals
+        ]
+        out.append(np.ptp(means) if not np.isnan(means).any() else np.nan)
+    return np.asarray(out)
+
+
+def _spread_test(
+    levels: np.ndarray, success: np.ndarray, resamples: int, rng, confidence: float = 0.95
+) -> tuple[np.ndarray, list[np.ndarray], dict[int, tuple[float, float, float]]]:
+    """The spreads, each factor's levels, and for each factor other than the top-p ratio
+    (by column): the top-p spread minus its, with the percentile interval of a residual
+    bootstrap: the cells' fitted values under the main-effects model (grand mean plus
+    each factor's level mean minus it) plus residuals drawn with replacement, scaled by
+    sqrt(n / (n - parameters)) for what the fit absorbed; the grid stays whole."""
+    values = [np.unique(levels[:, j]) for j in range(levels.shape[1])]
+    observed = _spreads(levels, success, values)
+    grand = success.mean()
+    fitted = np.full(len(success), grand)
+    for j, vals in enumerate(values):
+        for v in vals:
+            at = levels[:, j] == v
+            fitted[at] += success[at].mean() - grand
+    residuals = success - fitted
+    fit = 1 + sum(len(v) - 1 for v in values)
+    residuals *= np.sqrt(len(success) / max(len(success) - fit, 1))
+    draws = rng.integers(0, len(success), (resamples, len(success)))
+    boots = np.array([_spreads(levels, fitted + residuals[d], values) for d in draws])
+    tail = 50 * (1 - confidence)
+    t = list(FACTORS).index(TOP_P)
+    diffs = {}
+    for j in range(levels.shape[1]):
+        if j != t:
+            diff = boots[:, t] - boots[:, j]
+            diff = diff[~np.isnan(diff)]
+            low, high = np.percentile(diff, [tail, 100 - tail]) if len(diff) else (np.nan,) * 2
+            diffs[j] = (float(observed[t] - observed[j]), float(low), float(high))
+    return observed, values, diffs
+
+
+def _spread_verdict(diffs) -> tuple[str, str]:
+    if all(mean < 0 and high < 0 for mean, _, high in diffs):
+        return (
+            REPRODUCED,
+            "the top-p ratio's spread is the smallest, both differences' intervals below 0",
+        )
+    if all(mean > 0 and low > 0 for mean, low, _ in diffs):
+        return (
+            NOT_REPRODUCED,
+            "the top-p ratio's spread is the largest, both differences' intervals above 0",
+        )
+    return UNDECIDED, "a difference's interval holds 0"
+
+
+def sensitivity(
+    runs: list[RunData], resamples: int = 2000, rng_seed: int = 0, confidence: float = 0.95
+) -> dict:
+    """The sensitivity row's test (docs/reproduction.md): the spreads, the top-p ratio's
+    spread minus the entropy and KL coefficients' with percentile intervals from a
+    residual bootstrap over the cells (``_spread_test``), and the verdict: **reproduced** when the top-p
+    spread is the smallest and both differences' intervals lie below 0, **not
+    reproduced** when it is the largest and both lie above 0, otherwise undecided; no
+    verdict before every cell of the grid has a result."""
+    cells = sensitivity_cells(runs)
+    keys = list(FACTORS)
+    out: dict = {"cells": cells, "spread": {}, "difference": {}, "verdict": None}
+    if not cells:
+        out["because"] = "no run sets every factor " + ", ".join(keys)
+        return out
+    levels = np.array([[c[k] for k in keys] for c in cells])
+    success = np.array([c["success"] for c in cells])
+    rng = np.random.default_rng(rng_seed)
+    observed, values, diffs = _spread_test(levels, success, resamples, rng, confidence)
+    for j, key in enumerate(keys):
+        out["spread"][key] = {"spread": float(observed[j]), "levels": values[j].tolist()}
+        if j in diffs:
+            out["difference"][key] = dict(zip(("mean", "ci_low", "ci_high"), diffs[j]))
+    grid = int(np.prod([len(v) for v in values]))
+    if len(cells) < grid or any(len(v) < 2 for v in values):
+        out["because"] = f"{len(cells)} cells with results of a {grid}-cell grid"
+        return out
+    out["verdict"], out["because"] = _spread_verdict(diffs.values())
+    return out
+
+
+def sensitivity_power(
+    spread: float, sd: float, simulations: int = 200, resamples: int = 500, rng_seed: int = 0
+) -> float:
+    """The chance that the sensitivity row says reproduced when the entropy and KL
+    coefficients each move final success by ``spread`` across their three levels
+    (linearly), the top-p ratio not at all, and each cell's final success has noise of
+    standard deviation ``sd``: the share of ``simulations`` simulated 27-cell grids."""
+    grid = np.array([(i, j, m) for i in range(3) for j in range(3) for m in range(3)], float)
+    truth = 0.5 + spread / 2 * (grid[:, 0] - 1) - spread / 2 * (grid[:, 1] - 1)
+    rng = np.random.default_rng(rng_seed)
+    hits = 0
+    for _ in range(simulations):
+        success = truth + rng.normal(0, sd, len(truth))
+        _, _, diffs = _spread_test(grid, success, resamples, rng)
+        hits += _spread_verdict(diffs.values())[0] == REPRODUCED
+    return hits / simulations
+
+
+def sensitivity_tables(row: dict) -> list:
+    """The sensitivity row as rich tables: each cell, then the spreads and the verdict."""
+    from rich.table import Table
+
+    def num(x, fmt="{:.3f}"):
+        return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else fmt.format(x)
+
+    def interval(x, ci):
+        return f"{num(x)} [{num(ci[0])}, {num(ci[1])}]"
+
+    cells = Table(title="Sensitivity sweep: final success and probe I(X;Z) per cell (95 %)")
+    for name in (*FACTORS.values(), "final success", "probe I(X;Z)"):
+        cells.add_column(name)
+    for c in row["cells"]:
+        cells.add_row(
+            *(f"{c[k]:g}" for k in FACTORS),
+            interval(c["success"], c["success_ci"]),
+            interval(c["probe_mi"], c["probe_mi_ci"]),
+        )
+    spreads = Table(title="Spread of mean final success over each factor's levels")
+    for name in ("factor", "spread", "top-p ratio's minus it [95 %]"):
+        spreads.add_column(name)
+    for key, s in row["spread"].items():
+        d = row["difference"].get(key)
+        diff = (
+            ""
+            if d is None
+            else (
+                f"{num(d['mean'], '{:+.3f}')} "
+                f"[{num(d['ci_low'], '{:+.3f}')}, {num(d['ci_high'], '{:+.3f}')}]"
+            )
+        )
+        spreads.add_row(FACTORS[key], num(s["spread"]), diff)
+    spreads.caption = f"verdict: {row['verdict'] or 'none'} ({row['because']})"
+    return [cells, spreads]
