@@ -300,7 +300,9 @@ def sensitivity_grid(effect, noise=0.01, skip=()):
                     "filter.strategy": "top_p",
                     "filter.value": str(p),
                 }
-                runs.append(RunData(f"s{i}{j}{m}", f"s{i}{j}{m}", params=params, metrics=metrics))
+                tags = {"tether.env": "lake", "env.tether_commit": "c0ffee"}
+                name = f"sens-{e}-{k}-{p}"
+                runs.append(RunData(name, name, params=params, tags=tags, metrics=metrics))
     return runs
 
 
@@ -349,3 +351,32 @@ def test_the_sensitivity_rows_power_rises_with_the_spread():
 
     assert sensitivity_power(0.0, 0.05, simulations=20, resamples=200) == 0.0
     assert sensitivity_power(0.3, 0.02, simulations=20, resamples=200) == 1.0
+
+
+def test_records_restored_to_a_store_read_back_as_they_were(tmp_path, capsys):
+    """``--restore``: records logged to a fresh store as one parent's children read back
+    (as that parent's sweep) equal to the records, but for run ids and MLflow's tags."""
+    from dataclasses import replace as with_
+
+    from tether.analysis import paper, records
+    from tether.analysis.source import load_target
+
+    runs = [r for r in suite(seeds=[0]) if noise(r) == 0.0]  # one seed's three arms
+    for r in runs:  # what training tags a run with
+        r.tags = {"tether.env": "lake", "env.tether_commit": "c0ffee"}
+    runs[0].alarms = [{"name": "template_collapse", "iteration": 12, "mode": "warn"}]
+    runs[0].tags["alarm.template_collapse"] = "12"
+    runs[1].prompts = {3: [{"group_id": 0, "rewards": [1.0, 0.0], "success": [True, False]}]}
+    part = records.dump(runs, tmp_path / "part.json.gz")
+    uri = f"sqlite:///{tmp_path}/ui.db"
+    assert paper.main([str(part), "--restore", uri]) == 0
+    parent = capsys.readouterr().err.split("parent run ")[1].split()[0]
+    restored = load_target(uri, parent)[1]
+
+    def comparable(r):
+        kept = {k: v for k, v in r.tags.items() if not k.startswith(("mlflow.", "tether.restored"))}
+        return with_(r, run_id="", tags=kept)
+
+    assert sorted(map(comparable, restored), key=arm_of) == sorted(
+        map(comparable, runs), key=arm_of
+    )

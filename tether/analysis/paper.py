@@ -26,6 +26,7 @@ import json
 import math
 import sys
 from collections import defaultdict
+from pathlib import Path
 
 import numpy as np
 from scipy import stats
@@ -324,6 +325,13 @@ def main(argv: list[str] | None = None) -> int:
         "file (*.json[.gz]) that later calls take as a target, without the store",
     )
     parser.add_argument(
+        "--restore",
+        metavar="URI",
+        help="also log the pooled finished runs to this MLflow store as the children of one "
+        "new parent run (e.g. sqlite:////abs/ui.db), for MLflow's UI to compare runs whose "
+        "stores are gone (experiment tether-restored); prints the parent's id",
+    )
+    parser.add_argument(
         "--protocol",
         choices=["2026-11-27", "2026-11-23"],
         help="2026-11-27 (the default without --finding): the seven tests of one family, "
@@ -384,6 +392,10 @@ def main(argv: list[str] | None = None) -> int:
     if twice := records.repeated(runs):
         print(f"paper: the same trial more than once (same params): {twice}", file=sys.stderr)
         return 2
+    if args.restore:
+        name = "restored: " + " ".join(Path(t).name for t in args.targets)[:200]
+        parent = records.restore(runs, args.restore, "tether-restored", name)
+        print(f"paper: {len(runs)} runs -> {args.restore}, parent run {parent}", file=sys.stderr)
     out: dict = {
         "runs": len(runs),
         # pooled runs must differ only in what the findings compare

@@ -138,3 +138,47 @@ def export(runs: list[RunData], path: str | Path, source: dict) -> str:
     if not kept:
         raise ValueError(f"no seed finished every arm (seeds left out: {cut}); nothing written")
     return f"{len(kept)} runs -> {dump(kept, path, source)}; seeds left out: {cut or 'none'}"
+
+
+def _chunks(items: list, size: int):
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def restore(runs: list[RunData], tracking_uri: str, experiment: str, parent_name: str) -> str:
+    """Log ``runs`` to an MLflow store as the children of one new parent run (params,
+    tags, metric histories, alarms, prompt records in the layout training writes), so
+    MLflow's UI compares runs whose stores are gone, e.g. the parts of a sweep pooled from
+    their records. Returns the parent's run id. The store's runs read back as the records
+    did, apart from their new run ids and MLflow's own tags."""
+    from mlflow.entities import Metric, Param
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    found = client.get_experiment_by_name(experiment)
+    experiment_id = found.experiment_id if found else client.create_experiment(experiment)
+    parent = client.create_run(
+        experiment_id, run_name=parent_name, tags={"tether.restored_runs": str(len(runs))}
+    ).info.run_id
+    for run in runs:
+        tags = {k: v for k, v in run.tags.items() if not k.startswith("mlflow.")}
+        tags.update({"mlflow.parentRunId": parent, "tether.restored_from_run": run.run_id})
+        run_id = client.create_run(experiment_id, run_name=run.name, tags=tags).info.run_id
+        metrics = [
+            Metric(key, value, 0, step)
+            for key, points in run.metrics.items()
+            for step, value in sorted(points.items())
+        ]
+        for chunk in _chunks(metrics, 1000):  # MLflow's limits per log_batch call
+            client.log_batch(run_id, metrics=chunk)
+        for chunk in _chunks([Param(k, v) for k, v in run.params.items()], 100):
+            client.log_batch(run_id, params=chunk)
+        if run.alarms:
+            client.log_dict(run_id, run.alarms, "alarms.json")
+        for folder, by_iteration in (("prompts", run.prompts), ("prompt_mi", run.prompt_mi)):
+            for it, groups in by_iteration.items():
+                data = {"iteration": it, "groups": groups}
+                client.log_dict(run_id, data, f"{folder}/iter_{it:04d}.json")
+        client.set_terminated(run_id, run.status)
+    client.set_terminated(parent, "FINISHED")
+    return parent
