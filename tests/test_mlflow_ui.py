@@ -15,6 +15,8 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from tests.test_monitor import CHROMIUM, needs_chromium, screenshot_path
 from tests.test_sweep import micro_sweep_sections, write_spec
 from tether.platform.sweep import run_sweep
@@ -128,3 +130,62 @@ def test_mlflow_ui_opens_a_sweep_on_its_runs_and_compares_the_swept_params(
         except subprocess.TimeoutExpired:
             ui.kill()
     assert os.path.getsize(screenshot_path(tmp_path, "mlflow_ui_compare.png")) > 10_000
+
+
+@pytest.mark.slow  # nightly: the restore itself is checked in tests/test_verdicts.py
+@needs_chromium
+def test_mlflow_ui_compares_the_sensitivity_grid_restored_from_records(tmp_path):
+    """The sensitivity sweep's view: its trials, pooled from the record files of its parts
+    and restored to a store (``paper --restore``), in MLflow's compare view as parallel
+    coordinates over the three swept parameters, coloured by the final probe I(X;Z).
+    TETHER_UI_RECORDS (a glob of record files, e.g. the committed sensitivity parts) draws
+    those runs instead of a built-in grid; TETHER_SCREENSHOT_DIR keeps the picture."""
+    import glob
+
+    from playwright.sync_api import expect, sync_playwright
+
+    from tests.test_verdicts import sensitivity_grid
+    from tether.analysis import records
+    from tether.analysis.source import load_target
+    from tether.analysis.verdicts import FACTORS, PROBE_MI
+
+    named = sorted(glob.glob(os.environ.get("TETHER_UI_RECORDS", "")))
+    runs = [r for path in named for r in records.load(path)] or sensitivity_grid(
+        {"algo.entropy_coef": 0.15, "algo.kl_coef": -0.15, "filter.value": 0.005}
+    )
+    uri = f"sqlite:///{tmp_path}/ui.db"
+    parent = records.restore(runs, uri, "tether-restored", "sensitivity")
+    target, restored = load_target(uri, parent)
+    assert len(restored) == len(runs)
+    port = _free_port()
+    ui = _serve_ui(uri, port, tmp_path / "ui.log")
+    picture = screenshot_path(tmp_path, "mlflow_ui_sensitivity.png")
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(
+                executable_path=CHROMIUM, headless=True, args=["--no-sandbox"]
+            )
+            page = browser.new_page(viewport={"width": 1600, "height": 1100})
+            compare = (
+                "#/compare-runs?runs="
+                + urllib.parse.quote(json.dumps([r.run_id for r in restored]))
+                + "&experiments="
+                + urllib.parse.quote(json.dumps([target.experiment_id]))
+                + "&workflowType=machine_learning"
+            )
+            page.goto(f"http://127.0.0.1:{port}/{compare}", timeout=120_000)
+            page.wait_for_selector("text=Parallel Coordinates Plot", timeout=120_000)
+            body = page.locator("body")
+            for key in FACTORS:  # the swept parameters are the plot's axes
+                expect(body).to_contain_text(key, timeout=UI_TIMEOUT_MS)
+            assert "experiment.seed" not in page.inner_text(".js-plotly-plot")
+            expect(page.locator(".js-plotly-plot")).to_contain_text(PROBE_MI, timeout=UI_TIMEOUT_MS)
+            page.screenshot(path=picture, full_page=True)
+            browser.close()
+    finally:
+        ui.terminate()
+        try:
+            ui.wait(30)
+        except subprocess.TimeoutExpired:
+            ui.kill()
+    assert os.path.getsize(picture) > 10_000
