@@ -31,7 +31,9 @@ the null histories, and over the pre-onset points of collapse histories (target 
 Detection: share of collapse histories whose ``template_collapse`` fired after the onset
 (target >= 95 %), and the delay from the point where the intervals first separate (the
 first post-onset point whose MI interval lies wholly below that of an earlier point the
-alarm counts as significant, p < alpha / window; target <= 2 points).  ``low_entropy_collapse`` events are counted too.
+alarm counts as significant, p < alpha / window; target <= 2 points), and beside it the
+delay from the onset (what a user waits; unlike separation, the same for every interval
+method).  ``low_entropy_collapse`` events are counted too.
 
 Truth check (added on 2026-11-23, commit 6cd7cf1, before run 3).  Which MI alarm a collapse history should
 raise depends on the real policies, not on the labels: each pool's within-input entropy
@@ -285,13 +287,13 @@ def main() -> None:
         print(
             f"{'history':9} {'n':>4} {'clean pts':>9} {'false':>5} {'per 1k':>7} {'detected':>16} "
             f"{'delay (points after separation)':>32} {'<=2 points':>16} {'low-H':>5} "
-            f"{'MI first':>8} {'MI last':>8}"
+            f"{'MI first':>8} {'MI last':>8} {'from onset':>18}"
         )
         false_total = points_total = false_low = 0
         for kind in kinds:
             collapse = kind in final_share
             false_alarms = low_entropy = null_points = detected = 0
-            delays = []
+            delays, from_onset = [], []
             for stream in streams[kind]:
                 events = alarm_events(stream, config)
                 clean_until = args.onset if collapse else args.points
@@ -310,6 +312,7 @@ def main() -> None:
                         if e.name == truth[kind] and e.iteration > args.onset
                     ]
                     detected += bool(fired)
+                    from_onset += fired[:1]
                     separated = first_separation(stream, args.onset, c.alpha / c.window, key)
                     if fired and separated is not None:
                         delays.append(fired[0] - separated)
@@ -321,11 +324,19 @@ def main() -> None:
             )
             mi_first = np.mean([s[0][key] for s in streams[kind]])
             mi_last = np.mean([s[-1][key] for s in streams[kind]])
+            # Separation depends on the interval method; the onset does not: the delay a
+            # user waits, comparable across --interval choices.
+            onset_delay = (
+                f"median {np.median(from_onset) - args.onset:.0f}, "
+                f"max {max(from_onset) - args.onset}"
+                if from_onset
+                else ""
+            )
             print(
                 f"{kind:9} {n:>4} {null_points:>9} {false_alarms:>5} "
                 f"{1000 * false_alarms / null_points:>7.2f} "
                 f"{share_interval(detected, n) if collapse else '':>16} {delay:>32} {within2:>16} "
-                f"{low_entropy:>5} {mi_first:>8.3f} {mi_last:>8.3f}"
+                f"{low_entropy:>5} {mi_first:>8.3f} {mi_last:>8.3f} {onset_delay:>18}"
             )
         low, high = rate_interval(false_total, points_total)
         print(

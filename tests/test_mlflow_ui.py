@@ -178,8 +178,22 @@ def test_mlflow_ui_compares_the_sensitivity_grid_restored_from_records(tmp_path)
             body = page.locator("body")
             for key in FACTORS:  # the swept parameters are the plot's axes
                 expect(body).to_contain_text(key, timeout=UI_TIMEOUT_MS)
-            assert "experiment.seed" not in page.inner_text(".js-plotly-plot")
-            expect(page.locator(".js-plotly-plot")).to_contain_text(PROBE_MI, timeout=UI_TIMEOUT_MS)
+            plot = page.locator(".js-plotly-plot")
+            assert "experiment.seed" not in plot.inner_text()
+            # The colour is the metric axis's: make the final probe I(X;Z) the only metric,
+            # in place of MLflow's default (the first metric the runs share).
+            logged = {k for r in restored for k in r.metrics}
+            default = next(w for w in plot.inner_text().split() if w in logged)
+            page.click(f"text={default} >> nth=0")  # the metric picker's chip
+            page.keyboard.press("Backspace")  # unselects the last (only) metric
+            page.keyboard.type(PROBE_MI)
+            option = page.get_by_role("option", name=PROBE_MI, exact=True)
+            option.first.wait_for(state="attached", timeout=UI_TIMEOUT_MS)  # filtered to it
+            page.keyboard.press("Enter")  # selects the active (first) option
+            page.keyboard.press("Escape")
+            expect(plot).to_contain_text(PROBE_MI, timeout=UI_TIMEOUT_MS)
+            if default != PROBE_MI:
+                expect(plot).not_to_contain_text(default, timeout=UI_TIMEOUT_MS)
             page.screenshot(path=picture, full_page=True)
             browser.close()
     finally:

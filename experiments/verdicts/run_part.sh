@@ -72,7 +72,10 @@ EOF
   echo "$(date -u +%FT%TZ) $SPEC $KEY $value: load $(cut -d' ' -f1-3 /proc/loadavg)" | tee "$log"
   start=$(date +%s)
   rc=0
-  (cd "$PIN_DIR" && .venv/bin/tether sweep "$part") >>"$log" 2>&1 || rc=$?
+  # A sweep name of its own per attempt: a part cut short left its state under the last one
+  # (its runs stay in the store, under their own parent, and are never exported).
+  name="$SPEC-$value-$(date -u +%Y%m%dT%H%M%S)"
+  (cd "$PIN_DIR" && .venv/bin/tether sweep "$part" "sweep.name=$name") >>"$log" 2>&1 || rc=$?
   echo "$(date -u +%FT%TZ) exit $rc, wall $(($(date +%s) - start)) s, load $(cut -d' ' -f1-3 /proc/loadavg)" |
     tee -a "$log"
   if [ "$rc" != 0 ]; then # a trial failed or the sweep was stopped: rerun the part whole
