@@ -4,6 +4,7 @@ sweep, and the compare view offers the swept param and the metric, not the run n
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -61,6 +62,21 @@ def _serve_ui(uri: str, port: int, log: Path) -> subprocess.Popen:
     raise AssertionError("mlflow ui did not answer: " + log.read_text()[-2000:])
 
 
+@contextlib.contextmanager
+def _ui_serving(uri: str, log: Path):
+    """``mlflow ui`` on the store at a free port (yielded) for the block's duration."""
+    port = _free_port()
+    ui = _serve_ui(uri, port, log)
+    try:
+        yield port
+    finally:
+        ui.terminate()
+        try:
+            ui.wait(30)
+        except subprocess.TimeoutExpired:
+            ui.kill()
+
+
 @needs_chromium
 def test_mlflow_ui_opens_a_sweep_on_its_runs_and_compares_the_swept_params(
     micro_policy, models_dir, ray_local, tmp_path
@@ -83,11 +99,9 @@ def test_mlflow_ui_opens_a_sweep_on_its_runs_and_compares_the_swept_params(
     assert outcome.status == "FINISHED" and outcome.trials == 2
     link = re.search(r"http://127\.0\.0\.1:5000/(\S+)", outcome.ui_command).group(1)
     assert "workflowType=machine_learning" in link
-    port = _free_port()
-    ui = _serve_ui(outcome.tracking_uri, port, tmp_path / "ui.log")
     runs = [r["run_id"] for r in outcome.rows]
     names = {f"ui-sweep-{r['trial']}" for r in outcome.rows}
-    try:
+    with _ui_serving(outcome.tracking_uri, tmp_path / "ui.log") as port:
         with sync_playwright() as p:
             browser = p.chromium.launch(
                 executable_path=CHROMIUM, headless=True, args=["--no-sandbox"]
@@ -123,12 +137,6 @@ def test_mlflow_ui_opens_a_sweep_on_its_runs_and_compares_the_swept_params(
             assert option.count() >= 1
             page.screenshot(path=screenshot_path(tmp_path, "mlflow_ui_compare.png"), full_page=True)
             browser.close()
-    finally:
-        ui.terminate()
-        try:
-            ui.wait(30)
-        except subprocess.TimeoutExpired:
-            ui.kill()
     assert os.path.getsize(screenshot_path(tmp_path, "mlflow_ui_compare.png")) > 10_000
 
 
@@ -157,10 +165,8 @@ def test_mlflow_ui_compares_the_sensitivity_grid_restored_from_records(tmp_path)
     parent = records.restore(runs, uri, "tether-restored", "sensitivity")
     target, restored = load_target(uri, parent)
     assert len(restored) == len(runs)
-    port = _free_port()
-    ui = _serve_ui(uri, port, tmp_path / "ui.log")
     picture = screenshot_path(tmp_path, "mlflow_ui_sensitivity.png")
-    try:
+    with _ui_serving(uri, tmp_path / "ui.log") as port:
         with sync_playwright() as p:
             browser = p.chromium.launch(
                 executable_path=CHROMIUM, headless=True, args=["--no-sandbox"]
@@ -196,10 +202,4 @@ def test_mlflow_ui_compares_the_sensitivity_grid_restored_from_records(tmp_path)
                 expect(plot).not_to_contain_text(default, timeout=UI_TIMEOUT_MS)
             page.screenshot(path=picture, full_page=True)
             browser.close()
-    finally:
-        ui.terminate()
-        try:
-            ui.wait(30)
-        except subprocess.TimeoutExpired:
-            ui.kill()
     assert os.path.getsize(picture) > 10_000
