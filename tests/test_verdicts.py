@@ -330,6 +330,11 @@ def test_the_sensitivity_row_reads_which_factor_moves_success(tmp_path, capsys):
     assert sensitivity(sensitivity_grid(flat, noise=0.05))["verdict"] == UNDECIDED
     partial = sensitivity(sensitivity_grid(robust, skip={(2, 2, 2)}))
     assert partial["verdict"] is None and "26 cells" in partial["because"]
+    grid = sensitivity_grid(robust)
+    twice = sensitivity(grid + [replace(grid[0], run_id="again")])
+    assert twice["verdict"] is None and "more than one run" in twice["because"]
+    other_arm = replace(grid[0], params={**grid[0].params, "filter.strategy": "none"})
+    assert sensitivity([other_arm])["cells"] == []  # an a_d arm's run is not a cell
     # parts by entropy coefficient, as run_part.sh runs them; pooled by the command
     runs = sensitivity_grid(robust)
     parts = []

@@ -213,11 +213,14 @@ def _interval_at(run: RunData, key: str, step: int | None) -> list[float | None]
 
 
 def sensitivity_cells(runs: list[RunData]) -> list[dict]:
-    """One row per trial with every factor set: its levels, final success with the Wilson
-    interval its validation logged, and final probe I(X;Z) with its interval."""
+    """One row per top-p trial with every factor set (the sweep's filter is top-p; other
+    arms, e.g. a_d's, are not cells): its levels, final success with the Wilson interval
+    its validation logged, and final probe I(X;Z) with its interval."""
     rows = []
     for run in runs:
-        if any(run.param(k) is None for k in FACTORS) or run.final_success() is None:
+        if arm_of(run) != "top_p" or any(run.param(k) is None for k in FACTORS):
+            continue
+        if run.final_success() is None:
             continue
         val = [s for s in run.metrics.get(VAL_SUCCESS, {}) if s > 0]
         mi = run.metrics.get(PROBE_MI, {})
@@ -318,6 +321,9 @@ def sensitivity(
         if j in diffs:
             out["difference"][key] = dict(zip(("mean", "ci_low", "ci_high"), diffs[j]))
     grid = int(np.prod([len(v) for v in values]))
+    if len({tuple(row) for row in levels}) < len(cells):
+        out["because"] = "a cell has more than one run (pool each part once)"
+        return out
     if len(cells) < grid or any(len(v) < 2 for v in values):
         out["because"] = f"{len(cells)} cells with results of a {grid}-cell grid"
         return out
