@@ -175,6 +175,11 @@ TESTS = {
 }
 
 
+def _num(x, fmt="{:+.3f}") -> str:
+    """A table's number: "-" for a missing or NaN value."""
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else fmt.format(x)
+
+
 def family_table(tests: dict[str, dict]):
     """The family as a rich table: each test's mean [95 %], p-values, power and verdict."""
     from rich.table import Table
@@ -183,8 +188,7 @@ def family_table(tests: dict[str, dict]):
     for name in ("test", "seeds", "mean [95 %]", "p / Holm", "power / Holm", "verdict"):
         table.add_column(name)
 
-    def num(x, fmt="{:+.3f}"):
-        return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else fmt.format(x)
+    num = _num
 
     for key, t in tests.items():
         table.add_row(
@@ -218,9 +222,8 @@ def sensitivity_cells(runs: list[RunData]) -> list[dict]:
     its validation logged, and final probe I(X;Z) with its interval."""
     rows = []
     for run in runs:
-        if arm_of(run) != "top_p" or any(run.param(k) is None for k in FACTORS):
-            continue
-        if run.final_success() is None:
+        final = run.final_success()
+        if arm_of(run) != "top_p" or any(run.param(k) is None for k in FACTORS) or final is None:
             continue
         val = [s for s in run.metrics.get(VAL_SUCCESS, {}) if s > 0]
         mi = run.metrics.get(PROBE_MI, {})
@@ -229,7 +232,7 @@ def sensitivity_cells(runs: list[RunData]) -> list[dict]:
             {
                 "run": run.name,
                 **{k: float(run.param(k)) for k in FACTORS},
-                "success": run.final_success(),
+                "success": final,
                 "success_ci": _interval_at(run, VAL_SUCCESS, max(val) if val else None),
                 "probe_mi": mi.get(last) if last is not None else None,
                 "probe_mi_ci": _interval_at(run, PROBE_MI, last),
@@ -238,16 +241,20 @@ def sensitivity_cells(runs: list[RunData]) -> list[dict]:
     return sorted(rows, key=lambda r: tuple(r[k] for k in FACTORS))
 
 
-def _spreads(levels: np.ndarray, success: np.ndarray, values: list[np.ndarray]) -> np.ndarray:
+def _level_masks(levels: np.ndarray, values: list[np.ndarray]) -> list[np.ndarray]:
+    """For each factor, [its levels, cells]: which cells sit at each level."""
+    return [levels[:, j][None, :] == vals[:, None] for j, vals in enumerate(values)]
+
+
+def _spreads(success: np.ndarray, masks: list[np.ndarray]) -> np.ndarray:
     """Each factor's range over its levels of the mean success of the cells at that level
-    (NaN when a level has no cell)."""
+    (NaN when a level has no cell); ``success`` is [cells] or [resamples, cells]."""
     out = []
-    for j, vals in enumerate(values):
-        means = [
-            success[levels[:, j] == v].mean() if (levels[:, j] == v).any() else np.nan for v in vals
-        ]
-        out.append(np.ptp(means) if not np.isnan(means).any() else np.nan)
-    return np.asarray(out)
+    for mask in masks:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            means = (success @ mask.T) / mask.sum(axis=1)  # [..., levels]
+        out.append(np.ptp(means, axis=-1))  # NaN propagates from an empty level
+    return np.stack(out, axis=-1)
 
 
 def _spread_test(
@@ -259,18 +266,18 @@ def _spread_test(
     each factor's level mean minus it) plus residuals drawn with replacement, scaled by
     sqrt(n / (n - parameters)) for what the fit absorbed; the grid stays whole."""
     values = [np.unique(levels[:, j]) for j in range(levels.shape[1])]
-    observed = _spreads(levels, success, values)
+    masks = _level_masks(levels, values)
+    observed = _spreads(success, masks)
     grand = success.mean()
     fitted = np.full(len(success), grand)
-    for j, vals in enumerate(values):
-        for v in vals:
-            at = levels[:, j] == v
+    for mask in masks:
+        for at in mask:
             fitted[at] += success[at].mean() - grand
     residuals = success - fitted
     fit = 1 + sum(len(v) - 1 for v in values)
     residuals *= np.sqrt(len(success) / max(len(success) - fit, 1))
     draws = rng.integers(0, len(success), (resamples, len(success)))
-    boots = np.array([_spreads(levels, fitted + residuals[d], values) for d in draws])
+    boots = _spreads(fitted + residuals[draws], masks)  # [resamples, factors]
     tail = 50 * (1 - confidence)
     t = list(FACTORS).index(TOP_P)
     diffs = {}
@@ -354,7 +361,7 @@ def sensitivity_tables(row: dict) -> list:
     from rich.table import Table
 
     def num(x, fmt="{:.3f}"):
-        return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else fmt.format(x)
+        return _num(x, fmt)
 
     def interval(x, ci):
         return f"{num(x)} [{num(ci[0])}, {num(ci[1])}]"
