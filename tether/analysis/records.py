@@ -150,13 +150,22 @@ def restore(runs: list[RunData], tracking_uri: str, experiment: str, parent_name
     tags, metric histories, alarms, prompt records in the layout training writes), so
     MLflow's UI compares runs whose stores are gone, e.g. the parts of a sweep pooled from
     their records. Returns the parent's run id. The store's runs read back as the records
-    did, apart from their new run ids and MLflow's own tags."""
+    did, apart from their new run ids and MLflow's own tags. A new experiment in a SQLite
+    store keeps its artifacts beside the database (``artifacts/``), not in the working
+    directory's ``mlruns``; a server's store decides for itself."""
     from mlflow.entities import Metric, Param
     from mlflow.tracking import MlflowClient
 
+    from ..platform.tracking import ensure_experiment
+
     client = MlflowClient(tracking_uri)
-    found = client.get_experiment_by_name(experiment)
-    experiment_id = found.experiment_id if found else client.create_experiment(experiment)
+    sqlite = "sqlite:///"
+    root = (
+        Path(tracking_uri[len(sqlite) :]).parent / "artifacts"
+        if tracking_uri.startswith(sqlite)
+        else None
+    )
+    experiment_id = ensure_experiment(client, experiment, root)
     parent = client.create_run(
         experiment_id, run_name=parent_name, tags={"tether.restored_runs": str(len(runs))}
     ).info.run_id
