@@ -26,6 +26,7 @@ ratio's spread minus each other factor's with a bootstrap interval over cells.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import defaultdict
 
@@ -188,15 +189,13 @@ def family_table(tests: dict[str, dict]):
     for name in ("test", "seeds", "mean [95 %]", "p / Holm", "power / Holm", "verdict"):
         table.add_column(name)
 
-    num = _num
-
     for key, t in tests.items():
         table.add_row(
             TESTS.get(key, key),
             str(t["n"]),
-            f"{num(t['mean'])} [{num(t['ci_low'])}, {num(t['ci_high'])}]",
-            f"{num(t['p_paper'], '{:.3g}')} / {num(t['p_paper_holm'], '{:.3g}')}",
-            f"{num(t['power'], '{:.2f}')} / {num(t.get('power_holm'), '{:.2f}')}",
+            f"{_num(t['mean'])} [{_num(t['ci_low'])}, {_num(t['ci_high'])}]",
+            f"{_num(t['p_paper'], '{:.3g}')} / {_num(t['p_paper_holm'], '{:.3g}')}",
+            f"{_num(t['power'], '{:.2f}')} / {_num(t.get('power_holm'), '{:.2f}')}",
             t["verdict"] or f"none ({t['because']})",
         )
     return table
@@ -360,8 +359,7 @@ def sensitivity_tables(row: dict) -> list:
     """The sensitivity row as rich tables: each cell, then the spreads and the verdict."""
     from rich.table import Table
 
-    def num(x, fmt="{:.3f}"):
-        return _num(x, fmt)
+    num = functools.partial(_num, fmt="{:.3f}")  # unsigned by default here
 
     def interval(x, ci):
         return f"{num(x)} [{num(ci[0])}, {num(ci[1])}]"
@@ -381,12 +379,7 @@ def sensitivity_tables(row: dict) -> list:
     for key, s in row["spread"].items():
         d = row["difference"].get(key)
         diff = (
-            ""
-            if d is None
-            else (
-                f"{num(d['mean'], '{:+.3f}')} "
-                f"[{num(d['ci_low'], '{:+.3f}')}, {num(d['ci_high'], '{:+.3f}')}]"
-            )
+            "" if d is None else (f"{_num(d['mean'])} [{_num(d['ci_low'])}, {_num(d['ci_high'])}]")
         )
         spreads.add_row(FACTORS[key], num(s["spread"]), diff)
     spreads.caption = f"verdict: {row['verdict'] or 'none'} ({row['because']})"
