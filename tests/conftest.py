@@ -13,6 +13,12 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 
+#: The tests' probe set: 16 levels, not the shipped 64. The probe is sampled and
+#: cross-scored at iteration 1 of every run with diagnostics on (16 x 16 cells against
+#: 64 x 64); tests/test_e2e.py's run keeps the shipped 64.
+MICRO_PROBE = {"levels": 16}
+
+
 def micro_config_dict(tmp_dir, **sections) -> dict:
     """A seconds-scale config: micro model, small batches, local outputs."""
     base = {
@@ -25,6 +31,7 @@ def micro_config_dict(tmp_dir, **sections) -> dict:
         },
         "rollout": {"num_workers": 2, "groups": 2, "group_size": 4, "max_reply_tokens": 48},
         "algo": {"preset": "grpo", "kl_coef": 0.01, "micro_batch_size": 4},
+        "diagnostics": {"probe": MICRO_PROBE},
         "trainer": {
             "iterations": 2,
             "val_every": 2,

@@ -16,7 +16,13 @@ from tests.degenerate_policies import REPLIES, build_degenerate_policy
 from tether.platform.config import build_config
 from tether.platform.driver import Trainer
 
-POLICIES = [*REPLIES, "untrained"]
+#: immediate_eos (empty like empty_reasoning) and untrained run nightly (-m slow;
+#: CONTRIBUTING.md, "What runs nightly").
+NIGHTLY = {"immediate_eos", "untrained"}
+POLICIES = [
+    pytest.param(name, marks=pytest.mark.slow) if name in NIGHTLY else name
+    for name in [*REPLIES, "untrained"]
+]
 #: policies whose replies carry no valid reasoning or no valid action: format_collapse fires
 VANISHED = {"empty_reasoning", "no_action", "unterminated", "immediate_eos", "babble"}
 

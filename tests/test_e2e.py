@@ -5,6 +5,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tests.conftest import micro_config_dict
+from tether.diagnostics.settings import ProbeConfig
 from tether.platform.config import build_config
 from tether.platform.driver import Trainer
 
@@ -21,7 +22,12 @@ def finished_run(micro_policy, models_dir, ray_local, tmp_path_factory):
             out,
             trainer={"iterations": 3, "val_every": 3},
             # Gradient SNR on every iteration that updates (which ones do is the data's).
-            diagnostics={"grad_snr_every": 1, "grad_snr_buckets": 2},
+            # and the shipped probe set (64 levels; the other tests' runs probe 16).
+            diagnostics={
+                "grad_snr_every": 1,
+                "grad_snr_buckets": 2,
+                "probe": {"levels": ProbeConfig().levels},
+            },
         )
     )
     cfg.model.cache_dir = models_dir

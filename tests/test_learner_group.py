@@ -99,8 +99,13 @@ def _train(policy, batches, world_size, use_critic, lora=None):
 
 @pytest.mark.parametrize(
     "use_critic, lora",
-    [(False, None), (True, None), (False, LORA)],
-    ids=["grpo", "ppo-critic", "grpo-lora"],
+    [
+        pytest.param(False, None, id="grpo"),
+        # The critic's and LoRA's gradients across ranks: nightly (-m slow); CONTRIBUTING.md,
+        # "What runs nightly".
+        pytest.param(True, None, id="ppo-critic", marks=pytest.mark.slow),
+        pytest.param(False, LORA, id="grpo-lora", marks=pytest.mark.slow),
+    ],
 )
 def test_world_size_2_matches_world_size_1(
     micro_policy, batches, ray_local, tmp_path, use_critic, lora

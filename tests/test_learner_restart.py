@@ -91,7 +91,15 @@ def _metrics(client, run_id, steps):
 
 
 @pytest.mark.parametrize(
-    "world_size, method", [(1, "update"), (2, "update"), (1, "state_dict"), (1, "full_state")]
+    "world_size, method",
+    [
+        (1, "update"),
+        # World size 2, the kill at the weights' fetch and at the checkpoint's state:
+        # nightly (-m slow); CONTRIBUTING.md, "What runs nightly".
+        pytest.param(2, "update", marks=pytest.mark.slow),
+        pytest.param(1, "state_dict", marks=pytest.mark.slow),
+        pytest.param(1, "full_state", marks=pytest.mark.slow),
+    ],
 )
 def test_learner_rank_killed_is_rebuilt_in_place(
     micro_policy, models_dir, ray_local, tmp_path, monkeypatch, world_size, method
@@ -143,6 +151,7 @@ def test_learner_rank_killed_is_rebuilt_in_place(
     assert not different, different
 
 
+@pytest.mark.slow  # nightly; CONTRIBUTING.md, "What runs nightly"
 def test_learner_killed_before_the_first_checkpoint_is_rebuilt_from_the_start(
     micro_policy, models_dir, ray_local, tmp_path, monkeypatch
 ):

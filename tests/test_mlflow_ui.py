@@ -92,8 +92,9 @@ def test_mlflow_ui_opens_a_sweep_on_its_runs_and_compares_the_swept_params(
             "space": {"algo.entropy_coef": {"grid": [0.001, 0.01]}},
             "resources": {"cpu": 0.2},
         },
-        **micro_sweep_sections(tmp_path, models_dir, "ui-test", iterations=2),
-        diagnostics={"enabled": False},
+        **micro_sweep_sections(
+            tmp_path, models_dir, "ui-test", iterations=2, diagnostics={"enabled": False}
+        ),
     )
     outcome = run_sweep(load_sweep_spec(path), echo=lambda line: None)
     assert outcome.status == "FINISHED" and outcome.trials == 2

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
@@ -250,6 +251,7 @@ def test_a_resume_target_may_be_the_checkpoint_the_run_dir_checkpoints_or_the_ou
         resolve_resume(str(tmp_path / "empty"), "sqlite:///unused.db")
 
 
+@pytest.mark.slow  # nightly; CONTRIBUTING.md, "What runs nightly"
 def test_a_resumed_run_keeps_the_validation_intervals_of_before_the_resume(
     micro_policy, models_dir, ray_local, tmp_path
 ):

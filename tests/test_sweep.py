@@ -14,6 +14,7 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
+from tests.conftest import MICRO_PROBE
 from tests.processes import assert_actor_processes_ended
 from tether.platform.config import ConfigError
 from tether.platform.sweep import (
@@ -45,8 +46,11 @@ def write_spec(tmp_path: Path, sweep: dict, base: str = "filters_smoke.yaml", **
     return path
 
 
-def micro_sweep_sections(tmp_path: Path, models_dir: Path, name: str, iterations: int) -> dict:
-    """A seconds-scale trial: the tests' micro model, 2 groups x 4, one rollout worker."""
+def micro_sweep_sections(
+    tmp_path: Path, models_dir: Path, name: str, iterations: int, diagnostics: dict | None = None
+) -> dict:
+    """A seconds-scale trial: the tests' micro model, 2 groups x 4, one rollout worker, the
+    tests' probe set; ``diagnostics`` adds to that section."""
     return {
         "experiment": {"output_dir": str(tmp_path / "out"), "name": name},
         "model": {
@@ -67,6 +71,7 @@ def micro_sweep_sections(tmp_path: Path, models_dir: Path, name: str, iterations
             "val_episodes": 4,
             "samples_every": 1,
         },
+        "diagnostics": {"probe": MICRO_PROBE, **(diagnostics or {})},
     }
 
 
@@ -382,8 +387,9 @@ def test_a_collapsing_trial_is_stopped_early_and_flagged(
             "stop_collapsed": {"alarms": ["format_collapse"], "points": 2},
             "collapse_penalty": 10.0,
         },
-        **micro_sweep_sections(tmp_path, models_dir, "stop-test", iterations=4),
-        diagnostics={"enabled": False},
+        **micro_sweep_sections(
+            tmp_path, models_dir, "stop-test", iterations=4, diagnostics={"enabled": False}
+        ),
         alarms={"format_collapse": {"reasoning_metric": "rollout/worker_failures"}},
     )
     outcome = run_sweep(load_sweep_spec(path), echo=lambda line: None)
@@ -430,8 +436,9 @@ def test_optuna_smoke_sweep_through_tune_is_tracked_in_mlflow(
             "metric": "rollout/success",
             "mode": "max",
         },
-        **micro_sweep_sections(tmp_path, models_dir, "sweep-test", iterations=2),
-        diagnostics={"every": 2},
+        **micro_sweep_sections(
+            tmp_path, models_dir, "sweep-test", iterations=2, diagnostics={"every": 2}
+        ),
     )
     lines: list[str] = []
     outcome = run_sweep(load_sweep_spec(path), echo=lines.append)
@@ -499,6 +506,7 @@ def test_optuna_smoke_sweep_through_tune_is_tracked_in_mlflow(
     assert not math.isnan(outcome.rows[0]["rollout/success"])
 
 
+@pytest.mark.slow  # nightly; CONTRIBUTING.md, "What runs nightly"
 def test_the_sweep_end_waits_for_a_tracking_server_that_went_away(
     micro_policy, models_dir, ray_local, tmp_path, monkeypatch
 ):
