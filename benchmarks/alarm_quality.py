@@ -33,7 +33,10 @@ Detection: share of collapse histories whose ``template_collapse`` fired after t
 first post-onset point whose MI interval lies wholly below that of an earlier point the
 alarm counts as significant, p < alpha / window; target <= 2 points), and beside it the
 delay from the onset (what a user waits; unlike separation, the same for every interval
-method).  ``low_entropy_collapse`` events are counted too.
+method), with the share of collapse histories caught within ``--within-onset`` points of
+the onset (2026-11-28; ``--delays-out`` writes each history's delay, and ``--paired-draws``
+keeps the drawn points independent of the interval method, so two methods can be compared
+history by history).  ``low_entropy_collapse`` events are counted too.
 
 Truth check (added on 2026-11-23, commit 6cd7cf1, before run 3).  Which MI alarm a collapse history should
 raise depends on the real policies, not on the labels: each pool's within-input entropy
@@ -57,8 +60,10 @@ judged by the targets above; it is reported whatever it shows.
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -158,12 +163,15 @@ def run_history(
     shares: list[float],
     rng: np.random.Generator,
     uncertainty: Uncertainty,
+    interval_rng: np.random.Generator | None = None,
 ) -> list[dict]:
-    """The diagnostics' stream of one history (what a run logs as ``collapse/first_turn/…``)."""
+    """The diagnostics' stream of one history (what a run logs as ``collapse/first_turn/…``).
+    ``interval_rng``: the proxies' resampling draws from it instead of ``rng``, so the
+    points drawn do not depend on the interval method."""
     ema, stream = None, []
     for share in shares:
         L, S, column = draw_point(pools[share], rng)
-        metrics, ema = mi_proxies(L, S, column, ema, uncertainty, rng)
+        metrics, ema = mi_proxies(L, S, column, ema, uncertainty, interval_rng or rng)
         stream.append(prefixed(metrics, PREFIX))
     return stream
 
@@ -238,6 +246,30 @@ def main() -> None:
         help="the proxies' interval (diagnostics.interval; default the shipped one)",
     )
     parser.add_argument(
+        "--within-onset",
+        type=int,
+        default=5,
+        metavar="K",
+        help="also print the share of collapse histories whose alarm fired within K points "
+        "of the onset (a missed collapse counts as not within), with its Wilson interval",
+    )
+    parser.add_argument(
+        "--delays-out",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="write each collapse history's delay from the onset (null: never fired) as "
+        "JSON {variant: {kind: [...]}}, in history order (with --paired-draws, two "
+        "--interval runs at one seed read the same drawn histories: compare them pairwise)",
+    )
+    parser.add_argument(
+        "--paired-draws",
+        action="store_true",
+        help="draw the histories' points from a stream of their own, apart from the "
+        "intervals' resampling, so that every --interval reads the same points (off by "
+        "default: the seeds recorded in RESULTS were drawn from one stream)",
+    )
+    parser.add_argument(
         "--variant",
         action="append",
         default=[],
@@ -248,6 +280,7 @@ def main() -> None:
     args = parser.parse_args()
     started = time.perf_counter()
     variants = [parse_variant(v) for v in args.variant] or [("shipped", {})]
+    per_history: dict[str, dict[str, list[int | None]]] = {}
     cfg, uncertainty = HarnessConfig(seed=args.seed), Uncertainty(interval=args.interval)
     with torch_threads(1):
         pools = {
@@ -267,10 +300,13 @@ def main() -> None:
     )
 
     rng = np.random.default_rng(args.seed)
+    interval_rng = np.random.default_rng([args.seed, 1]) if args.paired_draws else None
     kinds = ("grounded", "mixed", "template", "abrupt", "gradual", "partial")
     streams = {
         kind: [
-            run_history(pools, schedule(kind, args.points, args.onset), rng, uncertainty)
+            run_history(
+                pools, schedule(kind, args.points, args.onset), rng, uncertainty, interval_rng
+            )
             for _ in range(args.histories or (100 if kind in final_share else 200))
         ]
         for kind in kinds
@@ -287,13 +323,14 @@ def main() -> None:
         print(
             f"{'history':9} {'n':>4} {'clean pts':>9} {'false':>5} {'per 1k':>7} {'detected':>16} "
             f"{'delay (points after separation)':>32} {'<=2 points':>16} {'low-H':>5} "
-            f"{'MI first':>8} {'MI last':>8} {'from onset':>18}"
+            f"{'MI first':>8} {'MI last':>8} {'from onset':>18} "
+            f"{f'<={args.within_onset} from onset':>18}"
         )
         false_total = points_total = false_low = 0
         for kind in kinds:
             collapse = kind in final_share
             false_alarms = low_entropy = null_points = detected = 0
-            delays, from_onset = [], []
+            delays, from_onset, history_delays = [], [], []
             for stream in streams[kind]:
                 events = alarm_events(stream, config)
                 clean_until = args.onset if collapse else args.points
@@ -313,6 +350,7 @@ def main() -> None:
                     ]
                     detected += bool(fired)
                     from_onset += fired[:1]
+                    history_delays.append(fired[0] - args.onset if fired else None)
                     separated = first_separation(stream, args.onset, c.alpha / c.window, key)
                     if fired and separated is not None:
                         delays.append(fired[0] - separated)
@@ -332,11 +370,16 @@ def main() -> None:
                 if from_onset
                 else ""
             )
+            caught = sum(d is not None and d <= args.within_onset for d in history_delays)
+            within_onset = share_interval(caught, n) if collapse else ""
+            if collapse:
+                per_history.setdefault(name, {})[kind] = history_delays
             print(
                 f"{kind:9} {n:>4} {null_points:>9} {false_alarms:>5} "
                 f"{1000 * false_alarms / null_points:>7.2f} "
                 f"{share_interval(detected, n) if collapse else '':>16} {delay:>32} {within2:>16} "
-                f"{low_entropy:>5} {mi_first:>8.3f} {mi_last:>8.3f} {onset_delay:>18}"
+                f"{low_entropy:>5} {mi_first:>8.3f} {mi_last:>8.3f} {onset_delay:>18} "
+                f"{within_onset:>18}"
             )
         low, high = rate_interval(false_total, points_total)
         print(
@@ -344,6 +387,9 @@ def main() -> None:
             f"{1000 * false_total / points_total:.2f} per 1,000 [{low:.2f}, {high:.2f}]; "
             f"false low_entropy_collapse: {false_low}"
         )
+    if args.delays_out is not None:
+        args.delays_out.write_text(json.dumps(per_history, indent=1))
+        print(f"delays from the onset -> {args.delays_out}")
     print(f"\ntotal {time.perf_counter() - started:.0f} s")
 
 
