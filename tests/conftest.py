@@ -31,7 +31,7 @@ def micro_config_dict(tmp_dir, **sections) -> dict:
         },
         "rollout": {"num_workers": 2, "groups": 2, "group_size": 4, "max_reply_tokens": 48},
         "algo": {"preset": "grpo", "kl_coef": 0.01, "micro_batch_size": 4},
-        "diagnostics": {"probe": MICRO_PROBE},
+        "diagnostics": {"probe": dict(MICRO_PROBE)},
         "trainer": {
             "iterations": 2,
             "val_every": 2,

@@ -116,7 +116,7 @@ class VersionLog:
             self.metrics[data["iteration"]] = data
 
 
-# k = 1 nightly (-m slow; CONTRIBUTING.md, "What runs nightly"): k = 2 holds the same bound.
+# k = 1 nightly (-m slow; CONTRIBUTING.md, "Tests", Nightly): k = 2 holds the same bound.
 @pytest.mark.parametrize("k", [pytest.param(1, marks=pytest.mark.slow), 2])
 def test_every_trained_batch_respects_the_bound(micro_policy, models_dir, ray_local, tmp_path, k):
     from tether.platform.driver import Trainer

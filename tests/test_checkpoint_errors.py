@@ -141,7 +141,7 @@ def test_disk_full_with_warn_keeps_training(
     assert run.data.tags["tether.last_checkpoint"] == str(directory / "iter_000003.pt")
 
 
-@pytest.mark.slow  # nightly; CONTRIBUTING.md, "What runs nightly"
+@pytest.mark.slow  # nightly; CONTRIBUTING.md, "Tests", Nightly
 def test_disk_full_with_stop_ends_the_run_cleanly(
     micro_policy, models_dir, ray_local, tmp_path, monkeypatch
 ):

@@ -330,7 +330,7 @@ def test_rollback_restores_weights_and_optimiser_exactly(acted):
     assert after["updates"] == target["updates"]
 
 
-@pytest.mark.slow  # nightly; CONTRIBUTING.md, "What runs nightly"
+@pytest.mark.slow  # nightly; CONTRIBUTING.md, "Tests", Nightly
 def test_resumed_run_continues_with_the_controllers_state(acted, models_dir, ray_local, tmp_path):
     _, whole, _ = acted
     first = Trainer(_config(tmp_path, models_dir, 2)).run()

@@ -17,7 +17,7 @@ from tether.platform.config import build_config
 from tether.platform.driver import Trainer
 
 #: immediate_eos (empty like empty_reasoning) and untrained run nightly (-m slow;
-#: CONTRIBUTING.md, "What runs nightly").
+#: CONTRIBUTING.md, "Tests", Nightly).
 NIGHTLY = {"immediate_eos", "untrained"}
 POLICIES = [
     pytest.param(name, marks=pytest.mark.slow) if name in NIGHTLY else name

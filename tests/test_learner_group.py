@@ -102,7 +102,7 @@ def _train(policy, batches, world_size, use_critic, lora=None):
     [
         pytest.param(False, None, id="grpo"),
         # The critic's and LoRA's gradients across ranks: nightly (-m slow); CONTRIBUTING.md,
-        # "What runs nightly".
+        # "Tests", Nightly.
         pytest.param(True, None, id="ppo-critic", marks=pytest.mark.slow),
         pytest.param(False, LORA, id="grpo-lora", marks=pytest.mark.slow),
     ],

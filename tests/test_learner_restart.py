@@ -95,7 +95,7 @@ def _metrics(client, run_id, steps):
     [
         (1, "update"),
         # World size 2, the kill at the weights' fetch and at the checkpoint's state:
-        # nightly (-m slow); CONTRIBUTING.md, "What runs nightly".
+        # nightly (-m slow); CONTRIBUTING.md, "Tests", Nightly.
         pytest.param(2, "update", marks=pytest.mark.slow),
         pytest.param(1, "state_dict", marks=pytest.mark.slow),
         pytest.param(1, "full_state", marks=pytest.mark.slow),
@@ -151,7 +151,7 @@ def test_learner_rank_killed_is_rebuilt_in_place(
     assert not different, different
 
 
-@pytest.mark.slow  # nightly; CONTRIBUTING.md, "What runs nightly"
+@pytest.mark.slow  # nightly; CONTRIBUTING.md, "Tests", Nightly
 def test_learner_killed_before_the_first_checkpoint_is_rebuilt_from_the_start(
     micro_policy, models_dir, ray_local, tmp_path, monkeypatch
 ):

@@ -30,7 +30,7 @@ def _run(task, preset, seed, tmp_path, models_dir, breakage=None):
 
 
 # The multi-turn task (doors) nightly, with its turn-mask breakage below (-m slow;
-# CONTRIBUTING.md, "What runs nightly").
+# CONTRIBUTING.md, "Tests", Nightly).
 @pytest.mark.parametrize("task", ["choice", pytest.param("doors", marks=pytest.mark.slow)])
 def test_grpo_learns_the_known_answer(task, tmp_path, models_dir, ray_local):
     result = _run(task, "grpo", 0, tmp_path, models_dir)

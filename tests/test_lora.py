@@ -158,7 +158,7 @@ def _max_response_gap(batch) -> float:
 SETTINGS = update_settings(kl_coef=0.05, micro_batch_size=4, minibatches=2, max_grad_norm=1.0)
 
 
-@pytest.mark.slow  # nightly; CONTRIBUTING.md, "What runs nightly"
+@pytest.mark.slow  # nightly; CONTRIBUTING.md, "Tests", Nightly
 def test_lora_learner_reference_sync_and_resume(micro_policy, ray_local, tmp_path):
     """One LoRA learner through three updates: (1) base weights untouched, adapters and
     merged weights moved, AdamW over adapters only; (2) reference log-probs = the base

@@ -389,7 +389,7 @@ def test_monitor_api_token_cookie_nan_and_intervals(tmp_path):
 
 
 @needs_chromium
-@pytest.mark.slow  # nightly; CONTRIBUTING.md, "What runs nightly"
+@pytest.mark.slow  # nightly; CONTRIBUTING.md, "Tests", Nightly
 def test_monitor_page_escapes_run_data_and_draws_intervals(ray_local, tmp_path):
     from playwright.sync_api import sync_playwright
     from ray import serve

@@ -251,7 +251,7 @@ def test_a_resume_target_may_be_the_checkpoint_the_run_dir_checkpoints_or_the_ou
         resolve_resume(str(tmp_path / "empty"), "sqlite:///unused.db")
 
 
-@pytest.mark.slow  # nightly; CONTRIBUTING.md, "What runs nightly"
+@pytest.mark.slow  # nightly; CONTRIBUTING.md, "Tests", Nightly
 def test_a_resumed_run_keeps_the_validation_intervals_of_before_the_resume(
     micro_policy, models_dir, ray_local, tmp_path
 ):

@@ -31,7 +31,7 @@ def test_local_ray_prints_no_auth_warning(tmp_path):
     assert "WARNING" not in out.stderr, out.stderr[-2000:]
 
 
-@pytest.mark.slow  # nightly; CONTRIBUTING.md, "What runs nightly"
+@pytest.mark.slow  # nightly; CONTRIBUTING.md, "Tests", Nightly
 def test_local_ray_gcs_keeps_capped_task_events(tmp_path):
     """``ray.task_events_in_gcs`` reaches the GCS server a run starts (its environment)
     and bounds what it keeps: 40 actor calls, at most 5 task attempts' events held."""

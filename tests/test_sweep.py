@@ -71,7 +71,7 @@ def micro_sweep_sections(
             "val_episodes": 4,
             "samples_every": 1,
         },
-        "diagnostics": {"probe": MICRO_PROBE, **(diagnostics or {})},
+        "diagnostics": {"probe": dict(MICRO_PROBE), **(diagnostics or {})},
     }
 
 
@@ -506,7 +506,7 @@ def test_optuna_smoke_sweep_through_tune_is_tracked_in_mlflow(
     assert not math.isnan(outcome.rows[0]["rollout/success"])
 
 
-@pytest.mark.slow  # nightly; CONTRIBUTING.md, "What runs nightly"
+@pytest.mark.slow  # nightly; CONTRIBUTING.md, "Tests", Nightly
 def test_the_sweep_end_waits_for_a_tracking_server_that_went_away(
     micro_policy, models_dir, ray_local, tmp_path, monkeypatch
 ):

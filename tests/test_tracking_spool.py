@@ -269,7 +269,7 @@ def test_an_unreachable_server_refuses_the_run_before_ray_or_the_warm_start(tmp_
     )
 
 
-@pytest.mark.slow  # nightly; CONTRIBUTING.md, "What runs nightly"
+@pytest.mark.slow  # nightly; CONTRIBUTING.md, "Tests", Nightly
 def test_server_gone_during_the_warm_start_spools_from_the_first_write(
     server, short_retries, micro_policy, models_dir, ray_local, tmp_path, monkeypatch
 ):
