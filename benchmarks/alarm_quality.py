@@ -51,6 +51,14 @@ chosen from it becomes the default; the confirmatory run is a fresh seed (12) at
 default counts, the new default against the old rule (``old:within=2,min_references=1``),
 judged by the targets above; it is reported whatever it shows.
 
+Run 4 (2026-11-28; protocol fixed before the run in benchmarks/history/2026-11-28.md, "The
+alarms' delay from the detectable point").  The delay is also counted from the *detectable
+point* (``--within-detectable``): the first post-onset point whose share's expected MI
+(the mean over ``--truth-draws`` points from its pool) lies ``min_drop_fraction`` plus
+``--clock-margin`` below the grounded pool's: a clock from the truth, the same for every
+interval method.  Confirmatory seed 18, both batch intervals on the same draws
+(``--paired-draws``; ``--against`` tests the pair).
+
     python benchmarks/alarm_quality.py                  # default: 200 null + 100 collapse histories per kind
     python benchmarks/alarm_quality.py --histories 20   # quick look
     python benchmarks/alarm_quality.py --variant shipped: --variant consecutive:within=2
@@ -196,6 +204,45 @@ def share_interval(k: int, n: int) -> str:
     return f"{k / n:.0%} [{ci.low:.0%}, {ci.high:.0%}]"
 
 
+def expected_proxies(
+    pools: dict[float, Pool], name: str, draws: int, rng: np.random.Generator
+) -> dict[float, float]:
+    """Each pool's expectation of proxy ``name`` over points of the histories' shape (the
+    mean over ``draws`` points, no intervals): the truth the detectable point reads."""
+    return {
+        q: float(np.mean([mi_proxies(*draw_point(pool, rng))[0][name] for _ in range(draws)]))
+        for q, pool in pools.items()
+    }
+
+
+def detectable_point(
+    shares: list[float], onset: int, expected: dict, drop: float, margin: float
+) -> int | None:
+    """The first post-onset point (1-based, as the alarms count) whose share's expected MI
+    lies at least ``drop + margin`` below the pre-onset share's (``drop`` the alarm's
+    ``min_drop_fraction``): the earliest point the alarm's rule can be expected to call a
+    collapse, read from the truth alone, so the same for every interval method.  The
+    margin keeps a step whose expected fall sits at the threshold (where the rule fires on
+    a coin toss) from being the clock."""
+    reference = expected[shares[onset - 1]]
+    for t in range(onset, len(shares)):
+        if reference - expected[shares[t]] >= (drop + margin) * abs(reference):
+            return t + 1
+    return None
+
+
+def paired_within(mine: list, theirs: list, k: int) -> str:
+    """Exact McNemar test on the histories caught within ``k`` points by one method and not
+    the other (two runs of the same seed with --paired-draws read the same histories)."""
+    a = [d is not None and d <= k for d in mine]
+    b = [d is not None and d <= k for d in theirs]
+    only_mine = sum(x and not y for x, y in zip(a, b))
+    only_theirs = sum(y and not x for x, y in zip(a, b))
+    discordant = only_mine + only_theirs
+    p = stats.binomtest(only_mine, discordant).pvalue if discordant else 1.0
+    return f"only this run {only_mine}, only the other {only_theirs}, exact McNemar p = {p:.3g}"
+
+
 def first_separation(stream: list[dict], onset: int, alpha: float, key: str) -> int | None:
     """The first post-onset point (1-based) whose MI interval lies wholly below the
     interval of an earlier significant point."""
@@ -263,6 +310,37 @@ def main() -> None:
         "--interval runs at one seed read the same drawn histories: compare them pairwise)",
     )
     parser.add_argument(
+        "--within-detectable",
+        type=int,
+        default=2,
+        metavar="K",
+        help="the share of collapse histories whose alarm fired within K points of the "
+        "detectable point (the first post-onset point whose expected MI lies the alarm's "
+        "min_drop_fraction below the grounded pool's), with its Wilson interval",
+    )
+    parser.add_argument(
+        "--clock-margin",
+        type=float,
+        default=0.05,
+        help="how far past the alarm's min_drop_fraction the expected fall must be at the "
+        "detectable point (a fraction of the grounded MI)",
+    )
+    parser.add_argument(
+        "--truth-draws",
+        type=int,
+        default=2000,
+        metavar="N",
+        help="points drawn from each pool to estimate its expected MI (the detectable point)",
+    )
+    parser.add_argument(
+        "--against",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="a --delays-out file of another run at the same seed with --paired-draws: "
+        "print the exact McNemar test of the within-detectable shares, history by history",
+    )
+    parser.add_argument(
         "--paired-draws",
         action="store_true",
         help="draw the histories' points from a stream of their own, apart from the "
@@ -299,6 +377,15 @@ def main() -> None:
         + ", ".join(f"{kind}: {name}" for kind, name in truth.items())
     )
 
+    proxy = AlarmsConfig().template_collapse.mi_metric.removeprefix(f"{PREFIX}/")
+    expected = expected_proxies(
+        pools, proxy, args.truth_draws, np.random.default_rng([args.seed, 2])
+    )
+    print(
+        f"pool expected {proxy} ({args.truth_draws} points each): "
+        + ", ".join(f"q={q:g}: {v:.3f}" for q, v in expected.items())
+    )
+
     rng = np.random.default_rng(args.seed)
     interval_rng = np.random.default_rng([args.seed, 1]) if args.paired_draws else None
     kinds = ("grounded", "mixed", "template", "abrupt", "gradual", "partial")
@@ -319,14 +406,29 @@ def main() -> None:
         )
         c = config.template_collapse
         key = c.mi_metric
+        if key != f"{PREFIX}/{proxy}":
+            raise SystemExit(f"the detectable point reads {proxy}; variant {name} watches {key}")
+        clock = {
+            kind: detectable_point(
+                schedule(kind, args.points, args.onset),
+                args.onset,
+                expected,
+                c.min_drop_fraction,
+                args.clock_margin,
+            )
+            for kind in final_share
+        }
         print(f"\nvariant {name}: {c.model_dump(exclude={'mode', 'actions'})}")
+        print(f"detectable point (1-based; onset at {args.onset + 1}): {clock}")
         print(
             f"{'history':9} {'n':>4} {'clean pts':>9} {'false':>5} {'per 1k':>7} {'detected':>16} "
             f"{'delay (points after separation)':>32} {'<=2 points':>16} {'low-H':>5} "
             f"{'MI first':>8} {'MI last':>8} {'from onset':>18} "
-            f"{f'<={args.within_onset} from onset':>18}"
+            f"{f'<={args.within_onset} from onset':>18} "
+            f"{f'<={args.within_detectable} from detectable':>22}"
         )
         false_total = points_total = false_low = 0
+        paired: dict[str, str] = {}
         for kind in kinds:
             collapse = kind in final_share
             false_alarms = low_entropy = null_points = detected = 0
@@ -372,14 +474,33 @@ def main() -> None:
             )
             caught = sum(d is not None and d <= args.within_onset for d in history_delays)
             within_onset = share_interval(caught, n) if collapse else ""
+            within_detectable = ""
             if collapse:
                 per_history.setdefault(name, {})[kind] = history_delays
+                shift = None if clock[kind] is None else clock[kind] - args.onset
+                from_clock = [
+                    None if d is None or shift is None else d - shift for d in history_delays
+                ]
+                within_detectable = share_interval(
+                    sum(d is not None and d <= args.within_detectable for d in from_clock), n
+                )
+                if args.against is not None:
+                    theirs = json.loads(args.against.read_text())[name][kind]
+                    paired[kind] = paired_within(
+                        from_clock,
+                        [None if d is None or shift is None else d - shift for d in theirs],
+                        args.within_detectable,
+                    )
             print(
                 f"{kind:9} {n:>4} {null_points:>9} {false_alarms:>5} "
                 f"{1000 * false_alarms / null_points:>7.2f} "
                 f"{share_interval(detected, n) if collapse else '':>16} {delay:>32} {within2:>16} "
                 f"{low_entropy:>5} {mi_first:>8.3f} {mi_last:>8.3f} {onset_delay:>18} "
-                f"{within_onset:>18}"
+                f"{within_onset:>18} {within_detectable:>22}"
+            )
+        for kind, line in paired.items():
+            print(
+                f"{kind}, within {args.within_detectable} of detectable, against {args.against}: {line}"
             )
         low, high = rate_interval(false_total, points_total)
         print(
