@@ -14,7 +14,7 @@ S matrices.
 Diagnostic points.  A point of a history at share q draws 8 distinct prompts and 4 of each
 prompt's replies from q's pool (32 pairs, 8 columns: the quickstart's first-turn shape,
 ``max_pairs`` 32 over 8 groups) and runs `mi_proxies` with the default uncertainty
-(1000 bootstrap resamples, 1000 permutations) and the EMA state carried along the
+(``--interval``, 1000 bootstrap resamples, 1000 permutations) and the EMA state carried along the
 history, exactly as a run logs ``collapse/first_turn/…``.  The alarms (`AlarmMonitor`,
 default config: ``mi_estimate``, window 10, alpha 0.05, patience 2 of ``within``) read the stream.
 
@@ -289,8 +289,10 @@ def main() -> None:
     parser.add_argument(
         "--interval",
         choices=("bootstrap", "jackknife", "log_jackknife"),
-        default="bootstrap",
-        help="the proxies' interval (diagnostics.interval; default the shipped one)",
+        default=Uncertainty().interval,
+        help="the proxies' interval (diagnostics.interval; default the shipped one, "
+        "log_jackknife since 2026-11-28: the seeds recorded in RESULTS before it ran the "
+        "bootstrap)",
     )
     parser.add_argument(
         "--within-onset",

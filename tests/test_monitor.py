@@ -262,7 +262,9 @@ def write_monitor_runs(uri: str) -> dict[str, str]:
     success = {"rollout/success": {s: 0.2 * s for s in mi}}
     band = {
         MI_EST: mi,
-        MI_EST + "_ci_low": {s: v - 0.05 for s, v in mi.items()},
+        # step 2's interval reaches far below (a log_jackknife band at the ceiling can):
+        # the plot keeps the curves' scale and lets that band run off it
+        MI_EST + "_ci_low": {s: -40.0 if s == 2 else v - 0.05 for s, v in mi.items()},
         MI_EST + "_ci_high": {s: v + 0.05 for s, v in mi.items()},
         MI_EST + "_null_q95": {s: 0.15 for s in mi},
         P_GROUNDED: {s: 0.004 * s for s in mi},
@@ -450,6 +452,9 @@ def test_monitor_page_escapes_run_data_and_draws_intervals(ray_local, tmp_path):
                 f"t.meta.null === '{ids['band']}').map(t => t.y)"
             )
             assert null == [[0.15] * 4]
+            # values 0.15 (null) to 1.0 (H): the band is cut at their span again below
+            y_range = page.evaluate("document.getElementById('plot-mi').layout.yaxis.range")
+            assert y_range == [pytest.approx(-0.7 - 0.09), pytest.approx(1.1 + 0.09)]
             assert page.inner_text(f"#run-{ids['band']} .mi") == "0.200 [0.150, 0.250]"
             assert (
                 page.inner_text(f"#run-{ids['band']} .grounded")

@@ -149,13 +149,14 @@ def test_the_closing_summary_shows_the_probe_and_reading_accuracy():
 def test_the_probe_has_its_own_interval():
     from tether.diagnostics.settings import DiagnosticsConfig
 
-    # Shipped: the probe's jackknife beside the batch's bootstrap (RESULTS, "Interval coverage").
+    # Shipped: the probe's jackknife beside the batch's log_jackknife (RESULTS, "Interval
+    # coverage" and "Alarm quality").
     assert DiagnosticsConfig().probe_uncertainty().interval == "jackknife"
-    assert DiagnosticsConfig().uncertainty().interval == "bootstrap"
+    assert DiagnosticsConfig().uncertainty().interval == "log_jackknife"
     same = DiagnosticsConfig(interval="jackknife", probe={"interval": "same"})
     assert same.probe_uncertainty() == same.uncertainty()
     own = DiagnosticsConfig(probe={"interval": "jackknife"}, bootstrap=200)
-    assert own.uncertainty().interval == "bootstrap"
+    assert own.uncertainty().interval == "log_jackknife"
     assert own.probe_uncertainty().interval == "jackknife"
     assert own.probe_uncertainty().bootstrap == 200  # the rest is the diagnostics'
 

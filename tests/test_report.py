@@ -346,3 +346,22 @@ def test_cli_report_finished_only_leaves_out_a_stopped_trial(tmp_path):
     assert finished.exit_code == 0, finished.output
     assert "left out, not finished: stopped (KILLED)" in " ".join(finished.output.split())
     assert "(2 runs)" in (tmp_path / "fin" / "report.html").read_text()
+
+
+def test_a_very_wide_band_runs_off_the_plot_instead_of_setting_its_scale(tmp_path):
+    """A `log_jackknife` interval at the ceiling can reach tens of nats below in a few
+    batches: both renderers keep the curves' scale (their span again beyond them) and let
+    that band run off it; bands that fit leave the scale alone."""
+    from tether.analysis.render import Figure, Panel, Series, band_limits, save
+
+    x, y = [1, 2, 3, 4], [2.0, 2.0, 1.5, 1.0]
+    narrow = Series("mi", x, y, mode="lines", error=([v - 0.1 for v in y], [v + 0.1 for v in y]))
+    assert band_limits(Panel("fits", series=[narrow])) is None
+    assert band_limits(Panel("no band", series=[Series("mi", x, y)])) is None
+    wide = Series("mi", x, y, mode="lines", error=([1.9, -39.0, 1.4, 0.9], [2.1, 2.1, 1.6, 1.1]))
+    panel = Panel("wide", xlabel="iteration", series=[wide])
+    assert band_limits(panel) == (0.0, 2.1)  # down to 1.0 - (2.0 - 1.0), up to the band's top
+    interactive = save(Figure("wide", "wide", [panel]), tmp_path)
+    low, high = interactive.layout.yaxis.range
+    assert low == pytest.approx(-0.105) and high == pytest.approx(2.205)
+    assert (tmp_path / "wide.png").stat().st_size > 0

@@ -9,9 +9,10 @@ import pytest
 from tether.diagnostics.mi import mi_proxies
 from tether.diagnostics.uncertainty import CI_KEYS, NULL_KEYS, Uncertainty, mi_uncertainty
 
-FAST = Uncertainty(bootstrap=400, permutations=400)  # the shipped interval: bootstrap
+FAST = Uncertainty(bootstrap=400, permutations=400, interval="bootstrap")
 JACK = Uncertainty(bootstrap=400, permutations=400, interval="jackknife")
-LOG_JACK = Uncertainty(bootstrap=400, permutations=400, interval="log_jackknife")
+LOG_JACK = Uncertainty(bootstrap=400, permutations=400)  # the shipped interval: log_jackknife
+assert LOG_JACK.interval == "log_jackknife"
 
 
 def null_matrix(rng, m=32, n=8):
@@ -68,34 +69,43 @@ def test_bootstrap_interval_covers_the_true_retrieval_accuracy():
     assert covered / trials >= 0.88, covered / trials
 
 
-def test_constant_scores_are_not_grounded_and_have_zero_width_intervals():
+@pytest.mark.parametrize("settings", [FAST, LOG_JACK], ids=["bootstrap", "log"])
+def test_constant_scores_are_not_grounded_and_have_zero_width_intervals(settings):
     column = np.array([0, 0, 1, 1, 2, 2])
-    out = mi_uncertainty(np.zeros((6, 3)), np.zeros((6, 3)), column, 0.0, FAST)
+    out = mi_uncertainty(np.zeros((6, 3)), np.zeros((6, 3)), column, 0.0, settings)
     assert out["p_grounded"] == 1.0 and out["grounded"] == 0.0
-    assert out["mi_estimate_ci_low"] == pytest.approx(0.0, abs=1e-12) == out["mi_estimate_ci_high"]
+    # (a jackknife interval is the estimate to its rounding, 1e-9)
+    assert out["mi_estimate_ci_low"] == pytest.approx(0.0, abs=1e-8) == out["mi_estimate_ci_high"]
     # A three-way tie: 1/3, inside its interval (resamples with fewer prompts tie fewer ways).
     assert 0.0 <= out["retrieval_acc_ci_low"] <= 1 / 3 <= out["retrieval_acc_ci_high"] <= 1.0
 
 
-def test_one_prompt_gives_entropy_intervals_only_and_no_test():
+@pytest.mark.parametrize("settings", [FAST, LOG_JACK], ids=["bootstrap", "log"])
+def test_one_prompt_gives_entropy_intervals_only_and_no_test(settings):
     rng = np.random.default_rng(3)
     L = rng.normal(-2, 0.5, (5, 1))
-    metrics, _ = mi_proxies(L, 3 * L, np.zeros(5, dtype=int), None, FAST, rng)
+    metrics, _ = mi_proxies(L, 3 * L, np.zeros(5, dtype=int), None, settings, rng)
     assert "p_grounded" not in metrics and "mi_estimate_ci_low" not in metrics
     assert metrics["conditional_entropy_est_ci_low"] < metrics["conditional_entropy_est_ci_high"]
     assert (
-        mi_uncertainty(np.zeros((0, 0)), np.zeros((0, 0)), np.zeros(0, dtype=int), None, FAST) == {}
+        mi_uncertainty(np.zeros((0, 0)), np.zeros((0, 0)), np.zeros(0, dtype=int), None, settings)
+        == {}
     )
 
 
 def test_zero_resamples_switch_each_part_off_and_a_seed_repeats():
     rng = np.random.default_rng(4)
     L, column = null_matrix(rng)
-    no_ci = mi_uncertainty(L, L, column, None, Uncertainty(bootstrap=0, permutations=100))
+    no_ci = mi_uncertainty(
+        L, L, column, None, Uncertainty(bootstrap=0, permutations=100, interval="bootstrap")
+    )
     assert not any(k.endswith("_ci_low") for k in no_ci) and "p_grounded" in no_ci
+    # The shipped log_jackknife needs no resample: only retrieval's (bootstrap) goes.
+    jack_only = mi_uncertainty(L, L, column, None, Uncertainty(bootstrap=0, permutations=100))
+    assert "mi_estimate_ci_low" in jack_only and "retrieval_acc_ci_low" not in jack_only
     no_test = mi_uncertainty(L, L, column, None, Uncertainty(bootstrap=100, permutations=0))
     assert "p_grounded" not in no_test and "mi_estimate_ci_low" in no_test
-    for settings in (FAST, JACK):
+    for settings in (FAST, JACK, LOG_JACK):
         again = [
             mi_uncertainty(L, L, column, 0.5, settings, np.random.default_rng(9)) for _ in range(2)
         ]

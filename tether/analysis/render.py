@@ -66,6 +66,31 @@ class Figure:
     columns: int = 2
 
 
+def band_limits(panel: Panel) -> tuple[float, float] | None:
+    """The y-range of a panel whose lines carry interval bands, when a band reaches far
+    past the estimates: every estimate, and each band only as far as the estimates' own
+    span again beyond them (at least 0.05 of their size, or 0.05), so one very wide band
+    (a `log_jackknife` interval at the ceiling whose left-out prompt brought a replicate
+    to it) runs off the plot instead of flattening every curve.  None (the renderer's own
+    scale) when every band fits or the panel has none."""
+    ys = [v for s in panel.series for v in s.y if v is not None and math.isfinite(v)]
+    bands = [
+        v
+        for s in panel.series
+        if s.error is not None and s.mode != "bar"
+        for side in s.error
+        for v in side
+        if v is not None and math.isfinite(v)
+    ]
+    if not ys or not bands:
+        return None
+    low, high = min(ys), max(ys)
+    pad = max(high - low, 0.05 * max(abs(low), abs(high)), 0.05)
+    if min(bands) >= low - pad and max(bands) <= high + pad:
+        return None
+    return max(min(bands), low - pad), min(max(bands), high + pad)
+
+
 def _grid(n: int, columns: int) -> tuple[int, int]:
     columns = max(1, min(columns, n))
     return math.ceil(n / columns), columns
@@ -164,6 +189,10 @@ def _draw_panel(ax, panel: Panel, fig) -> None:
             )
     if panel.xlabel == "iteration":
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    limits = band_limits(panel)
+    if limits is not None:
+        margin = 0.05 * (limits[1] - limits[0])
+        ax.set_ylim(limits[0] - margin, limits[1] + margin)
     if panel.series:
         ax.legend(fontsize=6)
 
@@ -251,6 +280,10 @@ def to_plotly(figure: Figure):
             fig.add_vline(x=xc, line_dash="dot", line_color="gray", row=row, col=col)
             fig.add_hline(y=yc, line_dash="dot", line_color="gray", row=row, col=col)
         fig.update_xaxes(title_text=panel.xlabel, row=row, col=col)
+        limits = band_limits(panel)
+        if limits is not None:
+            margin = 0.05 * (limits[1] - limits[0])
+            fig.update_yaxes(range=[limits[0] - margin, limits[1] + margin], row=row, col=col)
         fig.update_yaxes(title_text=panel.ylabel, row=row, col=col)
     fig.update_layout(
         title=figure.title,

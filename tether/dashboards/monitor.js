@@ -112,8 +112,26 @@ function markBands(div) {
   });
 }
 
+// The y-range when a band reaches far past the curves (the report's rule, render.py
+// band_limits): every value, each band only the values' own span again beyond them (at
+// least 0.05 of their size, or 0.05); null (autoscale) when every band fits.
+function bandRange(traces) {
+  const finite = (ys) => (ys || []).filter(num);
+  const ys = traces.filter((t) => !(t.meta && t.meta.band)).flatMap((t) => finite(t.y));
+  const bands = traces.filter((t) => t.meta && t.meta.band).flatMap((t) => finite(t.y));
+  if (!ys.length || !bands.length) return null;
+  const low = Math.min(...ys), high = Math.max(...ys);
+  const pad = Math.max(high - low, 0.05 * Math.max(Math.abs(low), Math.abs(high)), 0.05);
+  const bLow = Math.min(...bands), bHigh = Math.max(...bands);
+  if (bLow >= low - pad && bHigh <= high + pad) return null;
+  const lo = Math.max(bLow, low - pad), hi = Math.min(bHigh, high + pad), m = 0.05 * (hi - lo);
+  return [lo - m, hi + m];
+}
+
 function react(id, traces, layout) {
   const div = document.getElementById(id);
+  const range = bandRange(traces);
+  if (range) layout = {...layout, yaxis: {...layout.yaxis, range}};
   return Plotly.react(div, traces, layout).then(() => {
     if (!div.tetherMarks) div.on("plotly_afterplot", () => markBands(div));  // zoom, pan
     div.tetherMarks = true;

@@ -142,21 +142,22 @@ class DiagnosticsConfig(StrictSection):
         "heatmaps and gradient SNR).",
     )
     interval: Literal["bootstrap", "jackknife", "log_jackknife"] = Field(
-        "bootstrap",
+        "log_jackknife",
         description="Interval logged beside every MI proxy (<proxy>_ci_low / _ci_high), from "
-        "the cross-score matrix (no model calls): bootstrap (percentile by prompt, biased "
-        "low for MI and widened to hold the estimate), jackknife (leave one prompt out, "
-        "Student-t around the estimate; retrieval keeps the bootstrap's) or log_jackknife (the "
-        "jackknife on log(log N - MI), log H and, for the z-scores, their numerator's and "
-        "denominator's log scales). Coverage of each: "
-        "benchmarks/RESULTS.md, 'Interval coverage'; docs/methods.md section 3.",
+        "the cross-score matrix (no model calls): log_jackknife (leave one prompt out, the "
+        "Student-t interval on log(log N - MI), log H and, for the z-scores, their "
+        "numerator's and denominator's log scales; retrieval keeps the bootstrap's), "
+        "jackknife (the same on the linear scale) or bootstrap (percentile by prompt, biased "
+        "low for MI and widened to hold the estimate; the default before 2026-11-28). "
+        "Coverage of each and the alarms' quality with each: benchmarks/RESULTS.md, "
+        "'Interval coverage' and 'Alarm quality'; docs/methods.md section 3.",
     )
     bootstrap: int = Field(
         1000,
         ge=0,
-        description="Bootstrap resamples (by prompt) behind the bootstrap intervals. 0 = no "
-        "bootstrap intervals (with interval: bootstrap, the template_collapse alarm then "
-        "cannot judge).",
+        description="Bootstrap resamples (by prompt) behind the bootstrap intervals (retrieval "
+        "accuracy's under every interval). 0 = no bootstrap intervals (with interval: "
+        "bootstrap, the template_collapse alarm then cannot judge).",
     )
     permutations: int = Field(
         1000,
