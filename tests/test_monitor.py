@@ -361,7 +361,7 @@ def test_monitor_api_token_cookie_nan_and_intervals(tmp_path):
     # The band series: the interval and null level aligned to the curve's steps.
     mi = runs[ids["band"]]["curves"]["mi"]
     assert mi["x"] == [1, 2, 3, 4]
-    assert mi["ci_low"] == pytest.approx([0.45, 0.35, 0.25, 0.15])
+    assert mi["ci_low"] == pytest.approx([0.45, -40.0, 0.25, 0.15])
     assert mi["ci_high"] == pytest.approx([0.55, 0.45, 0.35, 0.25])
     assert mi["null_q95"] == [0.15] * 4
     assert mi["p_grounded"] == pytest.approx([0.004, 0.008, 0.012, 0.016])
@@ -380,7 +380,7 @@ def test_monitor_api_token_cookie_nan_and_intervals(tmp_path):
     answer = call(monitor, "/api/runs", headers=bearer)
     runs = {r["run_id"]: r for r in strict_json(answer.body)["runs"]}
     assert runs[broken.run_id]["error"].startswith("cannot read this run: JSONDecodeError")
-    assert runs[ids["band"]]["curves"]["mi"]["ci_low"] == pytest.approx([0.45, 0.35, 0.25, 0.15])
+    assert runs[ids["band"]]["curves"]["mi"]["ci_low"] == pytest.approx([0.45, -40.0, 0.25, 0.15])
     (alarm,) = runs[ids["hostile"]]["alarms"]
     assert runs[ids["hostile"]]["name"] == NAME_XSS and alarm["iteration"] == IT_XSS
     assert alarm["evidence"] == [
