@@ -6,21 +6,21 @@ input-independent templates and the rest copy the prompt, q in {0, 0.25, 0.5, 0.
 (grounded, mixed, input-blind).  Each pool is the population: ``--pool-prompts`` prompts
 with ``--pool-replies`` sampled replies each, every reply scored under every prompt.
 
-Estimand.  A proxy of a batch estimates its expectation over batches of the same shape
-(8 prompts, 4 replies each: the quickstart's first-turn shape) drawn from the policy;
-the in-batch MI of N prompts is bounded by log N, so that expectation, not the pool's
-MI, is what one batch can know.  It is computed here as the mean over ``--truth-draws``
-batches (its own standard error is printed; it is far below the intervals' widths).
-``--estimand median`` (exploratory, 2026-11-28) takes the median over those batches
-instead: for a proxy whose expectation is carried by rare batches (the grounded policy's
-z-score, whose batches without a misread divide by a near-zero spread) the median is the
-value a typical batch gives, and whether the intervals cover it is a question for
-whoever sets the estimand, not a result that changes one.
+Estimands.  A proxy of a batch estimates a property of its distribution over batches of
+the same shape (8 prompts, 4 replies each: the quickstart's first-turn shape) drawn from
+the policy; the in-batch MI of N prompts is bounded by log N, so that distribution, not the
+pool's MI, is what one batch can know.  Two properties, both computed from the same
+``--truth-draws`` batches: the **median** (the estimand since 2026-11-28: the jackknife's
+intervals are symmetric on a scale that is a monotone map of the proxy, and a monotone map
+carries a median across and a mean not; history/2026-11-28.md, "The intervals against the
+median") and the **mean** (the estimand before; its standard error is printed, far below
+the intervals' widths except where the mean is carried by rare batches, like the grounded
+policy's z-score whose batches without a misread divide by a near-zero spread).
 
 Measured, per share and interval method (``jackknife``: delete one prompt, a Student-t
 interval around the estimate; ``bootstrap``: the percentile interval by prompt, widened
 to hold the estimate): the share of ``--batches`` independent batches whose interval
-holds the estimand (Wilson 95 % interval of that share), the mean width, and where the
+holds each estimand (Wilson 95 % interval of that share), the mean and median width, and where the
 estimate sits in its interval (0 = lower edge, 1 = upper edge).
 
     python benchmarks/interval_coverage.py                      # 200 batches per share
@@ -43,29 +43,29 @@ from tether.testing.harness import HarnessConfig, torch_threads
 
 KEYS = ("mi_estimate", "mi_zscore", "mi_seq_estimate", "retrieval_acc", "conditional_entropy_est")
 METHODS = ("jackknife", "bootstrap", "log_jackknife")
+CENTRES = {"median": np.median, "mean": np.mean}
 
 
-def estimands(
-    pool, draws: int, rng: np.random.Generator, shape, estimand: str = "mean"
-) -> tuple[dict, dict]:
-    """Mean (or median) and the mean's standard error of each proxy over ``draws`` batches
-    of the pool."""
+def estimands(pool, draws: int, rng: np.random.Generator, shape) -> tuple[dict, dict]:
+    """Median and mean of each proxy over ``draws`` batches of the pool (``{"median":
+    {key: value}, "mean": {...}}``), and the mean's standard error."""
     values = {key: [] for key in KEYS}
     for _ in range(draws):
         L, S, column = draw_point(pool, rng, *shape)
         metrics, _ = mi_proxies(L, S, column)
         for key in KEYS:
             values[key].append(metrics[key])
-    centre = np.median if estimand == "median" else np.mean
     return (
-        {k: float(centre(v)) for k, v in values.items()},
+        {name: {k: float(f(v)) for k, v in values.items()} for name, f in CENTRES.items()},
         {k: float(np.std(v) / np.sqrt(len(v))) for k, v in values.items()},
     )
 
 
-def coverage(pool, truth: dict, batches: int, method: str, rng: np.random.Generator, shape) -> dict:
+def coverage(pool, truths: dict, batches: int, method: str, rng: np.random.Generator, shape):
+    """Per estimand and proxy: batches whose interval holds it; per proxy: the intervals'
+    widths and where the estimate sits in its interval (its mean)."""
     settings = Uncertainty(permutations=0, interval=method)
-    hits = {key: 0 for key in KEYS}
+    hits = {(name, key): 0 for name in truths for key in KEYS}
     widths = {key: [] for key in KEYS}
     place = {key: [] for key in KEYS}
     for _ in range(batches):
@@ -73,14 +73,12 @@ def coverage(pool, truth: dict, batches: int, method: str, rng: np.random.Genera
         metrics, _ = mi_proxies(L, S, column, None, settings, rng)
         for key in KEYS:
             low, high = metrics[f"{key}_ci_low"], metrics[f"{key}_ci_high"]
-            hits[key] += low <= truth[key] <= high
+            for name, truth in truths.items():
+                hits[name, key] += low <= truth[key] <= high
             widths[key].append(high - low)
             if high > low:
                 place[key].append((metrics[key] - low) / (high - low))
-    return {
-        key: (hits[key], np.mean(widths[key]), np.mean(place[key]) if place[key] else np.nan)
-        for key in KEYS
-    }
+    return hits, {key: (widths[key], np.mean(place[key]) if place[key] else np.nan) for key in KEYS}
 
 
 def wilson(k: int, n: int) -> str:
@@ -105,13 +103,6 @@ def main() -> None:
     )
     parser.add_argument("--seed", type=int, default=2026)
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
-    parser.add_argument(
-        "--estimand",
-        choices=("mean", "median"),
-        default="mean",
-        help="what an interval should hold: the proxy's mean over batches of the shape (the "
-        "protocols' estimand) or its median (exploratory)",
-    )
     args = parser.parse_args()
     started = time.perf_counter()
     cfg = HarnessConfig(seed=args.seed)
@@ -122,25 +113,30 @@ def main() -> None:
         }
     print(f"pools built in {time.perf_counter() - started:.0f} s (seed {args.seed})")
     rng = np.random.default_rng(args.seed)
-    totals = {(m, k): [0, 0] for m in args.methods for k in KEYS}
+    totals = {(e, m, k): [0, 0] for e in CENTRES for m in args.methods for k in KEYS}
     for q in SHARES:
-        truth, se = estimands(pools[q], args.truth_draws, rng, args.shape, args.estimand)
-        print(
-            f"\nshare q={q:g}: estimands "
-            + ", ".join(f"{k} {truth[k]:.4f} (se {se[k]:.4f})" for k in KEYS)
-        )
+        truths, se = estimands(pools[q], args.truth_draws, rng, args.shape)
+        print(f"\nshare q={q:g}:")
+        for name, truth in truths.items():
+            print(f"  {name:6} " + ", ".join(f"{k} {truth[k]:.4f}" for k in KEYS))
+        print("  se of the mean " + ", ".join(f"{k} {se[k]:.4f}" for k in KEYS))
         for method in args.methods:
-            result = coverage(pools[q], truth, args.batches, method, rng, args.shape)
-            for key, (hits, width, place) in result.items():
-                totals[method, key][0] += hits
-                totals[method, key][1] += args.batches
+            hits, shape = coverage(pools[q], truths, args.batches, method, rng, args.shape)
+            for key, (width, place) in shape.items():
+                held = []
+                for name in CENTRES:
+                    totals[name, method, key][0] += hits[name, key]
+                    totals[name, method, key][1] += args.batches
+                    held.append(f"{name} {wilson(hits[name, key], args.batches)}")
                 print(
-                    f"  {method:9} {key:24} coverage {wilson(hits, args.batches)}  "
-                    f"width {width:.4f}  estimate at {place:.2f} of its interval"
+                    f"  {method:13} {key:24} coverage: {'; '.join(held)}  "
+                    f"width mean {np.mean(width):.4g} median {np.median(width):.4g}  estimate at {place:.2f} of its interval"
                 )
-    print("\nall shares:")
-    for (method, key), (hits, n) in totals.items():
-        print(f"  {method:9} {key:24} coverage {wilson(hits, n)}")
+    for name in CENTRES:
+        print(f"\nall shares, against the {name}:")
+        for (estimand, method, key), (hits, n) in totals.items():
+            if estimand == name:
+                print(f"  {method:13} {key:24} coverage {wilson(hits, n)}")
     print(f"\ntotal {time.perf_counter() - started:.0f} s")
 
 
