@@ -149,9 +149,9 @@ def test_the_closing_summary_shows_the_probe_and_reading_accuracy():
 def test_the_probe_has_its_own_interval():
     from tether.diagnostics.settings import DiagnosticsConfig
 
-    # Shipped: the probe's jackknife beside the batch's log_jackknife (RESULTS, "Interval
+    # Shipped: log_jackknife for both, each chosen by its own protocol (RESULTS, "Interval
     # coverage" and "Alarm quality").
-    assert DiagnosticsConfig().probe_uncertainty().interval == "jackknife"
+    assert DiagnosticsConfig().probe_uncertainty().interval == "log_jackknife"
     assert DiagnosticsConfig().uncertainty().interval == "log_jackknife"
     same = DiagnosticsConfig(interval="jackknife", probe={"interval": "same"})
     assert same.probe_uncertainty() == same.uncertainty()
