@@ -455,6 +455,13 @@ def test_monitor_page_escapes_run_data_and_draws_intervals(ray_local, tmp_path):
             # values 0.15 (null) to 1.0 (H): the band is cut at their span again below
             y_range = page.evaluate("document.getElementById('plot-mi').layout.yaxis.range")
             assert y_range == [pytest.approx(-0.7 - 0.09), pytest.approx(1.1 + 0.09)]
+            # bands all wider than the curve's movement (a Wilson interval around a flat
+            # rate) are the noise to see: autoscale, as the report's band_limits does
+            flat = page.evaluate(
+                "bandRange([{y: [0.84, 0.83, 0.86]}, {meta: {band: 'r'}, "
+                "y: [0.92, 0.91, 0.94, 0.78, 0.75, 0.76]}])"
+            )
+            assert flat is None
             assert page.inner_text(f"#run-{ids['band']} .mi") == "0.200 [0.150, 0.250]"
             assert (
                 page.inner_text(f"#run-{ids['band']} .grounded")

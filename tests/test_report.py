@@ -358,6 +358,11 @@ def test_a_very_wide_band_runs_off_the_plot_instead_of_setting_its_scale(tmp_pat
     narrow = Series("mi", x, y, mode="lines", error=([v - 0.1 for v in y], [v + 0.1 for v in y]))
     assert band_limits(Panel("fits", series=[narrow])) is None
     assert band_limits(Panel("no band", series=[Series("mi", x, y)])) is None
+    # Bands that are all wider than the curve's movement (a Wilson interval around a flat
+    # rate: the quickstart's reading accuracy) are the noise to see, and stay whole.
+    rate = [0.84, 0.83, 0.86]
+    wilson = Series("acc", x[:3], rate, error=([0.76, 0.75, 0.78], [0.92, 0.91, 0.94]))
+    assert band_limits(Panel("flat rate", series=[wilson])) is None
     wide = Series("mi", x, y, mode="lines", error=([1.9, -39.0, 1.4, 0.9], [2.1, 2.1, 1.6, 1.1]))
     panel = Panel("wide", xlabel="iteration", series=[wide])
     assert band_limits(panel) == (0.0, 2.1)  # down to 1.0 - (2.0 - 1.0), up to the band's top

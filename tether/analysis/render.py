@@ -7,6 +7,7 @@ interactive HTML are drawn from the same numbers, so they cannot disagree.
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass, field
 
 import matplotlib
@@ -68,11 +69,13 @@ class Figure:
 
 def band_limits(panel: Panel) -> tuple[float, float] | None:
     """The y-range of a panel whose lines carry interval bands, when a band reaches far
-    past the estimates: every estimate, and each band only as far as the estimates' own
-    span again beyond them (at least 0.05 of their size, or 0.05), so one very wide band
-    (a `log_jackknife` interval at the ceiling whose left-out prompt brought a replicate
-    to it) runs off the plot instead of flattening every curve.  None (the renderer's own
-    scale) when every band fits or the panel has none."""
+    past the rest: every estimate, and the bands as far beyond the estimates as the
+    farthest of (the estimates' own span, 0.05 of their size, 0.05, three times the median
+    band edge's reach beyond them), so one very wide band (a `log_jackknife` interval at
+    the ceiling whose left-out prompt brought a replicate to it) runs off the plot instead
+    of flattening every curve, while bands that are all wider than the curves' movement
+    (a Wilson interval around a flat rate) stay whole.  None (the renderer's own scale)
+    when every band fits or the panel has none."""
     ys = [v for s in panel.series for v in s.y if v is not None and math.isfinite(v)]
     bands = [
         v
@@ -85,7 +88,8 @@ def band_limits(panel: Panel) -> tuple[float, float] | None:
     if not ys or not bands:
         return None
     low, high = min(ys), max(ys)
-    pad = max(high - low, 0.05 * max(abs(low), abs(high)), 0.05)
+    reach = statistics.median(max(0.0, low - v, v - high) for v in bands)
+    pad = max(high - low, 0.05 * max(abs(low), abs(high)), 0.05, 3 * reach)
     if min(bands) >= low - pad and max(bands) <= high + pad:
         return None
     return max(min(bands), low - pad), min(max(bands), high + pad)

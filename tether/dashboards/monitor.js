@@ -112,16 +112,21 @@ function markBands(div) {
   });
 }
 
-// The y-range when a band reaches far past the curves (the report's rule, render.py
-// band_limits): every value, each band only the values' own span again beyond them (at
-// least 0.05 of their size, or 0.05); null (autoscale) when every band fits.
+// The y-range when a band reaches far past the rest (the report's rule, render.py
+// band_limits): every value, the bands only as far beyond the values as the farthest of
+// their span, 0.05 of their size, 0.05 and three times the median band edge's reach
+// beyond them; null (autoscale) when every band fits.
 function bandRange(traces) {
   const finite = (ys) => (ys || []).filter(num);
   const ys = traces.filter((t) => !(t.meta && t.meta.band)).flatMap((t) => finite(t.y));
   const bands = traces.filter((t) => t.meta && t.meta.band).flatMap((t) => finite(t.y));
   if (!ys.length || !bands.length) return null;
   const low = Math.min(...ys), high = Math.max(...ys);
-  const pad = Math.max(high - low, 0.05 * Math.max(Math.abs(low), Math.abs(high)), 0.05);
+  const reach = bands.map((v) => Math.max(0, low - v, v - high)).sort((a, b) => a - b);
+  const mid = reach.length >> 1;
+  const median = reach.length % 2 ? reach[mid] : (reach[mid - 1] + reach[mid]) / 2;
+  const pad = Math.max(high - low, 0.05 * Math.max(Math.abs(low), Math.abs(high)), 0.05,
+                       3 * median);
   const bLow = Math.min(...bands), bHigh = Math.max(...bands);
   if (bLow >= low - pad && bHigh <= high + pad) return null;
   const lo = Math.max(bLow, low - pad), hi = Math.min(bHigh, high + pad), m = 0.05 * (hi - lo);
