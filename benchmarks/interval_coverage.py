@@ -121,8 +121,8 @@ def main() -> None:
             print(f"  {name:6} " + ", ".join(f"{k} {truth[k]:.4f}" for k in KEYS))
         print("  se of the mean " + ", ".join(f"{k} {se[k]:.4f}" for k in KEYS))
         for method in args.methods:
-            hits, shape = coverage(pools[q], truths, args.batches, method, rng, args.shape)
-            for key, (width, place) in shape.items():
+            hits, spread = coverage(pools[q], truths, args.batches, method, rng, args.shape)
+            for key, (width, place) in spread.items():
                 held = []
                 for name in CENTRES:
                     totals[name, method, key][0] += hits[name, key]
