@@ -130,7 +130,8 @@ def main() -> None:
                     held.append(f"{name} {wilson(hits[name, key], args.batches)}")
                 print(
                     f"  {method:13} {key:24} coverage: {'; '.join(held)}  "
-                    f"width mean {np.mean(width):.4g} median {np.median(width):.4g}  estimate at {place:.2f} of its interval"
+                    f"width mean {np.mean(width):.4g} median {np.median(width):.4g}  "
+                    f"estimate at {place:.2f} of its interval"
                 )
     for name in CENTRES:
         print(f"\nall shares, against the {name}:")
