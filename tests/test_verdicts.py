@@ -1,9 +1,14 @@
 """The protocol of 2026-11-27's tests (tether.analysis.verdicts) on runs whose answers
 are known by construction."""
 
+import gzip
+import hashlib
 import json
+import subprocess
+import sys
 import zlib
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -385,3 +390,25 @@ def test_records_restored_to_a_store_read_back_as_they_were(tmp_path, capsys):
     assert sorted(map(comparable, restored), key=arm_of) == sorted(
         map(comparable, runs), key=arm_of
     )
+
+
+def test_a_records_warm_starts_are_hashed_by_content_and_a_lost_one_is_said(tmp_path):
+    """experiments/verdicts/warmstart_sha256.py: one line per distinct warm start of a
+    record, its weights' sha256; a warm start no longer on the machine is an error."""
+    script = Path(__file__).parents[1] / "experiments" / "verdicts" / "warmstart_sha256.py"
+    models = {}
+    for name, weights in (("tiny-a", b"first"), ("tiny-b", b"second")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "model.safetensors").write_bytes(weights)
+        models[name] = hashlib.sha256(weights).hexdigest()
+    paths = [tmp_path / "tiny-b", tmp_path / "tiny-a", tmp_path / "tiny-b"]
+    record = tmp_path / "part.json.gz"
+    with gzip.open(record, "wt") as f:
+        json.dump({"runs": [{"tags": {"tether.model_path": str(p)}} for p in paths]}, f)
+    out = subprocess.run([sys.executable, script, record], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [f"{models['tiny-a']}  tiny-a", f"{models['tiny-b']}  tiny-b"]
+
+    (tmp_path / "tiny-a" / "model.safetensors").unlink()
+    out = subprocess.run([sys.executable, script, record], capture_output=True, text=True)
+    assert out.returncode != 0 and "tiny-a" in out.stderr and "not on this machine" in out.stderr

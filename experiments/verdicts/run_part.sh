@@ -4,7 +4,8 @@
 # seed, every arm of it; sensitivity: an entropy coefficient, every KL x top-p cell of it;
 # one MLflow parent per part), each part's finished runs exported to
 # experiments/verdicts/records/<spec>-<part>.json.gz as soon as the part ends, so a machine
-# that stops mid-part loses only the part it was on.  Commit the records it writes.
+# that stops mid-part loses only the part it was on, with the sha256 of each warm start
+# its runs began from beside it (<spec>-<part>.warmstart.sha256).  Commit both.
 #
 #   bash experiments/verdicts/run_part.sh a_d 1002 1003      # seeds 1002 and 1003 of a_d
 #   bash experiments/verdicts/run_part.sh sensitivity 0.001  # the 9 cells at entropy 0.001
@@ -90,4 +91,9 @@ EOF
   (cd "$REPO" && .venv/bin/python -m tether.analysis.paper "$parent" \
     --tracking-uri "sqlite:///$HOME/tether_runs/verdicts/mlflow.db" --export "$record" >/dev/null) ||
     { echo "run_part.sh: $KEY $value of $SPEC did not finish every arm ($log)" >&2; exit 1; }
+  # The warm start each run began from, by content: the same seed rebuilt on another machine
+  # need not give the same weights, and pairs across parts assume it does.
+  warm="$RECORDS/$SPEC-$value.warmstart.sha256"
+  "$REPO/.venv/bin/python" "$REPO/experiments/verdicts/warmstart_sha256.py" "$record" >"$warm" || { rm -f "$warm"; exit 1; }
+  echo "$(date -u +%FT%TZ) warm start: $(cat "$warm")" | tee -a "$log"
 done
