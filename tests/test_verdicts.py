@@ -346,12 +346,21 @@ def test_the_sensitivity_row_reads_which_factor_moves_success(tmp_path, capsys):
     for e in ("0.0", "0.001", "0.01"):
         part = [r for r in runs if r.params["algo.entropy_coef"] == e]
         parts.append(str(records.dump(part, tmp_path / f"sens-{e}.json.gz")))
+    # the parts pool only with one warm start beside each (run_part.sh's sidecars)
+    assert paper.main([*parts, "--sensitivity"]) == 2
+    assert "no warm-start hash beside sens-0.0.json.gz" in capsys.readouterr().err
+    for e in ("0.0", "0.001", "0.01"):
+        (tmp_path / f"sens-{e}.warmstart.sha256").write_text("abc123  tiny-1000\n")
     assert paper.main([*parts, "--sensitivity"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["sensitivity"]["verdict"] == REPRODUCED and len(out["sensitivity"]["cells"]) == 27
+    assert out["warm_starts"]["sens-0.01.json.gz"] == ["abc123  tiny-1000"]
     assert paper.main([*parts, "--sensitivity", "--table"]) == 0
     table = capsys.readouterr().out
     assert "top-p ratio" in table and f"verdict: {REPRODUCED}" in table
+    (tmp_path / "sens-0.01.warmstart.sha256").write_text("def456  tiny-1000\n")
+    assert paper.main([*parts, "--sensitivity"]) == 2
+    assert "2 different warm starts" in capsys.readouterr().err
 
 
 def test_the_sensitivity_rows_power_rises_with_the_spread():

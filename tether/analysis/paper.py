@@ -402,6 +402,8 @@ def main(argv: list[str] | None = None) -> int:
         "settings_that_differ": differing_settings(runs),
         # the Tether commit(s) the runs trained on (a verdict's runs share one)
         "commits": sorted({r.tags.get("env.tether_commit", "unknown") for r in runs}),
+        # each record's warm starts by content (None: no hash kept beside it)
+        "warm_starts": records.warm_starts(args.targets),
         "not_finished": [
             f"{r.name} ({r.status}, iteration {r.latest_iteration})"
             for r in loaded
@@ -413,7 +415,13 @@ def main(argv: list[str] | None = None) -> int:
 
         from .verdicts import family, family_table, sensitivity, sensitivity_tables
 
-        if args.sensitivity:
+        if args.sensitivity:  # its cells share one warm start, or a factor carries it
+            if why := records.one_warm_start(out["warm_starts"]):
+                print(
+                    f"paper: the sensitivity parts must share one warm start: {why}",
+                    file=sys.stderr,
+                )
+                return 2
             out["sensitivity"] = sensitivity(runs)
         else:
             out["tests"] = family(runs)

@@ -91,6 +91,33 @@ def load(path: str | Path) -> list[RunData]:
         raise ValueError(f"{path}: a malformed run record ({exc})") from None
 
 
+def warm_starts(targets: list[str]) -> dict[str, list[str] | None]:
+    """Each record target's warm starts by content: the sha256 lines of the
+    ``<record>.warmstart.sha256`` file written beside it when its part ended
+    (experiments/verdicts/run_part.sh), or None where there is none.  The same seed's warm
+    start rebuilt on another machine need not have the same weights, so runs pooled as if
+    they began from one policy are checked by these, not by the cache key."""
+    out: dict[str, list[str] | None] = {}
+    for target in filter(is_record_file, targets):
+        path = Path(target)
+        stem = path.name.removesuffix(".gz").removesuffix(".json")
+        sidecar = path.with_name(stem + ".warmstart.sha256")
+        out[path.name] = sidecar.read_text().split("\n")[:-1] if sidecar.is_file() else None
+    return out
+
+
+def one_warm_start(hashes: dict[str, list[str] | None]) -> str | None:
+    """Why records that must share one warm start (a sweep's parts over one seed) do not,
+    or None when every one of them names the same single warm start."""
+    unknown = [name for name, lines in hashes.items() if lines is None]
+    if unknown:
+        return f"no warm-start hash beside {', '.join(unknown)}"
+    distinct = {line.split()[0] for lines in hashes.values() for line in lines}
+    if len(distinct) > 1:
+        return f"{len(distinct)} different warm starts across {', '.join(hashes)}"
+    return None
+
+
 def repeated(runs: list[RunData]) -> list[list[str]]:
     """Groups of runs with the same params: one trial counted twice (a part exported
     twice, or a seed rerun after its first runs were exported). Paired analyses would
