@@ -1,7 +1,6 @@
 """The protocol of 2026-11-27's tests (tether.analysis.verdicts) on runs whose answers
 are known by construction."""
 
-import gzip
 import hashlib
 import json
 import subprocess
@@ -411,9 +410,12 @@ def test_a_records_warm_starts_are_hashed_by_content_and_a_lost_one_is_said(tmp_
         (tmp_path / name / "model.safetensors").write_bytes(weights)
         models[name] = hashlib.sha256(weights).hexdigest()
     paths = [tmp_path / "tiny-b", tmp_path / "tiny-a", tmp_path / "tiny-b"]
-    record = tmp_path / "part.json.gz"
-    with gzip.open(record, "wt") as f:
-        json.dump({"runs": [{"tags": {"tether.model_path": str(p)}} for p in paths]}, f)
+    from tether.analysis import records
+
+    runs = [
+        RunData(f"r{i}", f"r{i}", tags={"tether.model_path": str(p)}) for i, p in enumerate(paths)
+    ]
+    record = records.dump(runs, tmp_path / "part.json.gz")
     out = subprocess.run([sys.executable, script, record], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == [f"{models['tiny-a']}  tiny-a", f"{models['tiny-b']}  tiny-b"]

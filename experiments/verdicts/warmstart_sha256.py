@@ -7,16 +7,15 @@ the parts' pairs across machines assume it does; run_part.sh writes this beside 
     python experiments/verdicts/warmstart_sha256.py experiments/verdicts/records/a_d-1002.json.gz
 """
 
-import gzip
 import hashlib
-import json
 import pathlib
 import sys
 
+from tether.analysis import records
+
 
 def main(record: str) -> None:
-    runs = json.load(gzip.open(record))["runs"]
-    for path in sorted({run["tags"]["tether.model_path"] for run in runs}):
+    for path in sorted({run.tags["tether.model_path"] for run in records.load(record)}):
         weights = pathlib.Path(path, "model.safetensors")
         if not weights.is_file():
             sys.exit(

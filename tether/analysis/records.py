@@ -102,7 +102,7 @@ def warm_starts(targets: list[str]) -> dict[str, list[str] | None]:
         path = Path(target)
         stem = path.name.removesuffix(".gz").removesuffix(".json")
         sidecar = path.with_name(stem + ".warmstart.sha256")
-        out[path.name] = sidecar.read_text().split("\n")[:-1] if sidecar.is_file() else None
+        out[path.name] = sidecar.read_text().splitlines() if sidecar.is_file() else None
     return out
 
 
