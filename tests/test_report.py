@@ -15,7 +15,7 @@ from scipy import stats as scipy_stats
 from typer.testing import CliRunner
 
 from tests.mlflow_runs import write_run
-from tether.analysis import stats
+from tether.analysis import stats, views
 from tether.analysis.report import ReportSettings, analyse, build_report
 from tether.analysis.source import ReportError, load_target
 from tether.platform.cli import app
@@ -297,7 +297,12 @@ def test_sensitivity_one_at_a_time_uses_the_sweep_base():
                 "sweep.param.algo.entropy_coef": str(entropy),
                 "sweep.param.algo.kl_coef": str(kl),
             },
-            metrics={MI: {2: mi}, "val/success": {2: success}},
+            metrics={
+                MI: {2: mi},
+                "val/success": {0: 0.0, 2: success},
+                "val/success_ci_low": {0: 0.0, 2: success - 0.05},
+                "val/success_ci_high": {0: 0.1, 2: success + 0.05},
+            },
         )
 
     runs = [
@@ -317,6 +322,11 @@ def test_sensitivity_one_at_a_time_uses_the_sweep_base():
         ("algo.kl_coef", 0.01, 0.5, 0.6),
         ("algo.kl_coef", 0.1, 0.7, 0.8),
     ]
+    # A value of one trial has the interval its final validation logged (not step 0's);
+    # its MI logged none.
+    first = result.rows[0]
+    assert (first["success_ci_low"], first["success_ci_high"]) == pytest.approx((0.15, 0.25))
+    assert math.isnan(first["mi_ci_low"]) and math.isnan(first["mi_ci_high"])
     # A product grid (no base): each value averages over the other field's values.
     grid = [trial(f"{e}-{k}", e, k, e + k, 2 * e + k) for e in (0.0, 1.0) for k in (0.0, 2.0)]
     rows = stats.sensitivity_trajectories(grid, fields, MI).rows
@@ -326,6 +336,26 @@ def test_sensitivity_one_at_a_time_uses_the_sweep_base():
         ("algo.kl_coef", 0.0, 2, 0.5),
         ("algo.kl_coef", 2.0, 2, 2.5),
     ]
+    # Two trials a value: the t-interval over them (t at 1 df times the SD over sqrt 2).
+    half = scipy_stats.t.ppf(0.975, 1) * np.std([0.0, 2.0], ddof=1) / math.sqrt(2)
+    assert (rows[0]["mi_ci_low"], rows[0]["mi_ci_high"]) == pytest.approx((1 - half, 1 + half))
+    assert (rows[0]["success_ci_low"], rows[0]["success_ci_high"]) == pytest.approx(
+        (1 - half, 1 + half)
+    )
+    # The report reads the probe's I(X;Z) when every trial logged one (a fixed prompt set).
+    probe = "collapse/probe/mi_estimate"
+    for run in grid:
+        run.metrics[probe] = {2: 10 * run.metrics[MI][2]}
+    sections, _, _ = analyse(grid, ReportSettings())
+    assert [r["mi"] for r in sections["sensitivity"].rows] == [10.0, 20.0, 5.0, 25.0]
+    assert any(probe in note for note in sections["sensitivity"].notes)
+    figure = views.sensitivity_figure(stats.sensitivity_trajectories(grid, fields, MI), MI)
+    bars = [s for panel in figure.panels for s in panel.series if s.error is not None]
+    assert len(bars) == 2 and bars[0].mode == "markers"
+    assert bars[0].error == (
+        [r["success_ci_low"] for r in rows[:2]],
+        [r["success_ci_high"] for r in rows[:2]],
+    )
 
 
 def test_cli_report_finished_only_leaves_out_a_stopped_trial(tmp_path):

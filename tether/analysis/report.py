@@ -81,8 +81,14 @@ def analyse(
         "stochasticity": stats.stochasticity_curves(runs),
     }
     fields = [f for f in swept_field_names(runs) if f != "env.stochasticity"]
+    # Trials compare best on one fixed prompt set: the probe's I(X;Z) when every run has it.
+    probe_key = collapse_key("probe", settings.mi_name)
+    sensitivity_key = probe_key if runs and all(r.has(probe_key) for r in runs) else mi_key
     if fields:
-        sections["sensitivity"] = stats.sensitivity_trajectories(runs, fields, mi_key, sweep_base)
+        sections["sensitivity"] = stats.sensitivity_trajectories(
+            runs, fields, sensitivity_key, sweep_base
+        )
+        sections["sensitivity"].notes.append(f"I(X;Z): {sensitivity_key}, its last value")
     else:
         notes.append(
             "hyperparameter sensitivity: the runs are not sweep trials (no sweep.param.* tags)"
@@ -91,7 +97,7 @@ def analyse(
         views.spearman_figure(sections["spearman"], s),
         views.quartile_figure(sections["rv_quartiles"]),
         views.stochasticity_figure(sections["stochasticity"]),
-        views.sensitivity_figure(sections["sensitivity"], mi_key) if fields else None,
+        views.sensitivity_figure(sections["sensitivity"], sensitivity_key) if fields else None,
         views.regime_figure(sections["regimes"], s),
         views.collapse_figure(runs, s, notes),
         views.probe_figure(runs, notes),

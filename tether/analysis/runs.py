@@ -102,13 +102,30 @@ class RunData:
         steps = [s for points in self.metrics.values() for s in points]
         return max(steps, default=0)
 
+    def _final_success_at(self) -> tuple[str, int | None]:
+        """The metric and step ``final_success`` reads."""
+        trained = [s for s in self.metrics.get(VAL_SUCCESS, {}) if s > 0]
+        if trained:
+            return VAL_SUCCESS, max(trained)
+        return SUCCESS, max(self.metrics.get(SUCCESS) or {}, default=None)
+
     def final_success(self) -> float | None:
         """Validation success after training when logged, else the last rollout success."""
-        val = self.metrics.get(VAL_SUCCESS, {})
-        trained = [s for s in val if s > 0]
-        if trained:
-            return val[max(trained)]
-        return self.last(SUCCESS)
+        key, step = self._final_success_at()
+        return self.metrics.get(key, {}).get(step)
+
+    def interval_at(self, key: str, step: int | None) -> list[float | None]:
+        """The 95 % interval logged with ``key`` at ``step`` (``<key>_ci_low``/``_high``;
+        None where not logged)."""
+        return [self.metrics.get(f"{key}_ci_{end}", {}).get(step) for end in ("low", "high")]
+
+    def final_success_interval(self) -> list[float | None]:
+        """The interval logged with ``final_success`` (validation's Wilson interval)."""
+        return self.interval_at(*self._final_success_at())
+
+    def last_interval(self, key: str) -> list[float | None]:
+        """The interval logged with ``key``'s last value."""
+        return self.interval_at(key, max(self.metrics.get(key) or {}, default=None))
 
     def param(self, path: str) -> str | None:
         """A config value: the sweep tag of a swept field wins over the logged param."""

@@ -417,10 +417,12 @@ def stochasticity_curves(runs: list[RunData], path: str = "env.stochasticity") -
 def sensitivity_trajectories(
     runs: list[RunData], fields: list[str], mi_key: str, base: dict | None = None
 ) -> Result:
-    """For each swept field, its values in order, each as (final I(X;Z), final success).
-    With ``base`` (a one-at-a-time sweep's base values) a field's trajectory holds the
-    trials that vary only that field; without it (a product grid) each value is the mean
-    over the trials at that value, whatever the other fields."""
+    """For each swept field, its values in order, each as (final I(X;Z), final success)
+    with 95 % intervals. With ``base`` (a one-at-a-time sweep's base values) a field's
+    trajectory holds the trials that vary only that field; without it (a product grid)
+    each value is the mean over the trials at that value, whatever the other fields. A
+    value's interval is the t-interval over its trials; a value of one trial has the
+    interval that trial logged (its validation's Wilson interval, its MI's interval)."""
     result = Result()
     values = {f: [_number(r.param(f)) for r in runs] for f in fields}
     for f in fields:
@@ -436,7 +438,7 @@ def sensitivity_trajectories(
             mi, success = run.last(mi_key), run.final_success()
             if values[f][k] is None or success is None:
                 continue
-            points.setdefault(values[f][k], []).append((mi, success, run.name))
+            points.setdefault(values[f][k], []).append((mi, success, run))
         if len(points) < 2:
             result.notes.append(
                 f"sensitivity of {f}: {len(points)} value(s) with results"
@@ -450,19 +452,41 @@ def sensitivity_trajectories(
             if not points:
                 continue
         for value in sorted(points, key=_sort_key):
-            mis = [m for m, _, _ in points[value] if m is not None]
+            at = points[value]
+            trials = [r for _, _, r in at]
+            mi = _value_interval(
+                [m for m, _, _ in at], [r.last_interval(mi_key) for r in trials if r.has(mi_key)]
+            )
+            success = _value_interval(
+                [s for _, s, _ in at], [r.final_success_interval() for r in trials]
+            )
             result.rows.append(
                 {
                     "field": f,
                     "value": value,
-                    "runs": len(points[value]),
-                    "mi": float(np.mean(mis)) if mis else math.nan,
-                    "success": float(np.mean([s for _, s, _ in points[value]])),
+                    "runs": len(at),
+                    "mi": mi["mean"],
+                    "mi_ci_low": mi["ci_low"],
+                    "mi_ci_high": mi["ci_high"],
+                    "success": success["mean"],
+                    "success_ci_low": success["ci_low"],
+                    "success_ci_high": success["ci_high"],
                 }
             )
         if not any(m is not None for pts in points.values() for m, _, _ in pts):
             result.notes.append(f"sensitivity of {f}: {mi_key} not logged; success only")
     return result
+
+
+def _value_interval(values: list, logged: list[list[float | None]]) -> dict:
+    """Mean and 95 % t-interval of one swept value's trials; for a single trial, the
+    interval it ``logged`` with that value (NaN where it logged none)."""
+    out = t_interval(values)
+    if out["n"] == 1 and len(logged) == 1:
+        low, high = logged[0]
+        if low is not None and high is not None:
+            out.update(ci_low=float(low), ci_high=float(high))
+    return out
 
 
 def t_interval(values, confidence: float = 0.95) -> dict:

@@ -33,7 +33,7 @@ from collections import defaultdict
 import numpy as np
 
 from .decide import NOT_REPRODUCED, REPRODUCED, UNDECIDED, decide, paired_effect, paired_power
-from .runs import SUCCESS, VAL_SUCCESS, RunData, arm_of, collapse_key
+from .runs import SUCCESS, RunData, arm_of, collapse_key
 from .stats import paired_gain, prompt_points, spearman_rho
 
 PROBE_MI = collapse_key("probe", "mi_estimate")
@@ -210,11 +210,6 @@ FACTORS = {
 TOP_P = "filter.value"
 
 
-def _interval_at(run: RunData, key: str, step: int | None) -> list[float | None]:
-    """The logged 95 % interval of ``key`` at ``step`` ([None, None] when not logged)."""
-    return [run.metrics.get(f"{key}_ci_{end}", {}).get(step) for end in ("low", "high")]
-
-
 def sensitivity_cells(runs: list[RunData]) -> list[dict]:
     """One row per top-p trial with every factor set (the sweep's filter is top-p; other
     arms, e.g. a_d's, are not cells): its levels, final success with the Wilson interval
@@ -224,17 +219,14 @@ def sensitivity_cells(runs: list[RunData]) -> list[dict]:
         final = run.final_success()
         if arm_of(run) != "top_p" or any(run.param(k) is None for k in FACTORS) or final is None:
             continue
-        val = [s for s in run.metrics.get(VAL_SUCCESS, {}) if s > 0]
-        mi = run.metrics.get(PROBE_MI, {})
-        last = max(mi) if mi else None
         rows.append(
             {
                 "run": run.name,
                 **{k: float(run.param(k)) for k in FACTORS},
                 "success": final,
-                "success_ci": _interval_at(run, VAL_SUCCESS, max(val) if val else None),
-                "probe_mi": mi.get(last) if last is not None else None,
-                "probe_mi_ci": _interval_at(run, PROBE_MI, last),
+                "success_ci": run.final_success_interval(),
+                "probe_mi": run.last(PROBE_MI),
+                "probe_mi_ci": run.last_interval(PROBE_MI),
             }
         )
     return sorted(rows, key=lambda r: tuple(r[k] for k in FACTORS))

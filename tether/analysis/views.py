@@ -161,6 +161,15 @@ def stochasticity_figure(result: Result) -> Figure | None:
     return Figure("stochasticity", "Success vs stochasticity, SNR filter vs none", panels)
 
 
+def _success_bounds(rows: list[dict]) -> tuple[list, list] | None:
+    """The rows' success intervals as error bounds (None when none has one)."""
+    low = [r.get("success_ci_low", math.nan) for r in rows]
+    high = [r.get("success_ci_high", math.nan) for r in rows]
+    if all(math.isnan(v) for v in low + high):
+        return None
+    return low, high
+
+
 def sensitivity_figure(result: Result, mi_key: str) -> Figure | None:
     fields = list(dict.fromkeys(r["field"] for r in result.rows))
     if not fields:
@@ -168,37 +177,28 @@ def sensitivity_figure(result: Result, mi_key: str) -> Figure | None:
     panels = []
     for f in fields:
         rows = [r for r in result.rows if r["field"] == f]
+        bounds = _success_bounds(rows)
         if all(math.isnan(r["mi"]) for r in rows):
-            panels.append(
-                Panel(
-                    f"{f}: success by value",
-                    f,
-                    "success",
-                    series=[
-                        Series(
-                            f, [str(r["value"]) for r in rows], [r["success"] for r in rows], "bar"
-                        )
-                    ],
-                )
+            values = [str(r["value"]) for r in rows]
+            series = [Series(f, values, [r["success"] for r in rows], "bar", error=bounds)]
+            panels.append(Panel(f"{f}: success by value (95% CI)", f, "success", series=series))
+            continue
+        mi, success = [r["mi"] for r in rows], [r["success"] for r in rows]
+        series = [Series(f, mi, success, text=[f"{r['value']}" for r in rows])]
+        if bounds is not None:  # the bars on their own markers: a line's band would follow x
+            series.append(Series("success, 95% CI", mi, success, "markers", error=bounds))
+        panels.append(
+            Panel(
+                f"{f}: (MI, success) as it varies",
+                mi_key.removeprefix("collapse/"),
+                "success",
+                series=series,
             )
-        else:
-            panels.append(
-                Panel(
-                    f"{f}: (MI, success) as it varies",
-                    mi_key.split("/")[-1],
-                    "success",
-                    series=[
-                        Series(
-                            f,
-                            [r["mi"] for r in rows],
-                            [r["success"] for r in rows],
-                            text=[f"{r['value']}" for r in rows],
-                        )
-                    ],
-                )
-            )
+        )
     return Figure(
-        "sensitivity", "Hyperparameter sensitivity: each swept value's (I(X;Z), success)", panels
+        "sensitivity",
+        "Hyperparameter sensitivity: each swept value's (I(X;Z), success), mean over its trials",
+        panels,
     )
 
 

@@ -342,7 +342,8 @@ def report(
     mi_name: str = typer.Option(
         "mi_estimate",
         "--mi",
-        help="MI proxy of the quartile, regime and sensitivity views (e.g. mi_zscore_ema).",
+        help="MI proxy of the quartile, regime and sensitivity views (e.g. mi_zscore_ema); "
+        "the sensitivity view reads the probe's when every run logged one.",
     ),
     log: bool = typer.Option(
         True,
