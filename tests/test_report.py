@@ -400,3 +400,19 @@ def test_a_very_wide_band_runs_off_the_plot_instead_of_setting_its_scale(tmp_pat
     low, high = interactive.layout.yaxis.range
     assert low == pytest.approx(-0.105) and high == pytest.approx(2.205)
     assert (tmp_path / "wide.png").stat().st_size > 0
+
+
+def test_report_tables_print_a_value_with_its_interval_in_one_column():
+    from rich.console import Console
+
+    from tether.platform.cli_tracking import section_table
+
+    rows = [
+        {"run_id": "r", "field": "f", "mi": 0.34, "mi_ci_low": 0.3, "mi_ci_high": 0.38},
+        {"run_id": "s", "field": "g", "mi": 0.5, "mi_ci_low": math.nan, "mi_ci_high": 0.6},
+    ]
+    console = Console(width=120, record=True)
+    console.print(section_table("sensitivity", rows))
+    text = console.export_text()
+    assert "mi (95% CI)" in text and "0.34 [0.3, 0.38]" in text and "0.5 [nan, 0.6]" in text
+    assert "mi_ci_low" not in text and "run_id" not in text

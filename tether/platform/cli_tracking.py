@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from rich.table import Table
+from rich.text import Text
 
 from .console import console, fail
 
@@ -76,18 +77,28 @@ def finished(runs: list, target: str) -> list:
     return runs
 
 
+def _cell(value) -> str:
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
+def _with_interval(row: dict, key: str) -> str:
+    low, high = (_cell(row.get(f"{key}_ci_{end}")) for end in ("low", "high"))
+    return f"{_cell(row.get(key))} [{low}, {high}]"
+
+
 def section_table(name: str, rows: list[dict]) -> Table:
+    """A report section's rows; a value ``k`` with ``k_ci_low`` and ``k_ci_high`` beside
+    it is one column, ``mean [low, high]``."""
+    paired = {k for k in rows[0] if f"{k}_ci_low" in rows[0] and f"{k}_ci_high" in rows[0]}
+    bounds = {f"{k}_ci_{end}" for k in paired for end in ("low", "high")}
+    columns = [k for k in rows[0] if k != "run_id" and k not in bounds]
     table = Table(title=name)
-    for column in rows[0]:
-        if column != "run_id":
-            table.add_column(column, justify="right")
+    for column in columns:
+        table.add_column(f"{column} (95% CI)" if column in paired else column, justify="right")
     for row in rows:
         table.add_row(
-            *[
-                f"{v:.3g}" if isinstance(v, float) else str(v)
-                for k, v in row.items()
-                if k != "run_id"
-            ]
+            # Text, not markup: "[nan, 0.6]" would read as a style tag and vanish.
+            *[Text(_with_interval(row, k) if k in paired else _cell(row.get(k))) for k in columns]
         )
     return table
 
