@@ -334,6 +334,10 @@ def test_the_sensitivity_row_reads_which_factor_moves_success(tmp_path, capsys):
     assert sensitivity(sensitivity_grid(flat, noise=0.05))["verdict"] == UNDECIDED
     partial = sensitivity(sensitivity_grid(robust, skip={(2, 2, 2)}))
     assert partial["verdict"] is None and "26 cells" in partial["because"]
+    # two of the three parts: a whole 18-cell grid of the levels present, not the protocol's
+    first_two = [r for r in sensitivity_grid(robust) if r.params["algo.entropy_coef"] != "0.01"]
+    early = sensitivity(first_two)
+    assert early["verdict"] is None and "18 cells" in early["because"]
     grid = sensitivity_grid(robust)
     twice = sensitivity(grid + [replace(grid[0], run_id="again")])
     assert twice["verdict"] is None and "more than one run" in twice["because"]

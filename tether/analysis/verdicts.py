@@ -208,6 +208,9 @@ FACTORS = {
     "filter.value": "top-p ratio",
 }
 TOP_P = "filter.value"
+#: Levels each factor takes in the protocol's grid (3 x 3 x 3 = 27 cells): the verdict waits
+#: for all of them, not for the levels that the parts pooled so far happen to hold.
+GRID_LEVELS = 3
 
 
 def sensitivity_cells(runs: list[RunData]) -> list[dict]:
@@ -318,12 +321,12 @@ def sensitivity(
         out["spread"][key] = {"spread": float(observed[j]), "levels": values[j].tolist()}
         if j in diffs:
             out["difference"][key] = dict(zip(("mean", "ci_low", "ci_high"), diffs[j]))
-    grid = int(np.prod([len(v) for v in values]))
+    grid = GRID_LEVELS ** len(keys)
     if len({tuple(row) for row in levels}) < len(cells):
         out["because"] = "a cell has more than one run (pool each part once)"
         return out
-    if len(cells) < grid or any(len(v) < 2 for v in values):
-        out["because"] = f"{len(cells)} cells with results of a {grid}-cell grid"
+    if len(cells) < grid or any(len(v) != GRID_LEVELS for v in values):
+        out["because"] = f"{len(cells)} cells with results of the protocol's {grid}-cell grid"
         return out
     out["verdict"], out["because"] = _spread_verdict(diffs.values())
     return out
