@@ -182,6 +182,10 @@ def test_mlflow_ui_compares_the_sensitivity_grid_restored_from_records(tmp_path)
             )
             page.goto(f"http://127.0.0.1:{port}/{compare}", timeout=120_000)
             page.wait_for_selector("text=Parallel Coordinates Plot", timeout=120_000)
+            # MLflow 3.17 opens its assistant beside the view; closed, the plot has the width.
+            assistant = page.get_by_role("button", name="Close", exact=True)
+            if assistant.count() == 1:
+                assistant.click()
             body = page.locator("body")
             for key in FACTORS:  # the swept parameters are the plot's axes
                 expect(body).to_contain_text(key, timeout=UI_TIMEOUT_MS)
