@@ -163,8 +163,8 @@ def stochasticity_figure(result: Result) -> Figure | None:
 
 def _success_bounds(rows: list[dict]) -> tuple[list, list] | None:
     """The rows' success intervals as error bounds (None when none has one)."""
-    low = [r.get("success_ci_low", math.nan) for r in rows]
-    high = [r.get("success_ci_high", math.nan) for r in rows]
+    low = [r["success_ci_low"] for r in rows]
+    high = [r["success_ci_high"] for r in rows]
     if all(math.isnan(v) for v in low + high):
         return None
     return low, high
