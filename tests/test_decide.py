@@ -86,6 +86,31 @@ def test_holm_can_turn_a_single_test_verdict_undecided():
     assert decide(family)["x"]["verdict"] != REPRODUCED
 
 
+def test_a_pending_test_counts_as_p_one_so_verdicts_read_before_it_stand():
+    """A family of four with one test still to run: it counts as p = 1, so the others'
+    Holm p-values are the largest that any later result of it could give."""
+    rng = np.random.default_rng(5)
+    done = {
+        k: paired_effect(rng.normal(mu, 0.1, 8), 1, 0.1)
+        for k, mu in (("x", 0.15), ("y", 0.0), ("z", 0.06))
+    }
+    early = decide({**done, "w": paired_effect([0.3], 1, 0.1)})
+    assert early["w"]["verdict"] is None and math.isnan(early["w"]["p_paper_holm"])
+    # Not a family of three: leaving w out would make the others' p-values smaller.
+    assert early["x"]["p_paper_holm"] > decide(done)["x"]["p_paper_holm"]
+    assert any(early[k]["verdict"] == UNDECIDED for k in done)
+    for k in done:
+        if early[k]["verdict"] == UNDECIDED:
+            assert "w pending, counted as p = 1" in early[k]["because"]
+    for mu_w in (-0.2, 0.0, 0.1, 0.5):  # whatever w gives later
+        late = decide({**done, "w": paired_effect(rng.normal(mu_w, 0.1, 8), 1, 0.1)})
+        for k in done:
+            assert late[k]["p_paper_holm"] <= early[k]["p_paper_holm"] + 1e-12
+            assert late[k]["p_short_holm"] <= early[k]["p_short_holm"] + 1e-12
+            if early[k]["verdict"] != UNDECIDED:
+                assert late[k]["verdict"] == early[k]["verdict"], (k, mu_w)
+
+
 def test_the_protocols_power_table_is_what_the_code_computes():
     """docs/reproduction.md, "Power, worked out before the runs" (16 seeds, family of 7)."""
     assert paired_power(16, 0.10, 0.12) == pytest.approx(0.94, abs=0.005)

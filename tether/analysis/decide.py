@@ -109,22 +109,32 @@ def holm(pvalues: dict[str, float]) -> dict[str, float]:
 
 def decide(tests: dict[str, dict], alpha: float = 0.05) -> dict[str, dict]:
     """The verdict of each test of a family (``paired_effect`` results by name): Holm over
-    the family for each of the two tests, then reproduced / not reproduced / undecided."""
-    paper = holm({k: t["p_paper"] for k, t in tests.items()})
-    short = holm({k: t["p_short"] for k, t in tests.items()})
-    family = sum(not math.isnan(t["p_paper"]) for t in tests.values())
+    the family for each of the two tests, then reproduced / not reproduced / undecided.
+
+    A test without p-values yet (its runs still to come) counts in the family as p = 1:
+    Holm's adjusted p-values never fall when any one p-value rises, so the others' are
+    then bounds that hold whatever it gives later. A verdict read while tests are pending
+    stands; only "undecided" can still change, and its reason names the pending tests."""
+    pending = sorted(k for k, t in tests.items() if math.isnan(t["p_paper"]))
+
+    def adjusted(key: str) -> dict[str, float]:
+        out = holm({k: 1.0 if k in pending else t[key] for k, t in tests.items()})
+        return {k: math.nan if k in pending else p for k, p in out.items()}
+
+    paper, short = adjusted("p_paper"), adjusted("p_short")
+    waiting = f"; {', '.join(pending)} pending, counted as p = 1" if pending else ""
     out = {}
     for name, t in tests.items():
         row = {**t, "p_paper_holm": paper[name], "p_short_holm": short[name]}
         # The power the first step of Holm had (level alpha / family): the least a test
         # of the family had.
         row["power_holm"] = (
-            paired_power(t["n"], t["sesoi"], t["sd"], alpha / max(family, 1))
+            paired_power(t["n"], t["sesoi"], t["sd"], alpha / len(tests))
             if t["n"] >= 2 and t["sd"] > 0
             else t["power"]
         )
-        if t["n"] < 2:
-            row.update(verdict=None, because=f"needs >= 2 paired seeds, has {t['n']}")
+        if name in pending:
+            row.update(verdict=None, because=f"no p-value yet: {t['n']} paired seeds")
         elif paper[name] < alpha:
             row.update(
                 verdict=REPRODUCED,
@@ -141,7 +151,7 @@ def decide(tests: dict[str, dict], alpha: float = 0.05) -> dict[str, dict]:
                 verdict=UNDECIDED,
                 because=f"neither test decides over {t['n']} seeds; power at the paper's "
                 f"effect {t['sesoi']:g} was {t['power']:.2f} "
-                f"({row['power_holm']:.2f} at Holm's first step)",
+                f"({row['power_holm']:.2f} at Holm's first step){waiting}",
             )
         out[name] = row
     return out
