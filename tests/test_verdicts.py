@@ -427,3 +427,31 @@ def test_a_records_warm_starts_are_hashed_by_content_and_a_lost_one_is_said(tmp_
     (tmp_path / "tiny-a" / "model.safetensors").unlink()
     out = subprocess.run([sys.executable, script, record], capture_output=True, text=True)
     assert out.returncode != 0 and "tiny-a" in out.stderr and "not on this machine" in out.stderr
+
+
+def test_a_seeds_a_d_and_c_records_pool_only_from_one_warm_start(tmp_path, capsys):
+    """c pairs its noisy arms with a_d's 0 % arms of the same seed, run in parts of their
+    own: the family reads them only when both parts' sidecars name the same weights."""
+    from tether.analysis import paper, records
+
+    runs = suite(seeds=range(3))
+    targets = []
+    for spec, clean in (("a_d", True), ("c", False)):
+        for s in ("0", "1", "2"):
+            part = [r for r in runs if seed(r) == s and (noise(r) == 0.0) == clean]
+            targets.append(str(records.dump(part, tmp_path / f"{spec}-{s}.json.gz")))
+    a_d = [t for t in targets if "a_d-" in t]
+    assert paper.main(a_d) == 0  # one record per seed: nothing to pair, no hash needed
+    assert json.loads(capsys.readouterr().out)["tests"]["c"]["n"] == 0
+    assert paper.main(targets) == 2
+    assert "seed 0: no warm-start hash beside a_d-0.json.gz, c-0.json.gz" in capsys.readouterr().err
+    for s in ("0", "1", "2"):
+        for spec in ("a_d", "c"):
+            (tmp_path / f"{spec}-{s}.warmstart.sha256").write_text(f"{s}{s}{s}  tiny-{s}\n")
+    assert paper.main(targets) == 0
+    assert json.loads(capsys.readouterr().out)["tests"]["c"]["n"] == 3
+    (tmp_path / "c-2.warmstart.sha256").write_text("999  tiny-2\n")  # rebuilt elsewhere
+    assert paper.main(targets) == 2
+    assert "seed 2: 2 different warm starts across a_d-2.json.gz, c-2.json.gz" in (
+        capsys.readouterr().err
+    )

@@ -370,14 +370,17 @@ def main(argv: list[str] | None = None) -> int:
     if old and args.sensitivity:
         parser.error("--sensitivity goes with the protocol of 2026-11-27")
     try:
-        loaded = [
-            run
-            for target in args.targets
+        by_target = [  # a target named twice stays twice: ``repeated`` refuses it below
             # an export keeps the prompt-level rewards too: the report's heatmaps read them
-            for run in load_target(
-                args.tracking_uri, target, with_prompts=not old or bool(args.export)
-            )[1]
+            (
+                target,
+                load_target(args.tracking_uri, target, with_prompts=not old or bool(args.export))[
+                    1
+                ],
+            )
+            for target in args.targets
         ]
+        loaded = [run for _, runs in by_target for run in runs]
     except ReportError as exc:
         print(f"paper: {exc}", file=sys.stderr)
         return 2
@@ -423,7 +426,15 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 return 2
             out["sensitivity"] = sensitivity(runs)
-        else:
+        else:  # a seed's arms in two records (a_d's 0 %, c's noise) pair on one warm start
+            seeds_of = {
+                Path(t).name: {r.params.get("experiment.seed", "") for r in rs}
+                for t, rs in by_target
+                if records.is_record_file(t)
+            }
+            if why := records.seeds_share_warm_starts(out["warm_starts"], seeds_of):
+                print(f"paper: a seed's records must share one warm start: {why}", file=sys.stderr)
+                return 2
             out["tests"] = family(runs)
         if args.table:
             tables = sensitivity_tables(out["sensitivity"]) if args.sensitivity else None

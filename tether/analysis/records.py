@@ -118,6 +118,24 @@ def one_warm_start(hashes: dict[str, list[str] | None]) -> str | None:
     return None
 
 
+def seeds_share_warm_starts(
+    hashes: dict[str, list[str] | None], seeds_of: dict[str, set[str]]
+) -> str | None:
+    """Why records that hold runs of one seed do not all begin from one warm start, or None.
+
+    A seed's arms are paired: a_d's 0 % arms with c's noisy arms of the same seed, which run
+    in parts of their own.  The pairs hold only when both parts began from the same weights
+    (``hashes``, as ``warm_starts`` gives them; ``seeds_of``: each record's seeds)."""
+    by_seed: dict[str, list[str]] = {}
+    for name, seeds in seeds_of.items():
+        for seed in seeds:
+            by_seed.setdefault(seed, []).append(name)
+    for seed, names in sorted(by_seed.items()):
+        if len(names) > 1 and (why := one_warm_start({n: hashes.get(n) for n in names})):
+            return f"seed {seed}: {why}"
+    return None
+
+
 def repeated(runs: list[RunData]) -> list[list[str]]:
     """Groups of runs with the same params: one trial counted twice (a part exported
     twice, or a seed rerun after its first runs were exported). Paired analyses would
