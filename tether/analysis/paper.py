@@ -370,14 +370,11 @@ def main(argv: list[str] | None = None) -> int:
     if old and args.sensitivity:
         parser.error("--sensitivity goes with the protocol of 2026-11-27")
     try:
-        by_target = [  # a target named twice stays twice: ``repeated`` refuses it below
-            # an export keeps the prompt-level rewards too: the report's heatmaps read them
-            (
-                target,
-                load_target(args.tracking_uri, target, with_prompts=not old or bool(args.export))[
-                    1
-                ],
-            )
+        # an export keeps the prompt-level rewards too: the report's heatmaps read them
+        with_prompts = not old or bool(args.export)
+        # a target named twice stays twice: ``repeated`` refuses it below
+        by_target = [
+            (target, load_target(args.tracking_uri, target, with_prompts=with_prompts)[1])
             for target in args.targets
         ]
         loaded = [run for _, runs in by_target for run in runs]
