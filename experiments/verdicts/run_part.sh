@@ -7,7 +7,12 @@
 # that stops mid-part loses only the part it was on, with the sha256 of each warm start
 # its runs began from beside it (<spec>-<part>.warmstart.sha256).  Commit both.
 #
+# c_whole (the amendment of 2026-11-29, noon): the pinned c.yaml with its noise grid
+# widened to 0 %, 20 % and 100 %, so that a seed's six arms (a_d's 0 % none and top-p arms
+# among them) run in one part from one warm start, on whatever machine runs the part.
+#
 #   bash experiments/verdicts/run_part.sh a_d 1002 1003      # seeds 1002 and 1003 of a_d
+#   bash experiments/verdicts/run_part.sh c_whole 1004       # seed 1004 at every noise level
 #   bash experiments/verdicts/run_part.sh sensitivity 0.001  # the 9 cells at entropy 0.001
 #   python -m tether.analysis.paper experiments/verdicts/records/{a_d,c}-*.json.gz --table
 #   python -m tether.analysis.paper experiments/verdicts/records/sensitivity-*.json.gz \
@@ -18,13 +23,16 @@ set -euo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 PIN=560433b
 PIN_DIR=${TETHER_PIN_DIR:-$HOME/tether_pin_$PIN}
-SPEC=${1:?usage: run_part.sh <a_d|c> <seed>... | run_part.sh sensitivity <entropy coef>...}
+SPEC=${1:?usage: run_part.sh <a_d|c|c_whole> <seed>... | run_part.sh sensitivity <entropy coef>...}
 shift
+SOURCE=$SPEC # the pinned spec a part narrows
+NOISE=""     # c_whole: c.yaml with env.stochasticity's grid widened to these levels
 case "$SPEC" in
   a_d | c) KEY=experiment.seed ;;
+  c_whole) KEY=experiment.seed SOURCE=c NOISE="[0.0, 0.2, 1.0]" ;;
   sensitivity) KEY=algo.entropy_coef ;;
   *)
-    echo "run_part.sh: $SPEC: the specs are a_d and c (parts: seeds), sensitivity (parts: entropy coefficients)" >&2
+    echo "run_part.sh: $SPEC: the specs are a_d, c and c_whole (parts: seeds), sensitivity (parts: entropy coefficients)" >&2
     exit 2
     ;;
 esac
@@ -51,13 +59,14 @@ for value in "$@"; do
     continue
   fi
   part="$LOGS/$SPEC-$value.yaml"
-  # The pinned spec with one grid narrowed to this part's value, nothing else changed.
-  "$PIN_DIR/.venv/bin/python" - "$PIN_DIR/experiments/verdicts/$SPEC.yaml" "$KEY" "$value" "$part" <<'EOF'
+  # The pinned spec with one grid narrowed to this part's value (and c_whole's noise grid
+  # widened), nothing else changed.
+  "$PIN_DIR/.venv/bin/python" - "$PIN_DIR/experiments/verdicts/$SOURCE.yaml" "$KEY" "$value" "$part" "$NOISE" <<'EOF'
 import sys
 
 import yaml
 
-source, key, text, out = sys.argv[1:]
+source, key, text, out, noise = sys.argv[1:]
 value = yaml.safe_load(text)
 spec = yaml.safe_load(open(source))
 space = spec["sweep"]["space"]
@@ -67,6 +76,8 @@ if isinstance(value, bool) or value not in grid:
 if text not in map(str, grid):  # one name per part: the record's file name
     sys.exit(f"run_part.sh: name {key} {text} as the grid does: {[str(g) for g in grid]}")
 space[key] = {"grid": [value]}
+if noise:
+    space["env.stochasticity"] = {"grid": yaml.safe_load(noise)}
 yaml.safe_dump(spec, open(out, "w"), sort_keys=False)
 EOF
   log="$LOGS/$SPEC-$value.log"
