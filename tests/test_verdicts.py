@@ -455,3 +455,52 @@ def test_a_seeds_a_d_and_c_records_pool_only_from_one_warm_start(tmp_path, capsy
     assert "seed 2: 2 different warm starts across a_d-2.json.gz, c-2.json.gz" in (
         capsys.readouterr().err
     )
+
+
+def test_c_reads_its_own_records_apart_from_the_family(tmp_path, capsys):
+    """A seed run whole for c (every noise level in one part, from a warm start rebuilt on
+    another machine) is read by c alone, with its own 0 % arms; a, b and d keep a_d's."""
+    from tether.analysis import paper, records
+
+    runs = suite(seeds=range(5))  # c's gain at 20 %: +0.2, none at 0 % and 100 %
+    target = {}
+    for s in map(str, range(5)):
+        clean = [r for r in runs if seed(r) == s and noise(r) == 0.0]
+        noisy = [r for r in runs if seed(r) == s and noise(r) > 0.0]
+        target["a_d", s] = str(records.dump(clean, tmp_path / f"a_d-{s}.json.gz"))
+        if s in ("0", "1"):  # c's noisy arms, paired with a_d's part on one machine
+            target["c", s] = str(records.dump(noisy, tmp_path / f"c-{s}.json.gz"))
+            for spec in ("a_d", "c"):
+                (tmp_path / f"{spec}-{s}.warmstart.sha256").write_text(f"{s}{s}  tiny-{s}\n")
+        else:  # whole: its own 0 % arms, where top-p gains 0.2 over none (a_d's: 0)
+            own = [run(int(s), "none", final=0.4), run(int(s), "top_p", final=0.6)]
+            target["c_whole", s] = str(records.dump(own + noisy, tmp_path / f"c_whole-{s}.json.gz"))
+            (tmp_path / f"c_whole-{s}.warmstart.sha256").write_text(f"9{s}  tiny-{s}\n")
+    a_d = [t for (spec, _), t in target.items() if spec == "a_d"]
+    c_set = [target["a_d", "0"], target["a_d", "1"]]
+    c_set += [t for (spec, _), t in target.items() if spec != "a_d"]
+
+    assert paper.main(a_d) == 0
+    alone = json.loads(capsys.readouterr().out)
+    assert paper.main([*a_d, "--c-targets", *c_set]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["runs"], out["c_runs"]) == (15, 2 * (3 + 4) + 3 * (2 + 4))
+    c = out["tests"]["c"]
+    # seeds 0-1: 0.2 - 0; seeds 2-4: 0.2 - (0.2 + 0) / 2, from their own 0 % arms
+    assert c["n"] == 5 and c["mean"] == pytest.approx((2 * 0.2 + 3 * 0.1) / 5, abs=0.02)
+    for key in ("a1", "a2", "b", "d1", "d2", "d3"):  # a_d's alone, as before
+        assert out["tests"][key]["mean"] == pytest.approx(alone["tests"][key]["mean"])
+    assert alone["tests"]["c"]["n"] == 0 and alone["tests"]["c"]["verdict"] is None  # pending
+    assert c["verdict"] == REPRODUCED
+
+    # pooled as one set, a whole seed's 0 % arms are a_d's trials a second time
+    assert paper.main(a_d + c_set[2:]) == 2
+    assert "the same trial more than once" in capsys.readouterr().err
+    # a seed's c records must still share one warm start within c's set
+    (tmp_path / "c-1.warmstart.sha256").write_text("77  tiny-1\n")
+    assert paper.main([*a_d, "--c-targets", *c_set]) == 2
+    assert "seed 1: 2 different warm starts across a_d-1.json.gz, c-1.json.gz" in (
+        capsys.readouterr().err
+    )
+    with pytest.raises(SystemExit):  # the sensitivity row has no c
+        paper.main([*a_d, "--sensitivity", "--c-targets", *c_set])

@@ -356,6 +356,14 @@ def main(argv: list[str] | None = None) -> int:
         help="with the protocol of 2026-11-27: the sensitivity sweep's row (each cell's final "
         "success and probe I(X;Z), the factors' spreads, the verdict), not the family",
     )
+    parser.add_argument(
+        "--c-targets",
+        nargs="+",
+        metavar="target",
+        help="with the protocol of 2026-11-27: what finding c reads, apart from the family's "
+        "targets (each seed's every noise level from one warm start: a whole c part, or c's "
+        "noisy arms with the a_d record they pair with); without it, c reads the targets",
+    )
     parser.add_argument("--sampling", default="first_turn", help="the diagnostics' sampling")
     parser.add_argument(
         "--mi",
@@ -369,18 +377,21 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--finding a|b|c|d goes with --protocol 2026-11-23, and only with it")
     if old and args.sensitivity:
         parser.error("--sensitivity goes with the protocol of 2026-11-27")
+    if args.c_targets and (old or args.sensitivity or args.export or args.restore):
+        parser.error("--c-targets goes with the family (the protocol of 2026-11-27) only")
+    # an export keeps the prompt-level rewards too: the report's heatmaps read them
+    with_prompts = not old or bool(args.export)
     try:
-        # an export keeps the prompt-level rewards too: the report's heatmaps read them
-        with_prompts = not old or bool(args.export)
         # a target named twice stays twice: ``repeated`` refuses it below
-        by_target = [
-            (target, load_target(args.tracking_uri, target, with_prompts=with_prompts)[1])
-            for target in args.targets
-        ]
-        loaded = [run for _, runs in by_target for run in runs]
+        by_target, c_by_target = (
+            [(t, load_target(args.tracking_uri, t, with_prompts=with_prompts)[1]) for t in ts]
+            for ts in (args.targets, args.c_targets or [])
+        )
     except ReportError as exc:
         print(f"paper: {exc}", file=sys.stderr)
         return 2
+    loaded = [run for _, runs in by_target for run in runs]
+    c_loaded = [run for _, runs in c_by_target for run in runs]
     if args.export:
         source = {"tracking_uri": args.tracking_uri, "targets": args.targets}
         try:
@@ -389,24 +400,28 @@ def main(argv: list[str] | None = None) -> int:
             print(f"paper: {exc}", file=sys.stderr)
             return 2
     runs = [r for r in loaded if r.status == "FINISHED"]  # a stopped trial is not a result
-    if twice := records.repeated(runs):
-        print(f"paper: the same trial more than once (same params): {twice}", file=sys.stderr)
-        return 2
+    c_runs = [r for r in c_loaded if r.status == "FINISHED"] if args.c_targets else None
+    for pooled in (runs, c_runs or []):  # c's set may hold a_d's records again: apart
+        if twice := records.repeated(pooled):
+            print(f"paper: the same trial more than once (same params): {twice}", file=sys.stderr)
+            return 2
     if args.restore:
         name = "restored: " + " ".join(Path(t).name for t in args.targets)[:200]
         parent = records.restore(runs, args.restore, "tether-restored", name)
         print(f"paper: {len(runs)} runs -> {args.restore}, parent run {parent}", file=sys.stderr)
+    every = runs + (c_runs or [])
     out: dict = {
         "runs": len(runs),
+        **({"c_runs": len(c_runs)} if c_runs is not None else {}),
         # pooled runs must differ only in what the findings compare
-        "settings_that_differ": differing_settings(runs),
+        "settings_that_differ": differing_settings(every),
         # the Tether commit(s) the runs trained on (a verdict's runs share one)
-        "commits": sorted({r.tags.get("env.tether_commit", "unknown") for r in runs}),
+        "commits": sorted({r.tags.get("env.tether_commit", "unknown") for r in every}),
         # each record's warm starts by content (None: no hash kept beside it)
-        "warm_starts": records.warm_starts(args.targets),
+        "warm_starts": records.warm_starts(args.targets + (args.c_targets or [])),
         "not_finished": [
             f"{r.name} ({r.status}, iteration {r.latest_iteration})"
-            for r in loaded
+            for r in loaded + c_loaded
             if r.status != "FINISHED"
         ],
     }
@@ -424,20 +439,28 @@ def main(argv: list[str] | None = None) -> int:
                 return 2
             out["sensitivity"] = sensitivity(runs)
         else:  # a seed's arms in two records (a_d's 0 %, c's noise) pair on one warm start
-            seeds_of = {
-                Path(t).name: {r.params.get("experiment.seed", "") for r in rs}
-                for t, rs in by_target
-                if records.is_record_file(t)
-            }
-            if why := records.seeds_share_warm_starts(out["warm_starts"], seeds_of):
-                print(f"paper: a seed's records must share one warm start: {why}", file=sys.stderr)
-                return 2
-            out["tests"] = family(runs)
+            for group in (by_target, c_by_target):
+                seeds_of = {
+                    Path(t).name: {r.params.get("experiment.seed", "") for r in rs}
+                    for t, rs in group
+                    if records.is_record_file(t)
+                }
+                if why := records.seeds_share_warm_starts(out["warm_starts"], seeds_of):
+                    print(
+                        f"paper: a seed's records must share one warm start: {why}",
+                        file=sys.stderr,
+                    )
+                    return 2
+            out["tests"] = family(runs, c_runs)
         if args.table:
             tables = sensitivity_tables(out["sensitivity"]) if args.sensitivity else None
             for table in tables or [family_table(out["tests"])]:
                 Console().print(table)
-            print(f"runs {out['runs']} {out['commits']}; differ: {out['settings_that_differ']}")
+            c_count = f", c {out['c_runs']}" if c_runs is not None else ""
+            print(
+                f"runs {out['runs']}{c_count} {out['commits']}; "
+                f"differ: {out['settings_that_differ']}"
+            )
             return 0
     elif args.finding == "a":
         rows = collapse_rows(runs, args.sampling, args.mi)

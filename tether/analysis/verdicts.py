@@ -15,7 +15,7 @@ bootstrapped over seeds:
 - c: the filter's gain in final success at 20 % noise minus the mean of its gains at 0 %
   and 100 %.
 
-Only noise-free runs enter a, b and d; c reads every level.  Pure functions of
+Only noise-free runs enter a, b and d; c reads every level, of its own runs when given.  Pure functions of
 ``RunData`` (``python -m tether.analysis.paper --protocol 2026-11-27`` loads them).
 
 The sensitivity row, a secondary test outside the family (``sensitivity``): over the grid
@@ -143,8 +143,9 @@ def c_contrasts(runs: list[RunData]) -> list[float]:
     return [gains[0.2][s] - (gains[0.0][s] + gains[1.0][s]) / 2 for s in seeds]
 
 
-def family(runs: list[RunData]) -> dict[str, dict]:
-    """Every test of the family with its verdict (``decide``)."""
+def family(runs: list[RunData], c_runs: list[RunData] | None = None) -> dict[str, dict]:
+    """Every test of the family with its verdict (``decide``); c reads ``c_runs`` when
+    given (its own records, each seed's levels from one warm start), else ``runs``."""
     clean = [r for r in runs if noise(r) == 0.0]
     final = RunData.final_success
     per_seed = defaultdict(list)
@@ -157,7 +158,7 @@ def family(runs: list[RunData]) -> dict[str, dict]:
         "d1": differences(clean, "top_p", "none", final),
         "d2": differences(clean, "top_p", "top_k", final),
         "d3": [g for rs in per_seed.values() if (g := quartile_gap(rs)) is not None],
-        "c": c_contrasts(runs),
+        "c": c_contrasts(runs if c_runs is None else c_runs),
     }
     tests = {k: paired_effect(v, DIRECTION[k], SESOI[k]) for k, v in values.items()}
     tests["b"] = b_test(clean)
