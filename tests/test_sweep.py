@@ -162,6 +162,41 @@ def test_ranges_become_tune_domains(tmp_path):
     assert _expected_trials(spec) == 3
 
 
+def test_the_driver_warm_starts_the_policy_its_trials_use(tmp_path):
+    """A sweep warm-starts once before its trials only the policy they all share: a grid
+    of one seed (a sweep run in parts) replaces the base's seed, so the base's own warm
+    start would be built for nothing; several seeds, or a range over a field of the
+    recipe, leave each trial to build its own."""
+    from tether.platform.sweep import shared_warm_start
+
+    def shared(space):
+        spec = load_sweep_spec(write_spec(tmp_path, {"search": "grid", "space": space}))
+        return spec.base.experiment.seed, shared_warm_start(spec)
+
+    filters = {"grid": [{"strategy": "none"}, {"strategy": "top_p", "value": 0.9}]}
+    base_seed, cfg = shared({"filter": filters, "experiment.seed": {"grid": [1004]}})
+    assert base_seed != 1004 and cfg.experiment.seed == 1004
+    assert shared({"experiment.seed": {"grid": [1004, 1005]}})[1] is None
+    # the noise level and the algorithm do not enter the warm start: one, the base's
+    base_seed, cfg = shared(
+        {"env.stochasticity": {"grid": [0.0, 1.0]}, "algo.kl_coef": {"grid": [0.0, 0.1]}}
+    )
+    assert cfg.experiment.seed == base_seed
+    assert shared({"algo.kl_coef": {"grid": [0.0, 0.1]}})[1].experiment.seed == base_seed
+    assert shared({"model.warm_start.lr": {"grid": [1e-3, 2e-3]}})[1] is None
+    spec = load_sweep_spec(
+        write_spec(
+            tmp_path,
+            {
+                "search": "random",
+                "num_samples": 2,
+                "space": {"experiment.seed": {"randint": [0, 9]}},
+            },
+        )
+    )
+    assert shared_warm_start(spec) is None
+
+
 def test_tune_config_search_scheduler_and_concurrency(tmp_path):
     from ray.tune.schedulers import ASHAScheduler
     from ray.tune.search.basic_variant import BasicVariantGenerator

@@ -17,6 +17,7 @@ parent and re-runs only the trials that had not finished.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -246,9 +247,38 @@ def _start(spec: SweepSpec, address: str | None, echo, display) -> None:
         f"{ray.cluster_resources().get('GPU', 0):g} GPUs; one trial: "
         f"{trial_bundles(base, resources)}"
     )
-    if base.model.path is None:  # warm-start once here, not in every trial at once
-        echo("warm start (cached after the first time) ...")
-        preflight.resolve_model(base, display.warm_start if display is not None else None)
+    shared = shared_warm_start(spec)
+    if shared is not None and shared.model.path is None:  # once here, not in every trial
+        echo(f"warm start, seed {shared.experiment.seed} (cached after the first time) ...")
+        preflight.resolve_model(shared, display.warm_start if display is not None else None)
+    elif shared is None:
+        echo("warm starts: each trial builds its own (cached after the first time)")
+
+
+#: The sections whose fields can change the policy a trial warm-starts (its recipe).
+RECIPE_SECTIONS = ("experiment", "model", "env", "rollout")
+
+
+def shared_warm_start(spec: SweepSpec):
+    """The config whose warm start every trial uses, or None when the trials' differ (a
+    grid over seeds) or a range over a field of the recipe leaves them unknown.  The
+    base config's own warm start is not always one of them: a grid of one seed, as a
+    sweep run in parts has, replaces the base's seed."""
+    from ..policy.load import recipe, recipe_key
+
+    paths = [p for p in spec.sweep.space if p.split(".")[0] in RECIPE_SECTIONS]
+    if any(spec.sweep.space[p].values is None for p in paths):
+        return None
+    cases = {}
+    for combo in itertools.product(*(spec.sweep.space[p].values for p in paths)):
+        cfg = spec.build(dict(zip(paths, combo)))
+        cases.setdefault(
+            recipe_key(
+                recipe(cfg.model, cfg.env, cfg.experiment.seed, cfg.rollout.max_reply_tokens)
+            ),
+            cfg,
+        )
+    return next(iter(cases.values())) if len(cases) == 1 else None
 
 
 def _parent_options(spec: SweepSpec, place: _Place, echo) -> dict:
