@@ -15,8 +15,9 @@ bootstrapped over seeds:
 - c: the filter's gain in final success at 20 % noise minus the mean of its gains at 0 %
   and 100 %.
 
-Only noise-free runs enter a, b and d; c reads every level, of its own runs when given.  Pure functions of
-``RunData`` (``python -m tether.analysis.paper --protocol 2026-11-27`` loads them).
+Only noise-free runs enter a, b and d; c reads every level, of its own runs when given.
+Pure functions of ``RunData`` (``python -m tether.analysis.paper --protocol 2026-11-27``
+loads them).
 
 The sensitivity row, a secondary test outside the family (``sensitivity``): over the grid
 of entropy coefficient x KL coefficient x top-p ratio, each factor's *spread* (the range

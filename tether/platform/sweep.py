@@ -17,7 +17,6 @@ parent and re-runs only the trials that had not finished.
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import signal
@@ -270,8 +269,7 @@ def shared_warm_start(spec: SweepSpec):
     if any(spec.sweep.space[p].values is None for p in paths):
         return None
     cases = {}
-    for combo in itertools.product(*(spec.sweep.space[p].values for p in paths)):
-        cfg = spec.build(dict(zip(paths, combo)))
+    for _, cfg in spec.combinations(paths):
         cases.setdefault(
             recipe_key(
                 recipe(cfg.model, cfg.env, cfg.experiment.seed, cfg.rollout.max_reply_tokens)

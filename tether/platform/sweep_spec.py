@@ -321,7 +321,10 @@ class SweepSpec:
             "algo.num_cpus",
             "algo.num_gpus",
         )
-        paths = [p for p in self.sweep.space if p in prefixes]
+        return self.combinations([p for p in self.sweep.space if p in prefixes])
+
+    def combinations(self, paths: list[str]) -> list[tuple[dict[str, Any], TetherConfig]]:
+        """(values, config) for every combination of the candidate values of ``paths``."""
         combos = itertools.product(*(self.sweep.space[p].candidates() for p in paths))
         return [(values, self.build(values)) for values in (dict(zip(paths, c)) for c in combos)]
 
