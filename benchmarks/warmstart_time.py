@@ -1,26 +1,44 @@
-"""Time one grounded warm start from an empty model cache:
-python benchmarks/warmstart_time.py <spec> <empty cache dir> [key=value overrides...]."""
+"""Time one grounded warm start from an empty model cache, and name its weights:
+python benchmarks/warmstart_time.py <spec> <empty cache dir> [key=value overrides...]
+[--threads N].  ``--threads`` sets the process's torch threads first (default: torch's
+own), as a run's own process (the machine's count) or a sweep's trial (one) has them;
+the weights' sha256 shows whether two counts built the same model."""
 
+import argparse
+import hashlib
 import json
 import os
-import sys
 import time
+from pathlib import Path
+
+import torch
 
 from tether.platform.config import load_config
 from tether.policy.load import resolve_policy
 
-spec, cache, overrides = sys.argv[1], sys.argv[2], sys.argv[3:]
-cfg = load_config(spec, [f"model.cache_dir={cache}", *overrides])
+parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+parser.add_argument("spec")
+parser.add_argument("cache", help="an empty model cache directory")
+parser.add_argument("overrides", nargs="*", help="key=value config overrides")
+parser.add_argument("--threads", type=int, default=None)
+args = parser.parse_args()
+if args.threads is not None:
+    torch.set_num_threads(args.threads)
+cfg = load_config(args.spec, [f"model.cache_dir={args.cache}", *args.overrides])
 t0, c0 = time.perf_counter(), time.process_time()
 path = resolve_policy(cfg.model, cfg.env, cfg.experiment.seed, cfg.rollout.max_reply_tokens, None)
 print(
     json.dumps(
         {
-            "spec": spec,
-            "overrides": overrides,
+            "spec": args.spec,
+            "overrides": args.overrides,
+            "threads": torch.get_num_threads(),
             "wall_s": round(time.perf_counter() - t0, 1),
             "cpu_s": round(time.process_time() - c0, 1),
             "load_after": os.getloadavg(),
+            "weights_sha256": hashlib.sha256(
+                (Path(path) / "model.safetensors").read_bytes()
+            ).hexdigest(),
             "path": str(path),
         }
     ),
