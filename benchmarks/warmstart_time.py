@@ -13,18 +13,23 @@ from pathlib import Path
 
 import torch
 
-from tether.platform.config import load_config
+from tether.platform.config import ConfigError, load_config
 from tether.policy.load import resolve_policy
 
 parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
 parser.add_argument("spec")
 parser.add_argument("cache", help="an empty model cache directory")
 parser.add_argument("overrides", nargs="*", help="key=value config overrides")
-parser.add_argument("--threads", type=int, default=None)
+parser.add_argument("--threads", type=int, default=None, help="torch threads (>= 1)")
 args = parser.parse_args()
 if args.threads is not None:
+    if args.threads < 1:
+        parser.error(f"--threads {args.threads}: give a count of at least 1")
     torch.set_num_threads(args.threads)
-cfg = load_config(args.spec, [f"model.cache_dir={args.cache}", *args.overrides])
+try:
+    cfg = load_config(args.spec, [f"model.cache_dir={args.cache}", *args.overrides])
+except ConfigError as e:
+    parser.error(str(e))
 t0, c0 = time.perf_counter(), time.process_time()
 path = resolve_policy(cfg.model, cfg.env, cfg.experiment.seed, cfg.rollout.max_reply_tokens, None)
 print(
