@@ -250,7 +250,7 @@ def _start(spec: SweepSpec, address: str | None, echo, display) -> None:
     if shared is not None and shared.model.path is None:  # once here, not in every trial
         echo(f"warm start, seed {shared.experiment.seed} (cached after the first time) ...")
         preflight.resolve_model(shared, display.warm_start if display is not None else None)
-    elif shared is None:
+    elif shared is None and base.model.path is None:  # a user's model has no warm start
         echo("warm starts: each trial builds its own (cached after the first time)")
 
 
