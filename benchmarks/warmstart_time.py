@@ -5,16 +5,14 @@ own), as a run's own process (the machine's count) or a sweep's trial (one) has 
 the weights' sha256 shows whether two counts built the same model."""
 
 import argparse
-import hashlib
 import json
 import os
 import time
-from pathlib import Path
 
 import torch
 
 from tether.platform.config import ConfigError, load_config
-from tether.policy.load import resolve_policy
+from tether.policy.load import resolve_policy, weights_sha256
 
 parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
 parser.add_argument("spec")
@@ -41,9 +39,7 @@ print(
             "wall_s": round(time.perf_counter() - t0, 1),
             "cpu_s": round(time.process_time() - c0, 1),
             "load_after": os.getloadavg(),
-            "weights_sha256": hashlib.sha256(
-                (Path(path) / "model.safetensors").read_bytes()
-            ).hexdigest(),
+            "weights_sha256": weights_sha256(path),
             "path": str(path),
         }
     ),

@@ -7,11 +7,11 @@ the parts' pairs across machines assume it does; run_part.sh writes this beside 
     python experiments/verdicts/warmstart_sha256.py experiments/verdicts/records/a_d-1002.json.gz
 """
 
-import hashlib
 import pathlib
 import sys
 
 from tether.analysis import records
+from tether.policy.load import weights_sha256
 
 
 def main(record: str) -> None:
@@ -21,7 +21,7 @@ def main(record: str) -> None:
             sys.exit(
                 f"warmstart_sha256: {weights} is not on this machine: the record's warm start is gone"
             )
-        print(f"{hashlib.sha256(weights.read_bytes()).hexdigest()}  {pathlib.Path(path).name}")
+        print(f"{weights_sha256(path)}  {pathlib.Path(path).name}")
 
 
 if __name__ == "__main__":

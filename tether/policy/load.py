@@ -197,6 +197,12 @@ def warm_start_stages(
     return stats
 
 
+def weights_sha256(path) -> str:
+    """A model directory's weights by content: two warm starts are the same model when these
+    match (a seed's build can differ by machine or thread count)."""
+    return hashlib.sha256(Path(path, "model.safetensors").read_bytes()).hexdigest()
+
+
 def load_model(path, dtype: str = "float32"):
     """Load a causal LM from a directory or hub id, in eval mode."""
     from transformers import AutoModelForCausalLM
