@@ -11,9 +11,14 @@
 # widened to 0 %, 20 % and 100 %, so that a seed's six arms (a_d's 0 % none and top-p arms
 # among them) run in one part from one warm start, on whatever machine runs the part.
 #
+# avw (the amendment of 2026-11-29, night): act against warn, one seed a part: the pinned
+# benchmarks/act_vs_warn.py in pilot C's setting, warn then act (act also on reading_drift),
+# both from the seed's one warm start, exported by their run ids.
+#
 #   bash experiments/verdicts/run_part.sh a_d 1002 1003      # seeds 1002 and 1003 of a_d
 #   bash experiments/verdicts/run_part.sh c_whole 1004       # seed 1004 at every noise level
 #   bash experiments/verdicts/run_part.sh sensitivity 0.001  # the 9 cells at entropy 0.001
+#   bash experiments/verdicts/run_part.sh avw 1000           # act against warn, seed 1000
 #   python -m tether.analysis.paper experiments/verdicts/records/{a_d,c}-*.json.gz --table
 #   python -m tether.analysis.paper experiments/verdicts/records/sensitivity-*.json.gz \
 #       --sensitivity --table
@@ -23,16 +28,17 @@ set -euo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 PIN=560433b
 PIN_DIR=${TETHER_PIN_DIR:-$HOME/tether_pin_$PIN}
-SPEC=${1:?usage: run_part.sh <a_d|c|c_whole> <seed>... | run_part.sh sensitivity <entropy coef>...}
+SPEC=${1:?usage: run_part.sh <a_d|c|c_whole|avw> <seed>... | run_part.sh sensitivity <entropy coef>...}
 shift
 SOURCE=$SPEC # the pinned spec a part narrows
 NOISE=""     # c_whole: c.yaml with env.stochasticity's grid widened to these levels
 case "$SPEC" in
   a_d | c) KEY=experiment.seed ;;
   c_whole) KEY=experiment.seed SOURCE=c NOISE="[0.0, 0.2, 1.0]" ;;
+  avw) KEY=experiment.seed SOURCE=a_d ;; # a_d's seeds; the part runs the benchmark, not a sweep
   sensitivity) KEY=algo.entropy_coef ;;
   *)
-    echo "run_part.sh: $SPEC: the specs are a_d, c and c_whole (parts: seeds), sensitivity (parts: entropy coefficients)" >&2
+    echo "run_part.sh: $SPEC: the specs are a_d, c, c_whole and avw (parts: seeds), sensitivity (parts: entropy coefficients)" >&2
     exit 2
     ;;
 esac
@@ -49,6 +55,9 @@ if [ "$(git -C "$PIN_DIR" rev-parse HEAD)" != "$want" ] ||
   exit 2
 fi
 
+# avw: pilot C's push (the injection from iteration 2, 32 iterations, the learning rate held,
+# no KL term); the act run also acts on reading_drift (its default response: one rollback).
+AVW_SETTING="--iterations 32 --inject-from 2 algo.lr_schedule=constant algo.kl_coef=0"
 RECORDS="$REPO/experiments/verdicts/records"
 LOGS="$HOME/tether_runs/verdicts/parts"
 mkdir -p "$RECORDS" "$LOGS"
@@ -87,20 +96,37 @@ EOF
   # A sweep name of its own per attempt: a part cut short left its state under the last one
   # (its runs stay in the store, under their own parent, and are never exported).
   name="$SPEC-$value-$(date -u +%Y%m%dT%H%M%S)"
-  (cd "$PIN_DIR" && .venv/bin/tether sweep "$part" "sweep.name=$name") >>"$log" 2>&1 || rc=$?
+  if [ "$SPEC" = avw ]; then # two runs, each in a store of the attempt's own
+    store="$LOGS/$name"
+    tracking="sqlite:///$store/mlflow.db"
+    for mode in warn act; do
+      extra=""
+      [ "$mode" = act ] && extra="alarms.reading_drift.mode=act"
+      (cd "$PIN_DIR" && .venv/bin/python benchmarks/act_vs_warn.py --seeds "$value" \
+        --modes "$mode" --out "$store" $AVW_SETTING $extra) >>"$log" 2>&1 || rc=$?
+      [ "$rc" = 0 ] || break
+    done
+    targets=$(grep -o '"run_id": "[0-9a-f]\{32\}"' "$log" | awk -F'"' '{print $4}' | tr '\n' ' ')
+  else
+    tracking="sqlite:///$HOME/tether_runs/verdicts/mlflow.db"
+    (cd "$PIN_DIR" && .venv/bin/tether sweep "$part" "sweep.name=$name") >>"$log" 2>&1 || rc=$?
+  fi
   echo "$(date -u +%FT%TZ) exit $rc, wall $(($(date +%s) - start)) s, load $(cut -d' ' -f1-3 /proc/loadavg)" |
     tee -a "$log"
   if [ "$rc" != 0 ]; then # a trial failed or the sweep was stopped: rerun the part whole
     echo "run_part.sh: $KEY $value of $SPEC did not end cleanly ($log); nothing exported" >&2
     exit 1
   fi
-  parent=$(grep -o "MLflow parent run [0-9a-f]\{32\}" "$log" | head -1 | awk '{print $4}')
-  if [ -z "$parent" ]; then
-    echo "run_part.sh: no MLflow parent in $log" >&2
+  if [ "$SPEC" != avw ]; then
+    targets=$(grep -o "MLflow parent run [0-9a-f]\{32\}" "$log" | head -1 | awk '{print $4}')
+  fi
+  if [ -z "$targets" ]; then
+    echo "run_part.sh: no MLflow run ids in $log" >&2
     exit 1
   fi
-  (cd "$REPO" && .venv/bin/python -m tether.analysis.paper "$parent" \
-    --tracking-uri "sqlite:///$HOME/tether_runs/verdicts/mlflow.db" --export "$record" >/dev/null) ||
+  # shellcheck disable=SC2086 # avw: the two run ids
+  (cd "$REPO" && .venv/bin/python -m tether.analysis.paper $targets \
+    --tracking-uri "$tracking" --export "$record" >/dev/null) ||
     { echo "run_part.sh: $KEY $value of $SPEC did not finish every arm ($log)" >&2; exit 1; }
   # The warm start each run began from, by content: the same seed rebuilt on another machine
   # need not give the same weights, and pairs across parts assume it does.
