@@ -504,3 +504,79 @@ def test_c_reads_its_own_records_apart_from_the_family(tmp_path, capsys):
     )
     with pytest.raises(SystemExit):  # the sensitivity row has no c
         paper.main([*a_d, "--sensitivity", "--c-targets", *c_set])
+
+
+def avw_run(s: int, mode: str, mi: float, success: float, alarms=()) -> RunData:
+    """One run of benchmarks/act_vs_warn.py: final probe MI and held-out success at 32, the
+    alarms.json events (name, iteration) it raised."""
+    params = {
+        "experiment.seed": str(s),
+        "alarms.template_collapse.mode": mode,
+        "alarms.reading_drift.mode": mode,
+        "experiment.run_name": f"{mode}-s{s}",
+    }
+    metrics = {PROBE_MI: {0: 0.35, 32: mi}, VAL_SUCCESS: {0: 0.3, 32: success}}
+    events = [{"name": n, "iteration": i, "mode": mode} for n, i in alarms]
+    return RunData(f"{mode}-{s}", f"{mode}-s{s}", params=params, metrics=metrics, alarms=events)
+
+
+def test_act_against_warn_reads_act_minus_warn_per_seed_and_counts_early_collapses(
+    tmp_path, capsys
+):
+    """The act-against-warn row on runs whose answers are built in: acting that restores MI
+    and success helps on both; acting that changes nothing is shown not to help by the
+    SESOIs; warn's early collapses are counted from its alarms, by iteration 24 only."""
+    from tether.analysis import paper, records
+    from tether.analysis.verdicts import act_vs_warn
+
+    rng = np.random.default_rng(3)
+    helps, futile = [], []
+    for s in range(12):
+        late = s >= 9  # 3 seeds whose warn alarm comes after iteration 24, or never
+        warned = [("template_collapse", 28)] if s == 9 else [] if late else [("reading_drift", 12)]
+        warn = avw_run(s, "warn", 0.20 + rng.normal(0, 0.02), 0.02, warned)
+        helps += [
+            warn,
+            avw_run(
+                s,
+                "act",
+                0.33 + rng.normal(0, 0.02),
+                0.30 + rng.normal(0, 0.03),
+                [("reading_drift", 12), ("action:rollback", 12)],
+            ),
+        ]
+        futile += [warn, avw_run(s, "act", warn.last(PROBE_MI) + rng.normal(0, 0.005), 0.02)]
+    row = act_vs_warn(helps)
+    assert {k: t["verdict"] for k, t in row["tests"].items()} == {
+        "probe_mi": "acting helps",
+        "success": "acting helps",
+    }
+    assert row["tests"]["success"]["n"] == 12 and row["tests"]["success"]["mean"] > 0.2
+    assert (row["warn_collapsed_early"], row["warn_runs"], row["meets_condition"]) == (9, 12, True)
+    first = row["seeds"][0]
+    assert first["warn"]["first_alarm"] == (12, "reading_drift")
+    assert first["act"]["actions"] == [(12, "action:rollback")]
+    assert {k: t["verdict"] for k, t in act_vs_warn(futile)["tests"].items()} == {
+        "probe_mi": "acting does not help by the SESOI",
+        "success": "acting does not help by the SESOI",
+    }
+    # From records, one per seed with its warm start beside it, as run_part.sh avw writes
+    targets = []
+    for s in range(12):
+        record = records.dump([r for r in helps if seed(r) == str(s)], tmp_path / f"avw-{s}.json")
+        (tmp_path / f"avw-{s}.warmstart.sha256").write_text(f"{s:03d}  tiny-{s}\n")
+        targets.append(str(record))
+    assert paper.main([*targets, "--act-vs-warn"]) == 0
+    read = json.loads(capsys.readouterr().out)["act_vs_warn"]
+    assert (
+        read["tests"]["probe_mi"]["verdict"] == "acting helps" and read["warn_collapsed_early"] == 9
+    )
+    assert paper.main([*targets, "--act-vs-warn", "--table"]) == 0
+    table = capsys.readouterr().out
+    assert "rollback at 12" in table and "9 of 12 seeds" in table
+    # a seed's two arms from two warm starts are not a pair
+    (tmp_path / "avw-4.warmstart.sha256").write_text("004  tiny-4\n005  tiny-4b\n")
+    assert paper.main([*targets, "--act-vs-warn"]) == 2
+    assert "2 different warm starts across avw-4.json" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        paper.main([*targets, "--act-vs-warn", "--sensitivity"])

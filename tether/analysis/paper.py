@@ -357,6 +357,13 @@ def main(argv: list[str] | None = None) -> int:
         "success and probe I(X;Z), the factors' spreads, the verdict), not the family",
     )
     parser.add_argument(
+        "--act-vs-warn",
+        action="store_true",
+        help="with the protocol of 2026-11-27: the act-against-warn row (each seed's warn and "
+        "act runs of benchmarks/act_vs_warn.py: final probe I(X;Z) and success, act minus "
+        "warn, the verdicts), not the family",
+    )
+    parser.add_argument(
         "--c-targets",
         nargs="+",
         metavar="target",
@@ -375,9 +382,13 @@ def main(argv: list[str] | None = None) -> int:
     old = protocol == "2026-11-23"
     if old != (args.finding is not None):
         parser.error("--finding a|b|c|d goes with --protocol 2026-11-23, and only with it")
-    if old and args.sensitivity:
-        parser.error("--sensitivity goes with the protocol of 2026-11-27")
-    if args.c_targets and (old or args.sensitivity or args.export or args.restore):
+    if old and (args.sensitivity or args.act_vs_warn):
+        parser.error("--sensitivity and --act-vs-warn go with the protocol of 2026-11-27")
+    if args.sensitivity and args.act_vs_warn:
+        parser.error("--sensitivity and --act-vs-warn are two rows: name one")
+    if args.c_targets and (
+        old or args.sensitivity or args.act_vs_warn or args.export or args.restore
+    ):
         parser.error("--c-targets goes with the family (the protocol of 2026-11-27) only")
     # an export keeps the prompt-level rewards too: the report's heatmaps read them
     with_prompts = not old or bool(args.export)
@@ -428,9 +439,22 @@ def main(argv: list[str] | None = None) -> int:
     if not old:
         from rich.console import Console
 
-        from .verdicts import family, family_table, sensitivity, sensitivity_tables
+        from .verdicts import (
+            act_vs_warn,
+            act_vs_warn_tables,
+            family,
+            family_table,
+            sensitivity,
+            sensitivity_tables,
+        )
 
-        if args.sensitivity:  # its cells share one warm start, or a factor carries it
+        if args.act_vs_warn:  # a seed's two arms ran in one part, from one warm start
+            for name, lines in out["warm_starts"].items():
+                if why := records.one_warm_start({name: lines}):
+                    print(f"paper: a seed's arms must share one warm start: {why}", file=sys.stderr)
+                    return 2
+            out["act_vs_warn"] = act_vs_warn(runs)
+        elif args.sensitivity:  # its cells share one warm start, or a factor carries it
             if why := records.one_warm_start(out["warm_starts"]):
                 print(
                     f"paper: the sensitivity parts must share one warm start: {why}",
@@ -453,9 +477,16 @@ def main(argv: list[str] | None = None) -> int:
                     return 2
             out["tests"] = family(runs, c_runs)
         if args.table:
-            tables = sensitivity_tables(out["sensitivity"]) if args.sensitivity else None
-            for table in tables or [family_table(out["tests"])]:
-                Console().print(table)
+            if args.act_vs_warn:
+                tables = act_vs_warn_tables(out["act_vs_warn"])
+            elif args.sensitivity:
+                tables = sensitivity_tables(out["sensitivity"])
+            else:
+                tables = [family_table(out["tests"])]
+            # at least 132 columns: a narrower console (a pipe: 80) wraps every cell
+            console = Console(width=max(132, Console().width))
+            for table in tables:
+                console.print(table)
             c_count = f", c {out['c_runs']}" if c_runs is not None else ""
             print(
                 f"runs {out['runs']}{c_count} {out['commits']}; "

@@ -381,3 +381,113 @@ def sensitivity_tables(row: dict) -> list:
         spreads.add_row(FACTORS[key], num(s["spread"]), diff)
     spreads.caption = f"verdict: {row['verdict'] or 'none'} ({row['because']})"
     return [cells, spreads]
+
+
+# ------------------------------------------------------------------ act against warn
+
+#: Act against warn (docs/reproduction.md, the amendment of 2026-11-29, night): secondary,
+#: each test one-sided at 0.05 on its own (no Holm), act minus warn per seed.
+AVW_SESOI = {"probe_mi": 0.05, "success": 0.10}
+AVW_VERDICTS = {
+    REPRODUCED: "acting helps",
+    NOT_REPRODUCED: "acting does not help by the SESOI",
+    UNDECIDED: UNDECIDED,
+}
+#: warn "collapses early" when one of these alarms fires at or before this iteration
+EARLY_ALARMS, EARLY_BY = ("reading_drift", "template_collapse"), 24
+
+
+def mode_of(run: RunData) -> str:
+    """A benchmark run's condition: ``act`` or ``warn`` (the template alarm's mode)."""
+    return run.param("alarms.template_collapse.mode") or "warn"
+
+
+def final_probe_mi(run: RunData) -> float | None:
+    return run.last(PROBE_MI)
+
+
+def first_alarm(run: RunData, names=EARLY_ALARMS) -> tuple[int, str] | None:
+    """The first (iteration, name) among ``names`` that the run raised (None: never)."""
+    return next(((i, n) for i, n in run.alarm_steps() if n in names), None)
+
+
+def act_vs_warn(runs: list[RunData]) -> dict:
+    """The act-against-warn row: per seed, each arm's final probe I(X;Z), final success,
+    first early alarm (warn) and actions (act); the two paired tests with their verdicts;
+    and how many seeds' warn runs collapsed early (the setting's condition)."""
+    tests = {}
+    for name, value in (("probe_mi", final_probe_mi), ("success", RunData.final_success)):
+        gain = paired_gain(runs, "act", "warn", value, arm=mode_of).get("all", {})
+        effect = paired_effect(gain.get("differences", []), 1, AVW_SESOI[name])
+        decided = decide({name: effect})[name]  # a family of one: Holm leaves p as it is
+        tests[name] = {**decided, "verdict": AVW_VERDICTS.get(decided["verdict"])}
+    seeds = []
+    by_seed: dict[str, dict[str, RunData]] = defaultdict(dict)
+    for run in runs:
+        by_seed[seed(run)][mode_of(run)] = run
+    for s, arms in sorted(by_seed.items()):
+        row: dict = {"seed": s}
+        for mode, run in sorted(arms.items()):
+            row[mode] = {
+                "probe_mi": final_probe_mi(run),
+                "success": run.final_success(),
+                "success_ci": run.final_success_interval(),
+                "first_alarm": first_alarm(run),
+                "actions": [(i, n) for i, n in run.alarm_steps() if n.startswith("action:")],
+            }
+        seeds.append(row)
+    warned = [r["warn"] for r in seeds if "warn" in r]
+    early = sum(1 for w in warned if w["first_alarm"] and w["first_alarm"][0] <= EARLY_BY)
+    return {
+        "tests": tests,
+        "seeds": seeds,
+        "warn_collapsed_early": early,
+        "warn_runs": len(warned),
+        "meets_condition": len(warned) > 0 and early > len(warned) / 2,
+    }
+
+
+def act_vs_warn_tables(row: dict) -> list:
+    """The act-against-warn row as rich tables: each seed's arms, then the two tests."""
+    from rich.table import Table
+
+    def arm(a: dict | None) -> list[str]:
+        if a is None:
+            return ["-"] * 3
+        alarm = a["first_alarm"]
+        low, high = a["success_ci"]
+        return [
+            _num(a["probe_mi"], "{:.3f}"),
+            f"{_num(a['success'], '{:.3f}')} [{_num(low, '{:.3f}')}, {_num(high, '{:.3f}')}]",
+            f"{alarm[1]} at {alarm[0]}" if alarm else "none",
+        ]
+
+    per_seed = Table(title="Act against warn: each seed's final probe I(X;Z) and success")
+    for name in ("seed", "warn MI", "warn success", "warn's first alarm"):
+        per_seed.add_column(name)
+    for name in ("act MI", "act success", "act's first alarm", "act's actions"):
+        per_seed.add_column(name)
+    for r in row["seeds"]:
+        act = r.get("act")
+        actions = ", ".join(f"{n.split(':')[1]} at {i}" for i, n in act["actions"]) if act else "-"
+        per_seed.add_row(r["seed"], *arm(r.get("warn")), *arm(act), actions or "none")
+    tests = Table(title="Act minus warn (one-sided at 0.05 each, no Holm)")
+    for name in ("measure", "seeds", "mean [95 %]", "SESOI", "p (helps) / p (< SESOI)", "power"):
+        tests.add_column(name)
+    tests.add_column("verdict")
+    for key, t in row["tests"].items():
+        tests.add_row(
+            {"probe_mi": "final probe I(X;Z)", "success": "final success"}[key],
+            str(t["n"]),
+            f"{_num(t['mean'])} [{_num(t['ci_low'])}, {_num(t['ci_high'])}]",
+            f"{t['sesoi']:g}",
+            f"{_num(t['p_paper'], '{:.3g}')} / {_num(t['p_short'], '{:.3g}')}",
+            _num(t["power"], "{:.2f}"),
+            t["verdict"] or f"none ({t['because']})",
+        )
+    tests.caption = (
+        f"warn collapsed early ({' or '.join(EARLY_ALARMS)} by iteration {EARLY_BY}) in "
+        f"{row['warn_collapsed_early']} of {row['warn_runs']} seeds"
+        + ("" if row["meets_condition"] else ": fewer than half, the setting's condition unmet")
+    )
+    return [per_seed, tests]
