@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tether.analysis.decide import NOT_REPRODUCED, REPRODUCED, UNDECIDED
-from tether.analysis.runs import SUCCESS, VAL_SUCCESS, RunData, arm_of
+from tether.analysis.runs import SUCCESS, VAL_SUCCESS, RunData, arm_of, collapse_key
 from tether.analysis.verdicts import (
     PROBE_H,
     PROBE_MI,
@@ -515,7 +515,12 @@ def avw_run(s: int, mode: str, mi: float, success: float, alarms=()) -> RunData:
         "alarms.reading_drift.mode": mode,
         "experiment.run_name": f"{mode}-s{s}",
     }
-    metrics = {PROBE_MI: {0: 0.35, 32: mi}, VAL_SUCCESS: {0: 0.3, 32: success}}
+    first_turn = {s: mi + 0.01 * (s - 30) for s in (28, 30, 32)}  # mean: mi
+    metrics = {
+        PROBE_MI: {1: 0.35, 24: mi},
+        collapse_key("first_turn", "mi_estimate"): first_turn,
+        VAL_SUCCESS: {0: 0.3, 32: success},
+    }
     events = [{"name": n, "iteration": i, "mode": mode} for n, i in alarms]
     return RunData(f"{mode}-{s}", f"{mode}-s{s}", params=params, metrics=metrics, alarms=events)
 
@@ -552,6 +557,9 @@ def test_act_against_warn_reads_act_minus_warn_per_seed_and_counts_early_collaps
         "success": "acting helps",
     }
     assert row["tests"]["success"]["n"] == 12 and row["tests"]["success"]["mean"] > 0.2
+    assert row["first_turn_mi_last3"]["mean"] == pytest.approx(
+        row["tests"]["probe_mi"]["mean"]
+    )  # built equal to the probe's
     assert (row["warn_collapsed_early"], row["warn_runs"], row["meets_condition"]) == (9, 12, True)
     first = row["seeds"][0]
     assert first["warn"]["first_alarm"] == (12, "reading_drift")
