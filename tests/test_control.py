@@ -93,6 +93,56 @@ def test_controller_waits_for_a_breach_and_records_what_changed():
     assert controller.step(9, {"reward_variance_collapse": None}, knobs, []) is None  # list used up
 
 
+def test_a_response_with_no_effect_is_passed_over_and_said():
+    """A rollback with no grounded checkpoint at or before the alarm's reference (here 1,
+    as reading_drift's reference was in every act run of the act-against-warn row) has no
+    effect: the controller passes it over for the next response and records why."""
+    controller = Controller(
+        {"reading_drift": [Rollback(), TightenFilter(floor=0.95)]}, ControlConfig(cooldown=1)
+    )
+    assert controller.step(12, {"reading_drift": 1}, KNOBS, GROUNDED) is None
+    assert [(p.iteration, p.alarm, p.kind) for p in controller.passed] == [
+        (12, "reading_drift", "rollback"),
+        (12, "reading_drift", "tighten_filter"),
+    ]
+    assert controller.actions == []
+    rollback, tighten = (p.to_dict() for p in controller.passed)
+    assert rollback["name"] == "passed:rollback" and rollback["mode"] == "act"
+    assert rollback["message"] == (
+        "reading_drift -> rollback passed over: "
+        "no grounded checkpoint at or before iteration 1 to return to"
+    )
+    assert tighten["message"].endswith("the filter is at its bound (top_p 0.9)")
+    # With a target at or before the reference the same list acts, and passes nothing.
+    acting = Controller({"reading_drift": [Rollback()]}, ControlConfig())
+    action, _ = acting.step(12, {"reading_drift": 5}, KNOBS, GROUNDED)
+    assert action.rollback_to["iteration"] == 5 and acting.passed == []
+    # The passes survive a checkpoint; a checkpoint from before they were kept has none.
+    fresh = Controller(controller.responses, controller.config)
+    fresh.load_state_dict(json.loads(json.dumps(controller.state_dict())))
+    assert fresh.passed == controller.passed
+    fresh.load_state_dict({"cursor": {}, "actions": []})
+    assert fresh.passed == []
+
+
+def test_the_responder_says_a_pass_on_the_console_and_in_alarms_json():
+    from tether.platform.alarm_responder import AlarmResponder
+
+    cfg = build_config({"alarms": {"reading_drift": {"mode": "act"}}})
+    events, logged = [], []
+    responder = AlarmResponder(cfg, emit=lambda kind, data: events.append((kind, data)))
+    responder.tracker = type(
+        "T", (), {"set_tags": lambda self, t: None, "log_json": lambda self, o, p: logged.append(o)}
+    )()
+    responder.alarms.in_breach = lambda mode="act": {"reading_drift": 1}
+    responder.grounded = [GroundedCheckpoint(2, "/c/iter_2.pt")]
+    responder.act(12, learner=None, fleet=None)  # nothing to load: no learner call
+    ((kind, data),) = events
+    assert kind == "action" and data["kind"] == "passed_over" and data["rollback_to"] is None
+    assert data["message"].startswith("reading_drift -> rollback passed over: no grounded")
+    assert [e["name"] for e in logged[-1]] == ["passed:rollback"]
+
+
 def test_act_mode_needs_responses_and_builds_a_controller():
     with pytest.raises(ValidationError, match="needs at least one entry"):
         AlarmsConfig.model_validate({"output_length_collapse": {"mode": "act"}})
@@ -305,6 +355,22 @@ def test_actions_change_settings_and_are_logged(acted):
         (3, "action:rollback"),
         (4, "action:tighten_filter"),
     ]
+
+
+def test_an_acting_run_checkpoints_at_iteration_1_as_a_rollback_target(
+    micro_policy, models_dir, ray_local, tmp_path
+):
+    """Checkpointing every 2 iterations, an acting run also checkpoints at iteration 1:
+    without it, a reference at 1 (reading_drift measured from the run's start) had no
+    grounded checkpoint to roll back to, and the rollback was passed over."""
+    cfg = _config(tmp_path, models_dir, 2)
+    cfg.trainer.checkpoint_every = 2
+    summary = Trainer(cfg).run()
+    assert summary.status == "FINISHED"
+    saved = cfg.experiment.output_dir / "checkpoints" / summary.run_id
+    assert sorted(p.name for p in saved.glob("iter_*.pt")) == ["iter_000001.pt", "iter_000002.pt"]
+    grounded = load_checkpoint(saved / "iter_000002.pt")["driver"]["control"]["grounded"]
+    assert [c["iteration"] for c in grounded] == [1, 2]
 
 
 def test_rollback_restores_weights_and_optimiser_exactly(acted):

@@ -5,7 +5,8 @@ the `Controller` takes the next response in its list, at most one action per ite
 across all alarms, no sooner than ``cooldown`` iterations after the previous one and no
 more than ``max_actions`` in a run.  A response whose setting is already at its bound
 (a filter at its floor, a coefficient at its ceiling, no grounded checkpoint to return to)
-is passed over for the next one.  Each response may be taken ``times`` times.
+is passed over for the next one, and the pass is recorded (`Passed`: which alarm, which
+response, why).  Each response may be taken ``times`` times.
 
 The controller is pure: it reads `Knobs` (the settings it may change) and returns an
 `Action` with the new knobs, and, for a rollback, the checkpoint to load; the driver
@@ -69,12 +70,39 @@ class Action:
 
 
 @dataclass
+class Passed:
+    """A response passed over because it would have had no effect, and why."""
+
+    iteration: int
+    alarm: str
+    kind: str
+    why: str
+
+    @property
+    def message(self) -> str:
+        return f"{self.alarm} -> {self.kind} passed over: {self.why}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """An ``alarms.json`` entry, shown beside the actions as ``passed:<kind>``."""
+        return {
+            "name": f"passed:{self.kind}",
+            "iteration": self.iteration,
+            "mode": "act",
+            "message": self.message,
+            "evidence": {},
+            "passed": dataclasses.asdict(self),
+        }
+
+
+@dataclass
 class Controller:
     responses: Mapping[str, Sequence[_Response]]
     config: ControlConfig
     #: per alarm: index of the next response, and how many times it has been taken
     cursor: dict[str, list[int]] = field(default_factory=dict)
     actions: list[Action] = field(default_factory=list)
+    #: responses passed over, in order (none of them counts as an action)
+    passed: list[Passed] = field(default_factory=list)
 
     @classmethod
     def from_config(cls, config: AlarmsConfig) -> Controller | None:
@@ -112,6 +140,8 @@ class Controller:
                     index, used = index + 1, 0
                 self.cursor[name] = [index, used]
                 if result is None:
+                    why = response.passed_over(knobs, breached[name])
+                    self.passed.append(Passed(iteration, name, response.kind, why))
                     continue
                 new, target = result
                 action = Action(
@@ -130,8 +160,10 @@ class Controller:
         return {
             "cursor": {k: list(v) for k, v in self.cursor.items()},
             "actions": [dataclasses.asdict(a) for a in self.actions],
+            "passed": [dataclasses.asdict(p) for p in self.passed],
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.cursor = {k: list(v) for k, v in state["cursor"].items()}
         self.actions = [Action(**a) for a in state["actions"]]
+        self.passed = [Passed(**p) for p in state.get("passed", [])]  # older checkpoints: none

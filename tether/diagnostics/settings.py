@@ -237,6 +237,10 @@ class _Response(StrictSection):
     ) -> tuple[Knobs, GroundedCheckpoint | None] | None:
         """The new knobs (and a checkpoint to load), or None when this response has no effect."""
 
+    def passed_over(self, knobs: Knobs, reference: int | None) -> str:
+        """Why ``apply`` had no effect (said when the controller passes this response over)."""
+        return "its setting is at its bound"
+
 
 class TightenFilter(_Response):
     """Train on fewer, higher-signal groups: top_p / top_k / top_k_abs value times ``factor``
@@ -266,6 +270,9 @@ class TightenFilter(_Response):
             return None
         return dataclasses.replace(knobs, filter_strategy=new[0], filter_value=new[1]), None
 
+    def passed_over(self, knobs, reference):
+        return f"the filter is at its bound ({knobs.filter_strategy} {knobs.filter_value:g})"
+
 
 class _Raise(_Response):
     factor: float = Field(2.0, gt=1)
@@ -279,6 +286,9 @@ class _Raise(_Response):
         if new <= value:
             return None
         return dataclasses.replace(knobs, **{self.knob: new}), None
+
+    def passed_over(self, knobs, reference):
+        return f"{self.knob} is at its ceiling {self.ceiling:g}"
 
 
 class RaiseKl(_Raise):
@@ -311,6 +321,10 @@ class Rollback(_Response):
             return None
         target = max(eligible, key=lambda c: c.iteration)
         return dataclasses.replace(knobs, lr=knobs.lr * self.lr_factor), target
+
+    def passed_over(self, knobs, reference):
+        where = "" if reference is None else f" at or before iteration {reference}"
+        return f"no grounded checkpoint{where} to return to"
 
 
 Response = Annotated[TightenFilter | RaiseKl | RaiseEntropy | Rollback, Field(discriminator="kind")]

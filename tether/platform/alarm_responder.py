@@ -131,18 +131,24 @@ class AlarmResponder:
 
     def log_alarms(self) -> None:
         """alarms.json: the alarms' events and the responses taken, in order."""
-        actions = [a.to_dict() for a in self.controller.actions] if self.controller else []
-        entries = sorted(
-            [e.to_dict() for e in self.alarms.events] + actions,
+        control = [*self.controller.passed, *self.controller.actions] if self.controller else []
+        entries = sorted(  # stable: at one iteration, alarms, then passes, then the action
+            [e.to_dict() for e in self.alarms.events] + [c.to_dict() for c in control],
             key=lambda e: (e["iteration"], e["mode"] == "act"),
         )
         self.tracker.log_json(entries, "alarms.json")
 
     def act(self, it: int, learner, fleet: RolloutFleet) -> None:
         """While an act-mode alarm is in breach, take its next response (the controller
-        decides), apply it and record it."""
+        decides), apply it and record it; say which responses it passed over, and why."""
+        before = len(self.controller.passed)
         taken = self.controller.step(it, self.alarms.in_breach("act"), self.knobs, self.grounded)
+        for passed in self.controller.passed[before:]:
+            said = {"alarm": passed.alarm, "kind": "passed_over", "message": passed.message}
+            self.emit(Event.ACTION, {"iteration": it, **said, "rollback_to": None})
         if taken is None:
+            if len(self.controller.passed) > before:
+                self.log_alarms()
             return
         action, knobs = taken
         if action.rollback_to is not None:

@@ -65,7 +65,8 @@ class TrainerConfig(StrictSection):
     checkpoint_every: int = Field(
         10,
         ge=0,
-        description="Checkpoint every N iterations and at the end (0 = never: no resume, "
+        description="Checkpoint every N iterations and at the end, and at iteration 1 when "
+        "an alarm acts (a rollback target from the start) (0 = never: no resume, "
         "learner restart or rollback; for measurement runs, whose learner state passes "
         "through the driver: 6 GB for a 0.5 B model with AdamW in float32).",
     )

@@ -16,8 +16,8 @@ collecting         RolloutFleet.collect (each attempt)     attempt, workers, epi
 worker_failed      RolloutFleet.collect                    worker, attempt, error
 iteration          Trainer.after_iteration                 iteration, total, and the metrics
 alarm              AlarmResponder.record_alarm             name, iteration, mode, message
-action             AlarmResponder.act                      iteration, alarm, kind, message,
-                                                           rollback_to
+action             AlarmResponder.act (a response taken,   iteration, alarm, kind, message,
+                   or passed over: kind ``passed_over``)   rollback_to
 learner_failed     LearnerRecovery.recover                 error, restart, checkpoint
 checkpoint_failed  recovery.checkpoint_failed              message
 batch_refused      RolloutPipeline.batch (too stale)        message

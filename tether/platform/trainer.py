@@ -254,7 +254,8 @@ class Trainer:
         if self.responder.respond(it, metrics, self.learner, self.fleet):
             self.checkpoint(it)  # a stop-mode alarm: the run ends resumable
             return True
-        if due(it, t.checkpoint_every, last=t.iterations):
+        acting = self.responder.controller is not None  # iteration 1: a rollback target
+        if due(it, t.checkpoint_every, first=acting, last=t.iterations):
             self.checkpoint(it)
         return False
 
