@@ -59,14 +59,7 @@ class Action:
 
     def to_dict(self) -> dict[str, Any]:
         """An ``alarms.json`` entry: shown beside the alarms as ``action:<kind>``."""
-        return {
-            "name": f"action:{self.kind}",
-            "iteration": self.iteration,
-            "mode": "act",
-            "message": self.message,
-            "evidence": {},
-            "action": dataclasses.asdict(self),
-        }
+        return _entry("action", self)
 
 
 @dataclass
@@ -84,14 +77,19 @@ class Passed:
 
     def to_dict(self) -> dict[str, Any]:
         """An ``alarms.json`` entry, shown beside the actions as ``passed:<kind>``."""
-        return {
-            "name": f"passed:{self.kind}",
-            "iteration": self.iteration,
-            "mode": "act",
-            "message": self.message,
-            "evidence": {},
-            "passed": dataclasses.asdict(self),
-        }
+        return _entry("passed", self)
+
+
+def _entry(key: str, record: Action | Passed) -> dict[str, Any]:
+    """``record`` as an act-mode ``alarms.json`` entry named ``<key>:<kind>``."""
+    return {
+        "name": f"{key}:{record.kind}",
+        "iteration": record.iteration,
+        "mode": "act",
+        "message": record.message,
+        "evidence": {},
+        key: dataclasses.asdict(record),
+    }
 
 
 @dataclass
