@@ -237,9 +237,9 @@ class _Response(StrictSection):
     ) -> tuple[Knobs, GroundedCheckpoint | None] | None:
         """The new knobs (and a checkpoint to load), or None when this response has no effect."""
 
+    @abc.abstractmethod
     def passed_over(self, knobs: Knobs, reference: int | None) -> str:
         """Why ``apply`` had no effect (said when the controller passes this response over)."""
-        return "its setting is at its bound"
 
 
 class TightenFilter(_Response):
