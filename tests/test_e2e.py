@@ -26,7 +26,8 @@ def finished_run(micro_policy, models_dir, ray_local, tmp_path_factory):
             diagnostics={
                 "grad_snr_every": 1,
                 "grad_snr_buckets": 2,
-                "probe": {"levels": ProbeConfig().levels},
+                # ... each probe level also played to the end twice (issue 70's mechanism)
+                "probe": {"levels": ProbeConfig().levels, "outcome_samples": 2},
             },
         )
     )
@@ -273,3 +274,30 @@ def test_same_seed_same_first_iteration(
         "rollout/in_group_reward_std",
     ):
         assert _history(client, summary.run_id, key)[1] == _history(client2, second.run_id, key)[1]
+
+
+def test_the_probe_plays_its_levels_to_the_end_and_logs_the_mechanism(finished_run):
+    """``outcome_samples`` 2 through the real fleet: 64 levels x 2 full episodes at the
+    probe point (iteration 1), the held-out success on them, the zero-variance split and
+    the per-level artifact whose outcomes give that success."""
+    import json
+
+    cfg, summary = finished_run
+    client = MlflowClient(summary.tracking_uri)
+    levels = ProbeConfig().levels
+
+    def at_1(key):
+        return _history(client, summary.run_id, key)[1]
+
+    assert at_1("mechanism/probe_levels") == levels
+    path = client.download_artifacts(summary.run_id, "probe_levels/iter_0001.json")
+    record = json.loads(open(path).read())["levels"]
+    assert len(record) == levels and all(len(r["rewards"]) == 2 for r in record)
+    wins = sum(sum(r["success"]) for r in record)
+    assert at_1("mechanism/probe_success") == wins / (2 * levels)
+    zero = sum(r["rewards"][0] == r["rewards"][1] for r in record)
+    assert at_1("mechanism/probe_zero_rv_share") == zero / levels
+    causes = ("all_failed", "all_succeeded", "uninformative")
+    assert sum(at_1(f"mechanism/probe_zero_rv_{c}") for c in causes) == zero / levels
+    scored = [r for r in record if r["mi"] is not None]
+    assert len(scored) == at_1("collapse/probe/num_pairs")

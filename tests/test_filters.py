@@ -364,3 +364,28 @@ def test_paper_loss_rescaling_scales_the_task_loss_by_the_kept_ratio():
     torch.testing.assert_close(grad, 0.25 * grad_1)
     # unclipped tokens: d task / d logprob = −A·ratio / 4 tokens
     assert float(grad[1, 0]) == pytest.approx(-0.25 * 0.5 / 4)
+
+
+def test_zero_variance_causes_count_every_group_kept_or_not():
+    """The mechanism's count (issue 70): with strategy none nothing is dropped, yet the
+    zero-variance groups are still counted by cause; with a cut, kept and dropped alike."""
+    success = [
+        np.zeros(3, bool),
+        np.ones(3, bool),
+        np.array([0, 1, 0], bool),
+        np.array([0, 1, 1], bool),
+        np.array([0, 0, 1], bool),
+    ]
+    for cfg in (FilterConfig(strategy="none"), FilterConfig(strategy="top_k_abs", value=1)):
+        m = snr_filter(BREAKDOWN, cfg, success=success).metrics
+        assert (
+            m["filter/zero_variance_all_failed"],
+            m["filter/zero_variance_all_succeeded"],
+            m["filter/zero_variance_uninformative"],
+            m["filter/zero_variance_unclassified"],
+        ) == (1.0, 1.0, 1.0, 0.0)
+    m = snr_filter(BREAKDOWN, FilterConfig(strategy="none"), success=success).metrics
+    assert m["filter/dropped_all_failed"] == m["filter/dropped_uninformative"] == 0.0
+    kept_zero = FilterConfig(strategy="top_k_abs", value=5, include_zero=True)
+    m = snr_filter(BREAKDOWN, kept_zero, reward_range=(0.0, 1.0)).metrics
+    assert m["filter/zero_variance_all_failed"] == 1.0 and m["filter/dropped_all_failed"] == 0.0

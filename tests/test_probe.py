@@ -52,9 +52,13 @@ class ProbeLearner:
 def test_diagnosis_collects_the_probe_levels_at_its_cadence():
     collected = []
 
-    def collect(specs, seed):
+    def collect(specs, seed, max_turns):
         collected.append((specs, seed))
-        return [SimpleNamespace(env_seed=s.env_seed, turns=[]) for s in specs]
+        assert max_turns == 1  # first turns only without outcome_samples
+        return [
+            SimpleNamespace(env_seed=s.env_seed, sample_index=s.sample_index, turns=[])
+            for s in specs
+        ]
 
     cfg = DiagnosticsConfig(every=1, probe={"levels": 16, "every": 3})
     env = EnvConfig(val_seed_offset=2_000)
@@ -80,9 +84,9 @@ def test_no_probe_without_a_collection_or_when_disabled():
         1, [], learner, tracker
     )
     off = DiagnosticsConfig(probe={"enabled": False})
-    assert Diagnosis(off, 0, collect=lambda specs, seed: []).run(1, [], learner, tracker) == {
-        "collapse/first_turn/mi_estimate": 0.1
-    }
+    assert Diagnosis(off, 0, collect=lambda specs, seed, max_turns: []).run(
+        1, [], learner, tracker
+    ) == {"collapse/first_turn/mi_estimate": 0.1}
     assert learner.calls == []
 
 

@@ -53,6 +53,10 @@ Metrics (all floats):
     filter/dropped_uninformative   zero-variance, equal non-extreme rewards
     filter/dropped_unclassified    zero-variance, but no success flags / reward range given
     filter/dropped_nonzero_variance  had reward spread but ranked below the cut
+  and the same causes over *every* zero-variance group, kept or not (with strategy
+  ``none`` nothing is dropped, yet these are the groups the paper's mechanism is about):
+    filter/zero_variance_all_failed, filter/zero_variance_all_succeeded,
+    filter/zero_variance_uninformative, filter/zero_variance_unclassified
   Failure/success comes from ``success`` (per group, one bool per trajectory) when
   given; otherwise from ``reward_range=(min, max)`` of the env (all rewards == min ->
   failed, all == max -> succeeded, compared with np.isclose); otherwise unclassified.
@@ -235,13 +239,13 @@ def snr_filter(
 
     kept_mask = np.zeros(n_groups, dtype=bool)
     kept_mask[kept] = True
-    breakdown = {"failed": 0, "succeeded": 0, "uninformative": 0, "unclassified": 0}
-    dropped_nonzero = 0
-    for g in np.flatnonzero(~kept_mask):
-        if zero[g]:
-            breakdown[_zero_variance_kind(int(g), groups[g], success, reward_range)] += 1
-        else:
-            dropped_nonzero += 1
+    kinds = {"failed": 0, "succeeded": 0, "uninformative": 0, "unclassified": 0}
+    breakdown, every_zero = dict(kinds), dict(kinds)  # dropped ones; all of them
+    for g in np.flatnonzero(zero):
+        kind = _zero_variance_kind(int(g), groups[g], success, reward_range)
+        every_zero[kind] += 1
+        breakdown[kind] += int(not kept_mask[g])
+    dropped_nonzero = int(np.count_nonzero(~kept_mask & ~zero))
 
     kept_ratio = len(kept) / n_groups if n_groups else 0.0
     loss_scale = float(LOSS_SCALINGS[cfg.loss_scaling](kept_ratio))
@@ -259,5 +263,9 @@ def snr_filter(
         "filter/dropped_uninformative": float(breakdown["uninformative"]),
         "filter/dropped_unclassified": float(breakdown["unclassified"]),
         "filter/dropped_nonzero_variance": float(dropped_nonzero),
+        "filter/zero_variance_all_failed": float(every_zero["failed"]),
+        "filter/zero_variance_all_succeeded": float(every_zero["succeeded"]),
+        "filter/zero_variance_uninformative": float(every_zero["uninformative"]),
+        "filter/zero_variance_unclassified": float(every_zero["unclassified"]),
     }
     return FilterResult(kept_groups=kept, loss_scale=loss_scale, metrics=metrics, scores=scores)

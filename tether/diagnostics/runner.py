@@ -144,6 +144,7 @@ def probe_diagnostics(
     return DiagnosticsResult(
         {_probe_key(k): v for k, v in result.metrics.items()},
         {"probe": result.ema_state.get("first_turn")},
+        prompt_mi=result.prompt_mi,  # per probe level (its group id): its pointwise MI
     )
 
 

@@ -56,6 +56,16 @@ class ProbeConfig(StrictSection):
         description="Probe every N iterations (and at iteration 1), on diagnostic "
         "iterations (so it takes effect on multiples of diagnostics.every).",
     )
+    outcome_samples: int = Field(
+        0,
+        ge=0,
+        le=16,
+        description="With k > 0, each probe level is also played to the end k times by the "
+        "current policy at every probe point (k x levels full episodes; the first turn of "
+        "the first is the one cross-scored): held-out success on the probe levels and where "
+        "the probe's MI goes by each level's reward variance (mechanism/probe..., "
+        "docs/methods.md, 'The mechanism, measured'). 0: first turns only.",
+    )
     interval: Literal["same", "bootstrap", "jackknife", "log_jackknife"] = Field(
         "log_jackknife",
         description="The probe's interval: log_jackknife (leave one level out, the interval "

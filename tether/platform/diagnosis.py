@@ -16,9 +16,10 @@ from .cadence import due
 from .config import DiagnosticsConfig
 from .tracking import Tracker
 
-#: ``collect(specs, seed)``: the probe's episodes, one turn each, sampled by the current
-#: policy at the rollout temperature (the trainer's fleet)
-ProbeCollect = Callable[[list[EpisodeSpec], int], list]
+#: ``collect(specs, seed, max_turns)``: the probe's episodes (one turn each with
+#: ``max_turns`` 1, to the end with None), sampled by the current policy at the rollout
+#: temperature (the trainer's fleet)
+ProbeCollect = Callable[[list[EpisodeSpec], int, int | None], list]
 
 
 def prompt_mi_path(it: int) -> str:
@@ -82,7 +83,7 @@ class Diagnosis:
             d.information_chain and due(it, d.chain_every, first=True),
         )
         self.ema_state = result.ema_state
-        result.metrics.update(self.probe(it, learner))
+        result.metrics.update(self.probe(it, learner, tracker))
         if result.prompt_mi:
             tracker.log_json(prompt_mi_record(it, collected, result.prompt_mi), prompt_mi_path(it))
         started = time.perf_counter()
@@ -98,7 +99,7 @@ class Diagnosis:
             result.metrics["timing/diagnose/heatmaps"] = time.perf_counter() - started
         return result.metrics
 
-    def probe(self, it: int, learner) -> dict[str, float]:
+    def probe(self, it: int, learner, tracker: Tracker) -> dict[str, float]:
         """The probe set's ``collapse/probe/…`` at its cadence: each probe level's first
         turn sampled by the current policy, cross-scored against all probe prompts; and
         what those turns state about their input, scored against the true states
@@ -109,8 +110,14 @@ class Diagnosis:
         if self.collect is None or not p.enabled or not due(it, p.every, first=True):
             return {}
         started = time.perf_counter()
-        specs = [EpisodeSpec(k, level, 0) for k, level in enumerate(self.probe_levels)]
-        trajectories = self.collect(specs, seeds.probe(self.seed, it))
+        samples = max(1, p.outcome_samples)  # with outcomes: each level played to the end
+        specs = [
+            EpisodeSpec(k, level, s)
+            for k, level in enumerate(self.probe_levels)
+            for s in range(samples)
+        ]
+        episodes = self.collect(specs, seeds.probe(self.seed, it), None if p.outcome_samples else 1)
+        trajectories = [t for t in episodes if t.sample_index == 0]  # one first turn a level
         collected = time.perf_counter()
         reading = grounding_metrics(trajectories, self.env.id, self.env.kwargs)
         read = time.perf_counter()
@@ -118,10 +125,30 @@ class Diagnosis:
             trajectories, self.cfg, self.ema_state.get("probe"), seeds.diagnostics(self.seed, it)
         )
         self.ema_state = {**self.ema_state, **result.ema_state}
+        mechanism = (
+            self.mechanism(it, episodes, result.prompt_mi, tracker) if p.outcome_samples else {}
+        )
         return {
             **result.metrics,
             **reading,
+            **mechanism,
             "timing/diagnose/probe/collect": collected - started,
             "timing/diagnose/probe/reading": read - collected,
             "timing/diagnose/probe/total": time.perf_counter() - started,
         }
+
+    def mechanism(self, it: int, episodes, prompt_mi: dict, tracker: Tracker) -> dict[str, float]:
+        """``mechanism/probe…``: where the probe's MI goes, by each level's reward variance
+        under the current policy (docs/methods.md, "The mechanism, measured"); the first
+        probe point's per-level MI is kept (and checkpointed) as the baseline."""
+        from ..diagnostics.mechanism import level_outcomes, level_record, probe_mechanism
+
+        outcomes = level_outcomes(episodes)
+        level_mi = {int(g): float(v["mi"]) for g, v in prompt_mi.items()}
+        first = self.ema_state.get("probe_first_mi")
+        if first is None:
+            first = self.ema_state["probe_first_mi"] = {str(g): v for g, v in level_mi.items()}
+        metrics = probe_mechanism(outcomes, level_mi, {int(g): v for g, v in first.items()})
+        record = level_record(it, self.probe_levels, outcomes, level_mi)
+        tracker.log_json(record, f"probe_levels/iter_{it:04d}.json")
+        return metrics

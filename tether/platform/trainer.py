@@ -264,8 +264,8 @@ class Trainer:
         """Episodes from the fleet (a subclass may wrap every synchronous collection here)."""
         return self.fleet.collect(specs, sampling, seed, max_turns)
 
-    def collect_probe(self, specs, seed: int):
-        return self.collect(specs, self.sampling, seed, max_turns=1)
+    def collect_probe(self, specs, seed: int, max_turns: int | None):
+        return self.collect(specs, self.sampling, seed, max_turns)
 
     def resample(self, it: int, collected, kept: set[int]):
         """Dynamic sampling: round r collects fresh groups with ids from r * 1000."""
