@@ -99,7 +99,9 @@ DENIED = (
 #: Any family but AF_UNIX is refused with EAFNOSUPPORT.
 SOCKET_CALLS = ("socket", "socketpair")
 
-_export_lock = threading.Lock()
+#: libseccomp's calls on the one filter, and its first build (so the warning is one
+#: line even when the first runs start in several threads at once), one at a time.
+_lock = threading.Lock()
 
 
 @functools.cache
@@ -118,11 +120,16 @@ def _libseccomp() -> Any:
     return pyseccomp
 
 
-@functools.cache
 def policy() -> pyseccomp.SyscallFilter | None:
     """The filter as a ``pyseccomp.SyscallFilter`` for this machine's ABI, or None
     where it is not built (see the module docstring).  Raises ``OSError`` (one line)
     when this libseccomp does not know one of the refused calls."""
+    with _lock:
+        return _policy()
+
+
+@functools.cache
+def _policy() -> pyseccomp.SyscallFilter | None:
     seccomp = None if platform.machine() not in MACHINES else _libseccomp()
     if seccomp is None:
         return None
@@ -151,6 +158,6 @@ def policy() -> pyseccomp.SyscallFilter | None:
 def export_bpf(rules: pyseccomp.SyscallFilter, fd: int) -> None:
     """Write ``rules`` to ``fd`` as ``struct sock_filter`` records (what ``bwrap
     --seccomp`` reads) and rewind it."""
-    with _export_lock, open(fd, "wb", buffering=0, closefd=False) as out:
+    with _lock, open(fd, "wb", buffering=0, closefd=False) as out:
         rules.export_bpf(out)
     os.lseek(fd, 0, os.SEEK_SET)
