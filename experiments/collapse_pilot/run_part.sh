@@ -11,7 +11,7 @@
 # TETHER_PIN_DIR: where the pinned clone lives (made, with its own .venv, if missing).
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
-PIN=${TETHER_COLLAPSE_PIN:?set TETHER_COLLAPSE_PIN to the protocol's pinned commit (docs/collapse.md)}
+PIN=${TETHER_COLLAPSE_PIN:?set TETHER_COLLAPSE_PIN to the pinned commit of the protocol (docs/collapse.md)}
 PIN_DIR=${TETHER_PIN_DIR:-$HOME/tether_pin_$PIN}
 CANDIDATE=${1:?usage: run_part.sh <candidate> <seed>...}
 shift
