@@ -104,6 +104,20 @@ class Proxy:
     #: the name of its curve on the live monitor's page (None: not drawn there)
     monitor: str | None = None
 
+    def __post_init__(self) -> None:
+        quotient = self.interval == QUOTIENT
+        wrong = [
+            (self.interval not in (None, LOG_CEILING, LOG_FLOOR, QUOTIENT, BOOTSTRAP), "interval"),
+            ((self.interval == LOG_CEILING) != (self.ceiling is not None), "ceiling"),
+            (self.null not in (None, PERMUTATION), "null"),
+            (self.p_value is not None and (self.null is None or quotient), "p_value"),
+            (quotient != (self.numerator is not None), "numerator"),
+            (self.denominator is not None and not quotient, "denominator"),
+        ]
+        for bad, field in wrong:
+            if bad:
+                raise ValueError(f"proxy {self.name}: {field} does not fit its declaration")
+
     def defined(self, n_prompts: int, sigma_ema: float | None) -> bool:
         """Whether it has a value with ``n_prompts`` distinct prompts and this moving average."""
         moving = self.interval == QUOTIENT and self.denominator is None
