@@ -83,9 +83,9 @@ LAYER_MAP: dict[str, set[str] | str] = {
     "policy": {"agent", "envs", "seeds", "sections"},
     "rollout": {"algos", "seeds", "sections"},
     "testing": {"actors", "algos", "diagnostics", "policy", "platform"},
-    "analysis": {"diagnostics.uncertainty", "platform.tracking", "platform.sweep_spec"},
+    "analysis": {"diagnostics.proxies", "platform.tracking", "platform.sweep_spec"},
     "actors": {"agent", "algos", "diagnostics", "envs", "policy", "rollout", "seeds"},
-    "dashboards": {"analysis"},
+    "dashboards": {"analysis", "diagnostics.proxies"},
     "platform": ALL,
 }
 

@@ -8,7 +8,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tether.diagnostics.mi import (
-    ENTROPY_KEYS,
     MULTI_COLUMN_KEYS,
     mi_by_column,
     mi_proxies,
@@ -16,6 +15,7 @@ from tether.diagnostics.mi import (
     prompt_columns,
     valid_reasoning_rate,
 )
+from tether.diagnostics.proxies import ONE_PROMPT_KEYS
 
 
 def identity_like(column, n, off=-50.0):
@@ -175,7 +175,7 @@ def test_single_prompt_has_no_mi_keys_and_no_nan():
     state = {"sigma": 0.7, "updates": 3}
     m, new_state = mi_proxies(L, 5 * L, np.zeros(3, dtype=int), state)
     assert not set(MULTI_COLUMN_KEYS) & set(m)
-    assert set(ENTROPY_KEYS) <= set(m)
+    assert set(ONE_PROMPT_KEYS) <= set(m)
     assert m["conditional_entropy_est"] == pytest.approx(7 / 3)
     assert new_state == state  # EMA does not advance without MI
     assert_finite(m)

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from tether.diagnostics.mi import mi_proxies
-from tether.diagnostics.uncertainty import CI_KEYS, NULL_KEYS, Uncertainty, mi_uncertainty
+from tether.diagnostics.proxies import CI_KEYS, NULL_KEYS, ZSCORE_EPS
+from tether.diagnostics.uncertainty import Uncertainty, mi_uncertainty
 
 FAST = Uncertainty(bootstrap=400, permutations=400, interval="bootstrap")
 JACK = Uncertainty(bootstrap=400, permutations=400, interval="jackknife")
@@ -140,7 +141,7 @@ def test_resampled_marginals_and_retrieval_equal_the_direct_computation():
 
 
 def test_jackknife_replicates_equal_the_proxies_of_each_batch_with_a_prompt_left_out():
-    from tether.diagnostics.uncertainty import _jackknife, _row_quantities
+    from tether.diagnostics.uncertainty import _jackknife, row_quantities
 
     rng = np.random.default_rng(6)
     n, g = 6, 4
@@ -148,7 +149,7 @@ def test_jackknife_replicates_equal_the_proxies_of_each_batch_with_a_prompt_left
     L = rng.normal(size=(n * g, n))
     L[np.arange(n * g), column] += 1.5
     S = 7 * L + rng.normal(size=L.shape)
-    replicates = _jackknife(L, S, column, _row_quantities(L, S, column), 0.5)
+    replicates = _jackknife(L, S, column, row_quantities(L, S, column), 0.5)
     keys = ("mi_estimate", "mi_seq_estimate", "mi_zscore", "mi_seq_zscore", "retrieval_acc")
     for k in range(n):
         keep = column != k
@@ -225,7 +226,7 @@ def test_the_log_jackknife_is_the_jackknife_on_each_proxys_log_scale():
     its fixed denominator."""
     from scipy.stats import t as student_t
 
-    from tether.diagnostics.uncertainty import ZSCORE_EPS, _jackknife, _row_quantities
+    from tether.diagnostics.uncertainty import _jackknife, row_quantities
 
     rng = np.random.default_rng(7)
     L, column = near_ceiling_batch(rng)
@@ -233,7 +234,7 @@ def test_the_log_jackknife_is_the_jackknife_on_each_proxys_log_scale():
     n = L.shape[1]
     metrics, _ = mi_proxies(L, S, column, {"sigma": 0.2, "updates": 3}, LOG_JACK, rng)
     sigma_ema = metrics["marginal_std_ema"]
-    rep = _jackknife(L, S, column, _row_quantities(L, S, column), sigma_ema)
+    rep = _jackknife(L, S, column, row_quantities(L, S, column), sigma_ema)
     t = student_t.ppf(0.975, n - 1)
 
     def se(values):

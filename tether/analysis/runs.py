@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..diagnostics.uncertainty import CI_KEYS
+from ..diagnostics.proxies import CI_KEYS
 
 SUCCESS = "rollout/success"
 VAL_SUCCESS = "val/success"

@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 
+from ..diagnostics.proxies import PROXIES
 from .render import PALETTE, Figure, Panel, Series
 from .runs import (
     KEPT_RATIO,
@@ -251,16 +252,9 @@ def dynamics_figure(runs: list[RunData], notes: list[str]) -> Figure | None:
 
 
 def collapse_figure(runs: list[RunData], sampling: str, notes: list[str]) -> Figure | None:
-    specs = [
-        (collapse_key(sampling, n), t)
-        for n, t in (
-            ("mi_estimate", "I(X;Z) estimate"),
-            ("mi_zscore_ema", "MI z-score (EMA)"),
-            ("retrieval_acc", "retrieval accuracy"),
-            ("conditional_entropy_est", "H(Z|X) estimate"),
-            ("reasoning_entropy_est", "H(Z) estimate"),
-        )
-    ]
+    """The curves of the proxies declared ``report`` (`tether.diagnostics.proxies`), each
+    titled with its label."""
+    specs = [(collapse_key(sampling, p.name), p.label) for p in PROXIES if p.report]
     panels = panels_or_note(specs, runs, notes, f"collapse curves ({sampling})")
     return (
         Figure(f"collapse_{sampling}", f"MI vs entropy over training ({sampling})", panels)

@@ -22,9 +22,12 @@ from ..analysis.runs import (
     RunData,
     collapse_key,
 )
+from ..diagnostics.proxies import PROXIES, p_value_key
 
-#: The collapse metrics the page draws (``collapse/<sampling>/<name>``).
-MONITOR_METRICS = ("mi_estimate", "mi_zscore_ema", "conditional_entropy_est")
+#: The page's curve name -> the proxy it draws (``collapse/<sampling>/<proxy>``): the
+#: proxies declared with a ``monitor`` name (`tether.diagnostics.proxies`).
+MONITORED = {p.monitor: p.name for p in PROXIES if p.monitor}
+MONITOR_METRICS = tuple(MONITORED.values())
 #: Companions of a collapse metric K, logged as ``K_<extra>``: its 95 % interval,
 #: the 95th percentile of its permutation null and the permutation p-value (RAGEN-2's MI
 #: proxies, each with the test that says whether it is above chance).
@@ -60,12 +63,12 @@ def curve(run: RunData, key: str) -> dict:
 
 
 def _shared_test(key: str, extra: str) -> str:
-    """mi_estimate, mi_zscore and mi_zscore_ema share one permutation test (a permutation
-    moves only the matched scores), logged once as ``collapse/<sampling>/p_grounded``."""
+    """The key of the permutation test that speaks for a proxy (`proxies.p_value_key`):
+    mi_estimate, mi_zscore and mi_zscore_ema share one (a permutation moves only the matched
+    scores), logged once as ``collapse/<sampling>/p_grounded``."""
     prefix, _, name = key.rpartition("/")
-    if extra == "p_grounded" and name in ("mi_estimate", "mi_zscore", "mi_zscore_ema"):
-        return f"{prefix}/p_grounded"
-    return ""
+    test = p_value_key(name) if extra == "p_grounded" else None
+    return f"{prefix}/{test}" if test else ""
 
 
 def _latest(value):
@@ -136,9 +139,7 @@ def monitor_payload(
     """What the page draws, per run: status, latest iteration, curves (with intervals and
     null levels where logged) and alarms; JSON-safe."""
     keys = {
-        "mi": collapse_key(sampling, "mi_estimate"),
-        "mi_zscore_ema": collapse_key(sampling, "mi_zscore_ema"),
-        "entropy": collapse_key(sampling, "conditional_entropy_est"),
+        **{page_name: collapse_key(sampling, name) for page_name, name in MONITORED.items()},
         "grounded": collapse_key(sampling, "grounded"),
         # the fixed probe set (docs/methods.md, section 2) and reading accuracy on it
         "probe_mi": collapse_key("probe", "mi_estimate"),

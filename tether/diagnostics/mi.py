@@ -8,7 +8,9 @@ j = 1..N, and the cross-scores
     L[i, j] = S[i, j] / len(z_i)
 
 `mi_proxies` returns the paper's estimators of I(X;Z), H(Z|X), H(Z) and the
-retrieval accuracies. Everything here is numpy; the scores come from
+retrieval accuracies: each proxy's point estimate is its declared statistic
+(`tether.diagnostics.proxies`) at unit weights, and the top-k retrieval and chance levels
+are logged beside them. Everything here is numpy; the scores come from
 `tether.diagnostics.crossscore`.
 
     >>> import numpy as np
@@ -24,40 +26,29 @@ from collections.abc import Hashable, Sequence
 from typing import Any
 
 import numpy as np
-from scipy.special import logsumexp
 
-from tether.diagnostics.uncertainty import ZSCORE_EPS, Uncertainty, hit_rate, mi_uncertainty
+from tether.diagnostics.proxies import BY_NAME, MULTI_PROMPT_KEYS, point_estimates
+from tether.diagnostics.uncertainty import Uncertainty, hit_rate, mi_uncertainty, row_quantities
 
 # Decay of the exponential moving average of std(marginal) used by `mi_zscore_ema`.
 SIGMA_EMA_DECAY = 0.9
 # The k of `retrieval_acc@k`.
 RETRIEVAL_KS = (2, 4, 8)
 
-# Metric keys that need at least two columns (distinct prompts). With one column
-# mutual information is undefined, so these are absent rather than NaN.
-MULTI_COLUMN_KEYS = (
-    "mi_estimate",
-    "mi_seq_estimate",
+#: What `mi_proxies` logs beside the proxies (`tether.diagnostics.proxies`) when there are
+#: two distinct prompts: MI's ceiling log N, retrieval's chance and the top-k retrieval, and
+#: the moving average of std(marginal).
+COMPANION_KEYS = (
     "mi_upper_bound",
-    "retrieval_acc",
     "retrieval_chance",
     "retrieval_above_chance",
     *(f"retrieval_acc@{k}" for k in RETRIEVAL_KS),
     *(f"retrieval_chance@{k}" for k in RETRIEVAL_KS),
-    "mi_zscore",
-    "mi_zscore_ema",
-    "marginal_std",
     "marginal_std_ema",
-    "mi_seq_zscore",
-    "marginal_seq_std",
 )
-# Metric keys present whenever there is at least one pair.
-ENTROPY_KEYS = (
-    "conditional_entropy_est",
-    "reasoning_entropy_est",
-    "conditional_entropy_seq_est",
-    "reasoning_entropy_seq_est",
-)
+# Metric keys that need at least two columns (distinct prompts). With one column
+# mutual information is undefined, so these are absent rather than NaN.
+MULTI_COLUMN_KEYS = (*MULTI_PROMPT_KEYS, *COMPANION_KEYS)
 
 
 def prompt_columns(prompts: Sequence[Sequence[Hashable]]) -> tuple[np.ndarray, list[tuple]]:
@@ -78,13 +69,6 @@ def valid_reasoning_rate(reasonings: Sequence[Sequence[Any]]) -> float | None:
     if len(reasonings) == 0:
         return None
     return sum(1 for z in reasonings if len(z) > 0) / len(reasonings)
-
-
-def _matched_marginal(scores: np.ndarray, column: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    m, n = scores.shape
-    matched = scores[np.arange(m), column]  # [M]
-    marginal = logsumexp(scores, axis=1) - np.log(n)  # [M]
-    return matched, marginal
 
 
 def _topk_hit_rate(scores: np.ndarray, column: np.ndarray, k: int) -> np.ndarray:
@@ -116,7 +100,8 @@ def mi_proxies(
 
     Returns:
         ``(metrics, new_ema_state)``. ``metrics`` always holds ``num_pairs`` and
-        ``num_prompts``; the entropies (``ENTROPY_KEYS``) need one pair; the keys in
+        ``num_prompts``; the proxies declared for one prompt (``ONE_PROMPT_KEYS`` of
+        `tether.diagnostics.proxies`, the entropies) need one pair; the keys in
         ``MULTI_COLUMN_KEYS`` need two distinct prompts and are absent otherwise
         (never NaN). The EMA state advances only when ``mi_zscore_ema`` is computed.
     """
@@ -139,47 +124,31 @@ def mi_proxies(
     if m == 0 or n == 0:
         return metrics, ema_state
 
-    matched, marginal = _matched_marginal(L, column)
-    matched_seq, marginal_seq = _matched_marginal(S, column)
-    metrics["conditional_entropy_est"] = float(-matched.mean())
-    metrics["reasoning_entropy_est"] = float(-marginal.mean())
-    metrics["conditional_entropy_seq_est"] = float(-matched_seq.mean())
-    metrics["reasoning_entropy_seq_est"] = float(-marginal_seq.mean())
+    rows = row_quantities(L, S, column)
+    metrics.update(point_estimates(rows, n, None))
     if n < 2:
         if uncertainty is not None:
             metrics.update(mi_uncertainty(L, S, column, None, uncertainty, rng, metrics))
         return metrics, ema_state
 
-    metrics["mi_estimate"] = float(matched.mean() - marginal.mean())
-    metrics["mi_seq_estimate"] = float(matched_seq.mean() - marginal_seq.mean())
-    metrics["mi_upper_bound"] = float(np.log(n))
-
-    # Chance of retrieval: a guesser drawing columns by their frequency in the batch.
-    counts = np.bincount(column, minlength=n)  # [N]
-    chance = float((counts[column] / m).mean())
-    metrics["retrieval_acc"] = float(_topk_hit_rate(L, column, 1).mean())
-    metrics["retrieval_chance"] = chance
-    metrics["retrieval_above_chance"] = metrics["retrieval_acc"] - chance
-    for k in RETRIEVAL_KS:
-        metrics[f"retrieval_acc@{k}"] = float(_topk_hit_rate(L, column, k).mean())
-        metrics[f"retrieval_chance@{k}"] = min(1.0, k * chance)
-
-    gap = matched - marginal  # [M]
-    sigma = float(marginal.std())  # population std (ddof 0)
-    metrics["marginal_std"] = sigma
-    metrics["mi_zscore"] = float((gap / (sigma + ZSCORE_EPS)).mean())
+    sigma = metrics["marginal_std"]
     if ema_state is None or "sigma" not in ema_state:
         sigma_ema, updates = sigma, 1
     else:
         sigma_ema = SIGMA_EMA_DECAY * float(ema_state["sigma"]) + (1.0 - SIGMA_EMA_DECAY) * sigma
         updates = int(ema_state.get("updates", 0)) + 1
     metrics["marginal_std_ema"] = sigma_ema
-    metrics["mi_zscore_ema"] = float((gap / (sigma_ema + ZSCORE_EPS)).mean())
-    # MI-ZScore (Seq): the same z-score on the sequence scores S (its own std(marginal)).
-    gap_seq = matched_seq - marginal_seq  # [M]
-    sigma_seq = float(marginal_seq.std())  # population std (ddof 0)
-    metrics["marginal_seq_std"] = sigma_seq
-    metrics["mi_seq_zscore"] = float((gap_seq / (sigma_seq + ZSCORE_EPS)).mean())
+    metrics.update(point_estimates(rows, n, sigma_ema))  # with the proxies over the average
+    metrics["mi_upper_bound"] = float(BY_NAME["mi_estimate"].ceiling(n))
+
+    # Chance of retrieval: a guesser drawing columns by their frequency in the batch.
+    counts = np.bincount(column, minlength=n)  # [N]
+    chance = float((counts[column] / m).mean())
+    metrics["retrieval_chance"] = chance
+    metrics["retrieval_above_chance"] = metrics["retrieval_acc"] - chance
+    for k in RETRIEVAL_KS:
+        metrics[f"retrieval_acc@{k}"] = float(_topk_hit_rate(L, column, k).mean())
+        metrics[f"retrieval_chance@{k}"] = min(1.0, k * chance)
     if uncertainty is not None:
         metrics.update(mi_uncertainty(L, S, column, sigma_ema, uncertainty, rng, metrics))
     return metrics, {"sigma": sigma_ema, "updates": updates}
@@ -194,10 +163,10 @@ def mi_by_column(L: np.ndarray, column: np.ndarray) -> tuple[np.ndarray, np.ndar
     section 13)."""
     L = np.asarray(L, dtype=np.float64)
     column = np.asarray(column, dtype=np.int64)
-    m, n = L.shape
-    matched, marginal = _matched_marginal(L, column)
+    n = L.shape[1]
+    rows = row_quantities(L, L, column)
     pairs = np.bincount(column, minlength=n).astype(np.float64)  # [N]
-    total = np.bincount(column, weights=matched - marginal, minlength=n)  # [N]
+    total = np.bincount(column, weights=rows["matched"] - rows["marginal"], minlength=n)  # [N]
     with np.errstate(invalid="ignore", divide="ignore"):
         mi = np.where(pairs > 0, total / np.maximum(pairs, 1.0), np.nan)
     return mi, pairs

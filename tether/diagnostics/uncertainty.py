@@ -67,10 +67,12 @@ diagnostic point, and neither calls the model again:
   their own.  ``{K}_null_q95`` is the null's 95th percentile: the level a curve has
   to clear to count as grounded.
 
-Keys added to the proxies (``K`` a proxy name):
-``K_ci_low``/``K_ci_high`` for `CI_KEYS`, ``K_null_q95`` for `NULL_KEYS`,
-``p_grounded``, ``mi_seq_estimate_p_grounded``, ``retrieval_acc_p_grounded`` and
-``grounded`` (1.0 when ``p_grounded < alpha``).
+Which proxy gets which interval, null and p-value is its declaration's
+(`tether.diagnostics.proxies`); the statistics recomputed under resampling weights and
+permutations are the declared ones.  Keys added to the proxies (``K`` a proxy name):
+``K_ci_low``/``K_ci_high`` for `CI_KEYS`, ``K_null_q95`` for `NULL_KEYS`, each declared
+``p_value`` key (``p_grounded``, ``mi_seq_estimate_p_grounded``,
+``retrieval_acc_p_grounded``) and ``grounded`` (1.0 when ``p_grounded < alpha``).
 
     >>> import numpy as np
     >>> column = np.array([0, 0, 0, 0, 1, 1, 1, 1])
@@ -88,35 +90,23 @@ import numpy as np
 from scipy.special import logsumexp
 from scipy.stats import t as student_t
 
-# Denominator guard of the z-scores: std(marginal) + ZSCORE_EPS (the paper's 1e-3).
-ZSCORE_EPS = 1e-3
-
-#: Proxies that get an interval (need >= 2 distinct prompts unless an entropy).
-CI_KEYS = (
-    "mi_zscore",
-    "mi_zscore_ema",
-    "mi_estimate",
-    "mi_seq_estimate",
-    "mi_seq_zscore",
-    "retrieval_acc",
-    "conditional_entropy_est",
-    "reasoning_entropy_est",
-    "conditional_entropy_seq_est",
-    "reasoning_entropy_seq_est",
+from tether.diagnostics.proxies import (
+    BOOTSTRAP,
+    BY_NAME,
+    LOG_CEILING,
+    LOG_FLOOR,
+    NULL_KEYS,
+    PERMUTATION,
+    PROXIES,
+    QUOTIENT,
+    ZSCORE_EPS,
+    evaluate,
+    point_estimates,
 )
-#: Proxies that get a permutation null (``K_null_q95``).
-NULL_KEYS = ("mi_estimate", "mi_seq_estimate", "mi_zscore", "mi_zscore_ema", "retrieval_acc")
-_ENTROPY_KEYS = CI_KEYS[6:]
+
 #: Relative rounding of a proxy's float64 sums over a batch (the p-value's tie tolerance and
 #: the least half-width of a jackknife interval).
 _RESOLUTION = 1e-9
-#: Proxies whose interval stays the bootstrap's under ``interval="jackknife"``.
-_NON_SMOOTH_KEYS = ("retrieval_acc",)
-#: ``log_jackknife``: proxies bounded above by log N (each row's pointwise MI is), put on the
-#: log of their distance to it; entropies (>= 0), on the log of their value; z-scores, the
-#: numerator's interval over the denominator's.
-_CEILING_KEYS = ("mi_estimate", "mi_seq_estimate")
-_ZSCORE_KEYS = {"mi_zscore": "mi_estimate", "mi_seq_zscore": "mi_seq_estimate"}
 
 
 @dataclass(frozen=True)
@@ -134,7 +124,10 @@ class Uncertainty:
     interval: str = "log_jackknife"
 
 
-def _row_quantities(L: np.ndarray, S: np.ndarray, column: np.ndarray) -> dict[str, np.ndarray]:
+def row_quantities(L: np.ndarray, S: np.ndarray, column: np.ndarray) -> dict[str, np.ndarray]:
+    """The rows the proxies are statistics of (`tether.diagnostics.proxies`): per pair, its
+    matched score, its marginal (log mean over the N prompts), both on the sequence scores,
+    and its retrieval hit (P(own prompt ranks first), ties split)."""
     m, n = L.shape
     rows = np.arange(m)
     marginal = logsumexp(L, axis=1) - np.log(n)
@@ -200,42 +193,6 @@ def _resampled_columns(
     }
 
 
-def _statistics(
-    q: dict[str, np.ndarray], weights: np.ndarray, sigma_ema: float | None
-) -> dict[str, np.ndarray]:
-    """Every proxy under row weights [B, M] (a bootstrap resample per row of weights)."""
-    total = weights.sum(axis=1)
-
-    def mean(values: np.ndarray) -> np.ndarray:  # values [M], or [B, M] per resample
-        if values.ndim == 2:  # rows of weight 0 may hold -inf marginals: never multiplied
-            return (weights * np.where(weights > 0, values, 0.0)).sum(axis=1) / total
-        return weights @ values / total
-
-    def std(values: np.ndarray, centre: np.ndarray) -> np.ndarray:  # population std
-        return np.sqrt(np.maximum(mean(values**2) - centre**2, 0.0))
-
-    marginal_mean, marginal_seq_mean = mean(q["marginal"]), mean(q["marginal_seq"])
-    sigma = std(q["marginal"], marginal_mean)
-    gap = mean(q["matched"]) - marginal_mean
-    gap_seq = mean(q["matched_seq"]) - marginal_seq_mean
-    out = {
-        "mi_estimate": gap,
-        "mi_seq_estimate": gap_seq,
-        "mi_zscore": gap / (sigma + ZSCORE_EPS),
-        "mi_seq_zscore": gap_seq / (std(q["marginal_seq"], marginal_seq_mean) + ZSCORE_EPS),
-        "retrieval_acc": mean(q["hit"]),
-        "conditional_entropy_est": -mean(q["matched"]),
-        "reasoning_entropy_est": -marginal_mean,
-        "conditional_entropy_seq_est": -mean(q["matched_seq"]),
-        "reasoning_entropy_seq_est": -marginal_seq_mean,
-        "marginal_std": sigma,
-        "marginal_seq_std": std(q["marginal_seq"], marginal_seq_mean),
-    }
-    if sigma_ema is not None:
-        out["mi_zscore_ema"] = gap / (sigma_ema + ZSCORE_EPS)
-    return out
-
-
 def _jackknife(
     L: np.ndarray, S: np.ndarray, column: np.ndarray, q: dict, sigma_ema: float | None
 ) -> dict[str, np.ndarray]:
@@ -244,14 +201,14 @@ def _jackknife(
     pairs and its column with it: the marginals become mixtures over the N - 1 others."""
     m, n = L.shape
     if n < 2:  # one prompt: leave out one pair at a time (the entropies only)
-        return _statistics(q, 1.0 - np.eye(m), None)
+        return evaluate(q, 1.0 - np.eye(m), n, None)
     kept = 1.0 - np.eye(n)  # [N, N]: the prompts each replicate keeps
     weights = kept[:, column]  # [N, M]
     replicate = _resampled_columns(L, S, column, kept, weights)
     shift = np.log(n) - np.log(n - 1)  # the mixture is over N - 1 prompts, not N
     replicate["marginal"] = replicate["marginal"] + shift
     replicate["marginal_seq"] = replicate["marginal_seq"] + shift
-    return _statistics(replicate, weights, sigma_ema)
+    return evaluate(replicate, weights, n, sigma_ema)
 
 
 def _jackknife_intervals(
@@ -314,46 +271,51 @@ def _log_jackknife_intervals(
     n_columns: int,
     sigma_ema: float | None,
 ) -> dict[str, float]:
-    """The jackknife interval on a log scale anchored at each proxy's bound, mapped back:
-    MI (each row's pointwise MI is at most log N) on log(log N - MI), entropies (>= 0) on
-    log(H), the z-scores from their numerator's and denominator's intervals.  A proxy whose
-    estimate or a replicate lies outside its scale's domain gets the linear jackknife's."""
+    """The jackknife interval on a log scale anchored at each proxy's bound, mapped back, by
+    its declared kind (`tether.diagnostics.proxies`): ``LOG_CEILING`` (MI: each row's
+    pointwise MI is at most log N) on log(ceiling - value), ``LOG_FLOOR`` (entropies, >= 0) on
+    log(value), ``QUOTIENT`` (the z-scores) from their numerator's and denominator's
+    intervals.  A proxy whose estimate or a replicate lies outside its scale's domain gets
+    the linear jackknife's."""
     out = _jackknife_intervals(values, point, keys, confidence)  # the fallback
     k = len(next(iter(values.values())))
     if k < 2:
         return out
     t_quantile = float(student_t.ppf(0.5 + confidence / 2.0, k - 1))
-    ceiling = (np.log(n_columns), np.log(n_columns - 1)) if n_columns >= 2 else None
+
+    def ends(name: str) -> list[float] | None:
+        proxy = BY_NAME[name]
+        if proxy.interval == LOG_CEILING:
+            if n_columns < 2:
+                return None
+            bounds = proxy.ceiling(n_columns), proxy.ceiling(n_columns - 1)
+            return _log_interval(float(point[name]), values[name], *bounds, t_quantile)
+        if proxy.interval == LOG_FLOOR:
+            return _log_interval(float(point[name]), values[name], None, None, t_quantile)
+        if proxy.interval != QUOTIENT:
+            return None
+        numerator = ends(proxy.numerator)
+        if proxy.denominator is None:  # the moving average, held fixed
+            denominator = None if sigma_ema is None else [sigma_ema + ZSCORE_EPS] * 2
+        else:  # a spread, >= 0: on its log scale
+            spread = proxy.denominator
+            spreads = _log_interval(float(point[spread]), values[spread], None, None, t_quantile)
+            denominator = None if spreads is None else [e + ZSCORE_EPS for e in spreads]
+        if numerator is None or denominator is None:
+            return None
+        quotients = [a / b for a in numerator for b in denominator]
+        return [min(quotients), max(quotients)]
+
     for key in keys:
         if key not in values or key not in point:
             continue
-        if key in _CEILING_KEYS and ceiling:
-            ends = _log_interval(float(point[key]), values[key], *ceiling, t_quantile)
-        elif key in _ENTROPY_KEYS:
-            ends = _log_interval(float(point[key]), values[key], None, None, t_quantile)
-        elif (key in _ZSCORE_KEYS or key == "mi_zscore_ema") and ceiling:
-            mi = _ZSCORE_KEYS.get(key, "mi_estimate")
-            numerator = _log_interval(float(point[mi]), values[mi], *ceiling, t_quantile)
-            if key == "mi_zscore_ema":
-                denominator = None if sigma_ema is None else [sigma_ema + ZSCORE_EPS] * 2
-            else:
-                spread = "marginal_std" if key == "mi_zscore" else "marginal_seq_std"
-                spreads = _log_interval(
-                    float(point[spread]), values[spread], None, None, t_quantile
-                )
-                denominator = None if spreads is None else [e + ZSCORE_EPS for e in spreads]
-            if numerator is None or denominator is None:
-                continue
-            quotients = [a / b for a in numerator for b in denominator]
-            ends = [min(quotients), max(quotients)]
-        else:
-            continue
-        if ends is None:
+        interval = ends(key)
+        if interval is None:
             continue
         estimate = float(point[key])
         half = _RESOLUTION * max(1.0, abs(estimate))
-        out[f"{key}_ci_low"] = min(ends[0], estimate - half)
-        out[f"{key}_ci_high"] = max(ends[1], estimate + half)
+        out[f"{key}_ci_low"] = min(interval[0], estimate - half)
+        out[f"{key}_ci_high"] = max(interval[1], estimate + half)
     return out
 
 
@@ -386,74 +348,80 @@ def mi_uncertainty(
     m, n = L.shape
     if m == 0 or n == 0:
         return {}
-    q = _row_quantities(L, S, column)
+    q = row_quantities(L, S, column)
     multi = n >= 2
+    sigma_ema = sigma_ema if multi else None
     out: dict[str, float] = {}
 
-    point = estimates or {
-        key: float(values[0])
-        for key, values in _statistics(q, np.ones((1, m)), sigma_ema if multi else None).items()
-    }
-    keys = CI_KEYS if multi else _ENTROPY_KEYS
+    point = estimates or point_estimates(q, n, sigma_ema)
+    keys = [p.name for p in PROXIES if p.interval and p.defined(n, sigma_ema)]
     if settings.interval in ("jackknife", "log_jackknife") and (multi or m >= 2):
         # Retrieval is an argmax, not a smooth statistic: leaving out one prompt can flip
         # many rows at once, and the delete-one variance is then unreliable (far too
-        # wide), so retrieval keeps the bootstrap interval.
-        replicates = _jackknife(L, S, column, q, sigma_ema if multi else None)
-        smooth = [key for key in keys if key not in _NON_SMOOTH_KEYS]
+        # wide), so it (``BOOTSTRAP``) keeps the bootstrap interval.
+        replicates = _jackknife(L, S, column, q, sigma_ema)
+        smooth = [key for key in keys if BY_NAME[key].interval != BOOTSTRAP]
         if settings.interval == "log_jackknife":
             out.update(
                 _log_jackknife_intervals(
-                    replicates, point, smooth, settings.confidence, n, sigma_ema if multi else None
+                    replicates, point, smooth, settings.confidence, n, sigma_ema
                 )
             )
         else:
             out.update(_jackknife_intervals(replicates, point, smooth, settings.confidence))
-        keys = [key for key in keys if key in _NON_SMOOTH_KEYS]
+        keys = [key for key in keys if BY_NAME[key].interval == BOOTSTRAP]
     if keys and settings.bootstrap > 0:
-        clusters, n_clusters = (column, n) if multi else (np.arange(m), m)
-        draws = rng.multinomial(
-            n_clusters, np.full(n_clusters, 1.0 / n_clusters), size=settings.bootstrap
-        )  # [B, clusters]
-        weights = draws[:, clusters].astype(np.float64)  # [B, M]
-        resampled = (
-            _resampled_columns(L, S, column, draws.astype(np.float64), weights) if multi else q
-        )
-        stats = _statistics(resampled, weights, sigma_ema if multi else None)
-        tail = (1.0 - settings.confidence) / 2.0
-        for key in keys:
-            if key in stats:
-                # The percentile interval, widened where needed to hold the estimate: a
-                # resample holds fewer distinct prompts than the batch (a drawn prompt
-                # repeats), which shifts retrieval up and MI down.  (Re-centring it on the
-                # estimate instead made the alarms fire on noise: benchmarks/history/2026-11-23.md.)
-                low, high = np.quantile(stats[key], [tail, 1.0 - tail])
-                estimate = float(point[key])
-                out[f"{key}_ci_low"] = float(min(low, estimate))
-                out[f"{key}_ci_high"] = float(max(high, estimate))
-
+        out.update(_bootstrap_intervals(L, S, column, q, sigma_ema, point, keys, settings, rng))
     if multi and settings.permutations > 0:
-        order = rng.random((settings.permutations, m)).argsort(axis=1)
-        labels = column[order]  # [P, M] permuted
-        rows = np.arange(m)
-        matched = L[rows, labels]  # [P, M]
-        sigma = float(q["marginal"].std())
-        null = {
-            "mi_estimate": matched.mean(1) - q["marginal"].mean(),
-            "mi_seq_estimate": S[rows, labels].mean(1) - q["marginal_seq"].mean(),
-            "retrieval_acc": hit_rate(L[None], matched).mean(1),
-        }
-        null["mi_zscore"] = null["mi_estimate"] / (sigma + ZSCORE_EPS)
-        if sigma_ema is not None:
-            null["mi_zscore_ema"] = null["mi_estimate"] / (sigma_ema + ZSCORE_EPS)
-        for key in NULL_KEYS:
-            if key in null:
-                out[f"{key}_null_q95"] = float(np.quantile(null[key], 0.95))
-        observed_mi = float(q["matched"].mean() - q["marginal"].mean())
-        out["p_grounded"] = _p_value(null["mi_estimate"], observed_mi)
-        out["mi_seq_estimate_p_grounded"] = _p_value(
-            null["mi_seq_estimate"], float(q["matched_seq"].mean() - q["marginal_seq"].mean())
-        )
-        out["retrieval_acc_p_grounded"] = _p_value(null["retrieval_acc"], float(q["hit"].mean()))
-        out["grounded"] = float(out["p_grounded"] < settings.alpha)
+        out.update(_permutation_test(L, S, column, q, sigma_ema, settings, rng))
+    return out
+
+
+def _bootstrap_intervals(L, S, column, q, sigma_ema, point, keys, settings, rng) -> dict:
+    """The percentile interval of each of ``keys`` over ``settings.bootstrap`` resamples by
+    prompt (by pair with one prompt), widened where needed to hold the estimate: a resample
+    holds fewer distinct prompts than the batch (a drawn prompt repeats), which shifts
+    retrieval up and MI down.  (Re-centring it on the estimate instead made the alarms fire
+    on noise: benchmarks/history/2026-11-23.md.)"""
+    m, n = L.shape
+    multi = n >= 2
+    clusters, n_clusters = (column, n) if multi else (np.arange(m), m)
+    draws = rng.multinomial(
+        n_clusters, np.full(n_clusters, 1.0 / n_clusters), size=settings.bootstrap
+    )  # [B, clusters]
+    weights = draws[:, clusters].astype(np.float64)  # [B, M]
+    resampled = _resampled_columns(L, S, column, draws.astype(np.float64), weights) if multi else q
+    stats = evaluate(resampled, weights, n, sigma_ema)
+    tail = (1.0 - settings.confidence) / 2.0
+    out = {}
+    for key in keys:
+        if key in stats:
+            low, high = np.quantile(stats[key], [tail, 1.0 - tail])
+            estimate = float(point[key])
+            out[f"{key}_ci_low"] = float(min(low, estimate))
+            out[f"{key}_ci_high"] = float(max(high, estimate))
+    return out
+
+
+def _permutation_test(L, S, column, q, sigma_ema, settings, rng) -> dict:
+    """Each ``PERMUTATION`` proxy's statistic with the column labels permuted across rows
+    (only the matched scores and the hits move): its null's 95th percentile, and for each
+    proxy that declares a ``p_value`` key, its p-value; ``grounded`` from ``p_grounded``."""
+    m, n = L.shape
+    order = rng.random((settings.permutations, m)).argsort(axis=1)
+    labels = column[order]  # [P, M] permuted
+    rows = np.arange(m)
+    matched = L[rows, labels]  # [P, M]
+    permuted = {**q, "matched": matched, "matched_seq": S[rows, labels]}
+    permuted["hit"] = hit_rate(L[None], matched)
+    null = evaluate(permuted, None, n, sigma_ema)
+    observed = point_estimates(q, n, sigma_ema)
+    out = {}
+    for key in NULL_KEYS:
+        if key in null:
+            out[f"{key}_null_q95"] = float(np.quantile(null[key], 0.95))
+    for proxy in PROXIES:
+        if proxy.null == PERMUTATION and proxy.p_value:
+            out[proxy.p_value] = _p_value(null[proxy.name], observed[proxy.name])
+    out["grounded"] = float(out["p_grounded"] < settings.alpha)
     return out
