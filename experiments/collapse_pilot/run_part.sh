@@ -6,7 +6,7 @@
 # sitting that stops mid-part loses only that part.  Commit the record.
 #
 #   bash experiments/collapse_pilot/run_part.sh p1_drgrpo_entropy 2000 2001 2002
-#   python experiments/collapse_pilot/read.py experiments/collapse_pilot/records/*.json.gz
+#   tether analyze pilot experiments/collapse_pilot/records/*.json.gz
 #
 # TETHER_PIN_DIR: where the pinned clone lives (made, with its own .venv, if missing).
 set -euo pipefail

@@ -433,6 +433,11 @@ def serve(
     cli_tracking.serve(uri, address, host, token, (port, experiment, refresh, sampling))
 
 
+from .cli_analyze import analyze_app  # noqa: E402
+
+app.add_typer(analyze_app, name="analyze")
+
+
 def main() -> None:  # pragma: no cover - console entry point
     app()
 
