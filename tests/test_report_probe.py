@@ -85,3 +85,35 @@ def test_the_monitor_serves_probe_and_reading_curves_with_intervals():
     assert probe["p_grounded"] == [0.001] * 3 and probe["null_q95"] == [0.2] * 3
     assert curves["a"]["reading"]["ci_high"] == [0.95, 0.8, 0.62]
     assert curves["b"]["reading"]["x"] == [] and curves["b"]["reading_defined"]["y"][-1] == 0.0
+
+
+def test_the_report_draws_the_mechanism_for_runs_that_measured_it():
+    plain = probe_run("plain")
+    measured = probe_run("measured")
+    gap = "mechanism/probe_mi_change/gap"
+    measured.metrics.update(
+        {
+            "filter/zero_variance_all_failed": {s: 5.0 for s in range(1, 11)},
+            "grad_snr/q1/snr": {1: 1.6, 5: 0.8, 10: 0.4},
+            "mechanism/probe_success": {1: 0.3, 5: 0.35, 10: 0.4},
+            gap: {5: -0.02, 10: -0.06},
+            f"{gap}_ci_low": {5: -0.05, 10: -0.1},
+            f"{gap}_ci_high": {5: 0.01, 10: -0.02},
+        }
+    )
+    _, figures, _ = analyse([plain], ReportSettings())
+    assert "mechanism" not in [f.name for f in figures]  # a run that did not ask for it
+    _, figures, _ = analyse([plain, measured], ReportSettings())
+    (figure,) = [f for f in figures if f.name == "mechanism"]
+    by_title = {p.title.split(" (")[0]: p for p in figure.panels}
+    assert len(figure.panels) == 4  # only the curves a run logged
+    gap_panel = next(p for p in figure.panels if p.title.startswith("MI change gap"))
+    (curve,) = gap_panel.series
+    assert curve.name == "measured" and curve.y == [-0.02, -0.06]
+    assert curve.error == ([-0.05, -0.1], [0.01, -0.02])
+    assert by_title["gradient SNR, lowest reward-variance bucket"].series[0].y == [1.6, 0.8, 0.4]
+
+
+def test_records_and_the_store_keep_the_mechanism_metrics():
+    for key in ("mechanism/probe_success", "mechanism/probe_mi_change/gap_ci_low"):
+        assert source.WANTED.match(key)

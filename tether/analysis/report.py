@@ -103,6 +103,7 @@ def analyse(
         views.probe_figure(runs, notes),
         views.dynamics_figure(runs, notes),
         views.async_figure(runs),
+        views.mechanism_figure(runs),
     ]
     with_prompts = [r for r in runs if r.prompts]
     figures += [views.heatmap_figure(r) for r in with_prompts[: settings.max_heatmap_runs]]

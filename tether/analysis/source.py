@@ -22,7 +22,7 @@ from .runs import DIAGNOSTICS, RunData
 
 #: Metric keys the analyses and the monitor read (everything else is left in MLflow).
 WANTED = re.compile(
-    r"^(rollout/|filter/|val/|grad_snr/|async/|actor/entropy$|collapse/reasoning_token_entropy$"
+    r"^(rollout/|filter/|val/|grad_snr/|async/|mechanism/|actor/entropy$|collapse/reasoning_token_entropy$"
     r"|collapse/[^/]+/(("
     + "|".join(DIAGNOSTICS)
     + r")(_ci_low|_ci_high|_null_q95)?|p_grounded|grounded"

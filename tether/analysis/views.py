@@ -287,6 +287,33 @@ def probe_figure(runs: list[RunData], notes: list[str]) -> Figure | None:
     return Figure("probe", "Probe set and reading accuracy beside the batch proxies", panels)
 
 
+#: The mechanism's curves (docs/methods.md, "The mechanism, measured"): why groups carry no
+#: reward variance, whether the task gradient still dominates in the lowest-variance bucket,
+#: and where the probe's MI goes by each probe level's reward variance.
+MECHANISM_CURVES = (
+    ("filter/zero_variance_all_failed", "zero-variance groups: all failed"),
+    ("filter/zero_variance_all_succeeded", "zero-variance groups: all succeeded"),
+    ("filter/zero_variance_uninformative", "zero-variance groups: equal partial rewards"),
+    ("grad_snr/q1/snr", "gradient SNR, lowest reward-variance bucket (task / regulariser)"),
+    ("mechanism/probe_success", "success on the probe levels (played to the end)"),
+    ("mechanism/probe_zero_rv_share", "share of probe levels at zero reward variance"),
+    ("mechanism/probe_mi_change/zero_rv", "probe MI change since the first point: zero-RV levels"),
+    ("mechanism/probe_mi_change/nonzero_rv", "probe MI change: levels with reward variance"),
+    ("mechanism/probe_mi_change/gap", "MI change gap (zero-RV minus the others; < 0: mechanism)"),
+)
+
+
+def mechanism_figure(runs: list[RunData]) -> Figure | None:
+    """The paper's mechanism, for runs whose probe played its levels to the end
+    (``diagnostics.probe.outcome_samples``); none for the others."""
+    if not any(r.has("mechanism/probe_success") for r in runs):
+        return None
+    panels = [p for key, title in MECHANISM_CURVES if (p := curve_panel(runs, key, title))]
+    return Figure(
+        "mechanism", "The mechanism: reward variance, gradient SNR, where MI goes", panels
+    )
+
+
 #: The asynchronous-rollout curves (``rollout.max_staleness`` >= 1; docs/methods.md).
 ASYNC_CURVES = (
     ("async/staleness_mean", "staleness of the trained batch (versions)"),
