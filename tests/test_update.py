@@ -151,16 +151,36 @@ def test_adam_eps_reaches_the_policy_optimiser(micro_policy):
 def test_lr_factor_decays_from_one_toward_zero():
     """The schedules as a scheduler stepped once per update: linear 1, 3/4, 1/2, 1/4 over
     four updates (TRL's linear decay), the half cosine through 1/2 at the midpoint; the
-    constant schedule, and any without a horizon, stay at 1; past the horizon (a resumed
-    run given more iterations) the rate holds at the last update's."""
+    constant schedule stays at 1; a decaying one without a horizon is an error (it would
+    be constant without a word); past the horizon (a resumed run given more iterations)
+    the rate holds at the last update's."""
     assert [lr_factor("linear", u, 4) for u in range(4)] == [1.0, 0.75, 0.5, 0.25]
     cosine = [lr_factor("cosine", u, 4) for u in range(4)]
     assert cosine[0] == 1.0 and cosine[2] == pytest.approx(0.5)
     assert all(a > b > 0 for a, b in zip(cosine, cosine[1:]))
-    assert lr_factor("constant", 3, 4) == 1.0 and lr_factor("linear", 3, 0) == 1.0
+    assert lr_factor("constant", 3, 4) == 1.0 and lr_factor("constant", 3, 0) == 1.0
     assert lr_factor("linear", 9, 4) == 0.25
     with pytest.raises(ValueError, match="lr_schedule"):
         lr_factor("step", 1, 4)
+    with pytest.raises(ValueError, match="horizon"):
+        lr_factor("linear", 3, 0)
+
+
+def test_a_decaying_rate_needs_the_runs_iterations():
+    """No silent horizon of 0 (issue 72): ``from_config`` takes the iterations by name,
+    refuses fewer than one under a decaying schedule, and the tests' helper asks for them."""
+    from tether.algos.settings import AlgoConfig
+    from tether.algos.update import UpdateSettings
+
+    algo = AlgoConfig(lr_schedule="cosine")
+    with pytest.raises(TypeError):
+        UpdateSettings.from_config(algo, 1.0)  # the missing iterations are the test
+    with pytest.raises(ValueError, match="iterations=0"):
+        UpdateSettings.from_config(algo, 1.0, iterations=0)
+    assert UpdateSettings.from_config(algo, 1.0, iterations=30).lr_horizon == 30
+    with pytest.raises(TypeError, match="iterations"):
+        update_settings(lr_schedule="linear")
+    assert update_settings().lr_horizon == 1
 
 
 def test_the_learner_steps_at_the_scheduled_rate(sampled, micro_policy):

@@ -88,11 +88,17 @@ class UpdateSettings:
 
     @classmethod
     def from_config(
-        cls, algo: AlgoConfig, rollout_temperature: float, iterations: int = 0
+        cls, algo: AlgoConfig, rollout_temperature: float, *, iterations: int
     ) -> UpdateSettings:
         """The settings of a run: the ``algo`` section, the sampling temperature the
         log-probs are taken at (greedy sampling, temperature 0, scores at 1), and the
-        run's iterations, one update each, which a decaying learning rate spans."""
+        run's iterations, one update each, which a decaying learning rate spans (required:
+        a horizon of 0 would make a decaying rate constant without a word)."""
+        if algo.lr_schedule != "constant" and iterations < 1:
+            raise ValueError(
+                f"algo.lr_schedule {algo.lr_schedule} decays over the run's iterations; "
+                f"got iterations={iterations}"
+            )
         own = {
             "temperature": rollout_temperature if rollout_temperature > 0 else 1.0,
             "off_policy_cap": algo.decoupled_cap
@@ -106,12 +112,14 @@ class UpdateSettings:
 
 def lr_factor(schedule: str, update: int, horizon: int) -> float:
     """The multiple of the base learning rate that update ``update`` (0-based) of a run
-    of ``horizon`` updates takes: 1 throughout (constant, or no horizon), else from 1 at
+    of ``horizon`` updates takes: 1 throughout (constant), else from 1 at
     the first update toward 0 after the last, linearly or on a half cosine, as a
     scheduler stepped once per update does.  Past the horizon (a resumed run given more
     iterations) the rate stays at the last update's."""
-    if schedule == "constant" or horizon <= 0:
+    if schedule == "constant":
         return 1.0
+    if horizon <= 0:
+        raise ValueError(f"lr_schedule {schedule!r} needs a horizon of at least 1 update")
     progress = min(update, horizon - 1) / horizon
     if schedule == "linear":
         return 1.0 - progress

@@ -46,7 +46,7 @@ class LiveSettings:
     @classmethod
     def from_config(cls, cfg: TetherConfig) -> LiveSettings:
         update = UpdateSettings.from_config(
-            cfg.algo, cfg.rollout.temperature, cfg.trainer.iterations
+            cfg.algo, cfg.rollout.temperature, iterations=cfg.trainer.iterations
         )
         return cls(cfg.filter, update, cfg.algo.lr)
 

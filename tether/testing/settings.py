@@ -17,7 +17,15 @@ from ..algos.update import UpdateSettings
 NEUTRAL = {"preset": None, "kl_coef": 0.0, "entropy_coef": 0.0, "loss_agg": "token-mean"}
 
 
-def update_settings(temperature: float = 1.0, iterations: int = 0, **algo: Any) -> UpdateSettings:
+def update_settings(
+    temperature: float = 1.0, iterations: int | None = None, **algo: Any
+) -> UpdateSettings:
     """``UpdateSettings`` of ``AlgoConfig(**NEUTRAL, **algo)`` at sampling ``temperature``,
-    for a run of ``iterations`` updates (which an ``lr_schedule`` spans)."""
-    return UpdateSettings.from_config(AlgoConfig(**{**NEUTRAL, **algo}), temperature, iterations)
+    for a run of ``iterations`` updates: required with a decaying ``lr_schedule`` (which
+    spans them), one update otherwise."""
+    config = AlgoConfig(**{**NEUTRAL, **algo})
+    if iterations is None:
+        if config.lr_schedule != "constant":
+            raise TypeError(f"lr_schedule {config.lr_schedule} needs the run's iterations")
+        iterations = 1
+    return UpdateSettings.from_config(config, temperature, iterations=iterations)
