@@ -242,7 +242,12 @@ def _choices(model, field: str) -> set[str]:
 
 def test_config_choices_are_the_registries():
     from tether.algos.advantages import ADVANTAGE_ESTIMATORS
-    from tether.algos.filters import FILTER_METRICS, FILTER_STRATEGIES, LOSS_SCALINGS
+    from tether.algos.filters import (
+        FILTER_METRICS,
+        FILTER_REWARDS,
+        FILTER_STRATEGIES,
+        LOSS_SCALINGS,
+    )
     from tether.algos.losses import AGGREGATION_MODES, KL_ESTIMATORS, OFF_POLICY_CORRECTIONS
     from tether.algos.presets import PRESETS
     from tether.algos.settings import AlgoConfig, FilterConfig
@@ -255,6 +260,7 @@ def test_config_choices_are_the_registries():
     assert _choices(FilterConfig, "strategy") == set(FILTER_STRATEGIES)
     assert _choices(FilterConfig, "loss_scaling") == set(LOSS_SCALINGS)
     assert _choices(FilterConfig, "metric") == set(FILTER_METRICS)
+    assert _choices(FilterConfig, "reward") == set(FILTER_REWARDS)
     from tether.platform.config import ModelConfig
     from tether.policy.tiny import TINY_SIZES
 

@@ -120,6 +120,7 @@ def test_fields_show_the_defaults_after_the_preset():
     # Settings of #33's definitions: listed with their defaults (the quickstart's filter
     # ranks by std as before; the MI alarms' act-mode answer is the filter, then rollback).
     assert rows["filter.metric"] == "reward_std" and rows["filter.loss_scaling"] == "none"
+    assert rows["filter.reward"] == "shaped"  # issue 71: the outcome score is opt-in
     for alarm in ("template_collapse", "low_entropy_collapse"):
         assert [a["kind"] for a in rows[f"alarms.{alarm}.actions"]] == [
             "tighten_filter",

@@ -389,3 +389,168 @@ def test_zero_variance_causes_count_every_group_kept_or_not():
     kept_zero = FilterConfig(strategy="top_k_abs", value=5, include_zero=True)
     m = snr_filter(BREAKDOWN, kept_zero, reward_range=(0.0, 1.0)).metrics
     assert m["filter/zero_variance_all_failed"] == 1.0 and m["filter/dropped_all_failed"] == 0.0
+
+
+# --------------------------------------------------------------------------- reward: outcome
+
+#: Four groups of four in FrozenLake's shape (+1 at the goal, −0.1 per format penalty).
+#: g0 and g2: every episode failed, their format penalties differ (shaped spread, no
+#: outcome spread); g1: two of four succeeded; g3: every episode succeeded.
+PENALISED = [
+    np.array([-0.1, 0.0, -0.2, 0.0]),  # g0 all failed; shaped std 0.0957
+    np.array([1.0, 0.0, 1.0, -0.1]),  # g1 half succeeded; shaped std 0.6076
+    np.array([0.0, -0.3, 0.0, 0.0]),  # g2 all failed; shaped std 0.15
+    np.array([1.0, 1.0, 1.0, 1.0]),  # g3 all succeeded; no spread on either
+]
+PENALISED_SUCCESS = [
+    np.zeros(4, bool),
+    np.array([1, 0, 1, 0], bool),
+    np.zeros(4, bool),
+    np.ones(4, bool),
+]
+
+
+def test_all_failed_groups_with_differing_penalties_are_kept_on_shaped_dropped_on_outcome():
+    """Issue 71: on the shaped reward an all-failed group whose format penalties differ
+    has spread and trains; on the outcome it scores 0 and is dropped.  top_p ρ = 1 keeps
+    every candidate, i.e. every group scoring above zero_tol.  By hand (ddof 1): shaped
+    g0 [−.1, 0, −.2, 0]: mean −.075, Σdev² = .0275, std √(.0275/3) = 0.09574; g1
+    [1, 0, 1, −.1]: mean .475, Σdev² = 1.1075, std 0.60759; g2 [0, −.3, 0, 0]: Σdev² =
+    .0675, std 0.15; g3 0.  Outcome g1 [1, 0, 1, 0]: Σdev² = 1, std 1/√3; the rest 0."""
+    keep_all = {"strategy": "top_p", "value": 1.0}
+    shaped = snr_filter(PENALISED, FilterConfig(**keep_all), success=PENALISED_SUCCESS)
+    outcome = snr_filter(
+        PENALISED, FilterConfig(reward="outcome", **keep_all), success=PENALISED_SUCCESS
+    )
+    np.testing.assert_allclose(
+        shaped.scores, [math.sqrt(0.0275 / 3), math.sqrt(1.1075 / 3), 0.15, 0.0]
+    )
+    np.testing.assert_allclose(outcome.scores, [0.0, 1 / math.sqrt(3), 0.0, 0.0])
+    assert shaped.kept_groups == [0, 1, 2]
+    assert outcome.kept_groups == [1]
+    assert shaped.metrics["filter/kept_all_failed_outcome"] == 2.0
+    assert outcome.metrics["filter/kept_all_failed_outcome"] == 0.0
+    # the breakdown follows the score ranked: on the outcome g0 and g2 are zero-variance,
+    # all failed, and dropped as such (on the shaped reward only g3 is zero-variance)
+    assert shaped.metrics["filter/zero_variance_groups"] == 1.0
+    assert shaped.metrics["filter/dropped_all_succeeded"] == 1.0
+    assert shaped.metrics["filter/dropped_all_failed"] == 0.0
+    assert outcome.metrics["filter/zero_variance_groups"] == 3.0
+    assert outcome.metrics["filter/dropped_all_failed"] == 2.0
+    assert outcome.metrics["filter/zero_variance_all_failed"] == 2.0
+    assert outcome.metrics["filter/dropped_all_succeeded"] == 1.0
+    assert outcome.metrics["filter/kept_score_mean"] == pytest.approx(1 / math.sqrt(3))
+    # the same cut on variance: the outcome's scores are the squares
+    var = snr_filter(
+        PENALISED,
+        FilterConfig(reward="outcome", metric="reward_variance", **keep_all),
+        success=PENALISED_SUCCESS,
+    )
+    np.testing.assert_allclose(var.scores, [0.0, 1 / 3, 0.0, 0.0])
+    assert var.kept_groups == [1]
+
+
+def test_default_top_p_on_outcome_drops_the_all_failed_groups():
+    """The quickstart's filter (top_p 0.9 on std): shaped threshold 0.9·0.85334 − 0.01 =
+    0.75800; g1 (0 before it), g2 (0.60759 < 0.758), g0 (0.75759 < 0.758) are all kept;
+    on the outcome only g1 has a score."""
+    shaped = snr_filter(PENALISED, success=PENALISED_SUCCESS)
+    outcome = snr_filter(PENALISED, reward="outcome", success=PENALISED_SUCCESS)
+    assert shaped.kept_groups == [0, 1, 2]
+    assert shaped.metrics["filter/kept_all_failed_outcome"] == 2.0
+    assert outcome.kept_groups == [1]
+    assert outcome.metrics["filter/kept_all_failed_outcome"] == 0.0
+
+
+def test_default_reward_is_shaped_and_changes_nothing():
+    assert FilterConfig().reward == "shaped"
+    for cfg in (FilterConfig(), FilterConfig(strategy="top_k_abs", value=1)):
+        implicit = snr_filter(PENALISED, cfg, success=PENALISED_SUCCESS)
+        explicit = snr_filter(
+            PENALISED, cfg.model_copy(update={"reward": "shaped"}), success=PENALISED_SUCCESS
+        )
+        assert implicit.kept_groups == explicit.kept_groups
+        assert implicit.metrics == explicit.metrics
+        np.testing.assert_array_equal(implicit.scores, group_scores(PENALISED))
+    # the shaped score does not read the success flags
+    without_flags = snr_filter(PENALISED)
+    np.testing.assert_array_equal(without_flags.scores, group_scores(PENALISED))
+    assert without_flags.kept_groups == [0, 1, 2]
+
+
+def test_kept_all_failed_outcome_counts_only_kept_all_failed_groups():
+    # BREAKDOWN's flags: g0 all failed (zero variance), g4 all failed with reward spread
+    success = [
+        np.zeros(3, bool),
+        np.ones(3, bool),
+        np.array([1, 0, 0], bool),
+        np.array([0, 1, 1], bool),
+        np.zeros(3, bool),
+    ]
+    count = "filter/kept_all_failed_outcome"
+    m = snr_filter(BREAKDOWN, FilterConfig(strategy="none"), success=success).metrics
+    assert m[count] == 2.0  # g0 and g4, both kept
+    m = snr_filter(BREAKDOWN, FilterConfig(strategy="top_k_abs", value=1), success=success).metrics
+    assert m[count] == 0.0  # only g3 kept
+    m = snr_filter(BREAKDOWN, FilterConfig(strategy="top_k_abs", value=2), success=success).metrics
+    assert m[count] == 1.0  # g3 and g4 kept
+    # on the outcome an all-failed group scores 0: kept only with zero-score groups eligible
+    outcome = FilterConfig(reward="outcome", strategy="top_k_abs", value=5, include_zero=True)
+    m = snr_filter(BREAKDOWN, outcome, success=success).metrics
+    assert m[count] == 2.0
+    r = snr_filter(BREAKDOWN, outcome.model_copy(update={"include_zero": False}), success=success)
+    assert r.kept_groups == [2, 3] and r.metrics[count] == 0.0
+    # without flags, from the env's reward range (all rewards at its minimum), else unknown
+    kept_zero = FilterConfig(strategy="top_k_abs", value=5, include_zero=True)
+    assert snr_filter(BREAKDOWN, kept_zero, reward_range=(0.0, 1.0)).metrics[count] == 1.0
+    assert snr_filter(BREAKDOWN, kept_zero).metrics[count] == 0.0
+
+
+def test_outcome_needs_one_success_flag_per_trajectory():
+    with pytest.raises(ValueError, match="needs the success flags"):
+        snr_filter(PENALISED, reward="outcome")
+    short = [*PENALISED_SUCCESS[:3], np.ones(3, bool)]
+    with pytest.raises(ValueError, match="group 3 has 3 success flags for 4 trajectories"):
+        snr_filter(PENALISED, reward="outcome", success=short)
+    with pytest.raises(ValueError, match="outcome"):
+        FilterConfig(reward="task")
+
+
+@settings(max_examples=100, deadline=None)
+@given(rewards_st, config_st, st.randoms(use_true_random=False))
+def test_outcome_scores_are_the_spread_of_the_success_flags(rewards, cfg, rng):
+    groups = [np.array(r) for r in rewards]
+    success = [np.array([rng.random() < 0.5 for _ in r], bool) for r in rewards]
+    outcome_cfg = cfg.model_copy(update={"reward": "outcome"})
+    result = snr_filter(groups, outcome_cfg, success=success)
+    flags = [s.astype(np.float64) for s in success]
+    np.testing.assert_array_equal(result.scores, group_scores(flags, cfg.metric, cfg.ddof))
+    # the same selection as the shaped filter run on the flags themselves as rewards
+    on_flags = snr_filter(flags, cfg, success=success)
+    assert result.kept_groups == on_flags.kept_groups
+    assert result.metrics["filter/kept_groups"] == on_flags.metrics["filter/kept_groups"]
+    if cfg.strategy != "none" and not cfg.include_zero:
+        assert result.metrics["filter/kept_all_failed_outcome"] == 0.0
+
+
+def test_the_iteration_stage_scores_on_the_trajectories_success_flags():
+    """``platform.stages.filter_groups`` (what the trainer calls) hands each trajectory's
+    success flag to the filter: the outcome setting ranks on it, the reward is untouched."""
+    from tether.agent.types import Trajectory, Turn
+    from tether.platform.stages import filter_groups
+
+    def episode(group, k, reward, success):
+        turn = Turn(0, 0, 0, "", "", None, None, True, True, reward)
+        return Trajectory(group, group, k, turns=[turn], success=success)
+
+    trajectories = [
+        episode(g, k, float(r), bool(s))
+        for g, (rewards, flags) in enumerate(zip(PENALISED, PENALISED_SUCCESS, strict=True))
+        for k, (r, s) in enumerate(zip(rewards, flags, strict=True))
+    ]
+    shaped, shaped_ids = filter_groups(trajectories, FilterConfig())
+    outcome, outcome_ids = filter_groups(trajectories, FilterConfig(reward="outcome"))
+    assert shaped_ids == {0, 1, 2} and outcome_ids == {1}
+    assert shaped.metrics["filter/kept_all_failed_outcome"] == 2.0
+    assert outcome.metrics["filter/kept_all_failed_outcome"] == 0.0
+    assert [t.reward for t in trajectories[4:8]] == [1.0, 0.0, 1.0, -0.1]

@@ -31,7 +31,13 @@ score descending with ties broken by original index (stable sort):
   - ``min_p``: keep candidates with s ≥ value·max(s).
 ``int(value·n)`` is evaluated with a 1e-9 guard so 0.29·100 gives 29, not 28.
 
-Group score (``metric``): reward std (``"reward_std"``, the default, as RAGEN's code) or
+Group score (``metric``) of the rewards ``reward`` names (registry ``FILTER_REWARDS``):
+``"shaped"`` (the default) scores each trajectory's whole reward, format penalties and
+partial credit included; ``"outcome"`` scores its task outcome, 1.0 where its ``success``
+flag is set and 0.0 elsewhere (``success`` is then required), so a group in which every
+trajectory failed the task scores 0 however its format penalties differ.  Only the
+ranking and keeping use it: the caller's advantages stay on the shaped reward.  The
+score is reward std (``"reward_std"``, the default, as RAGEN's code) or
 reward variance (``"reward_variance"``, as the paper's text) with ``ddof`` (default 1).
 A group with ≤ ddof trajectories has an undefined spread; it scores 0.  Variance is the
 square of std, so both rank the groups alike: ``top_k`` and ``top_k_abs`` keep the same
@@ -43,11 +49,15 @@ variance mass 18, threshold 8.99 -> keep 9 only (9 ≥ 8.99 after it).
 Loss scaling after filtering (``loss_scaling``): ``none`` -> 1, ``linear`` -> kept
 ratio, ``sqrt`` -> √(kept ratio); kept ratio = kept groups / all groups.
 
-Metrics (all floats):
+Metrics (all floats; "zero-variance" and the scores are those of the ranked rewards, so
+with ``reward="outcome"`` zero outcome variance):
   filter/kept_groups, filter/kept_ratio, filter/kept_trajectories,
   filter/zero_variance_groups (score ≤ zero_tol), filter/empty (1 -> skip update),
-  filter/loss_scale, filter/score_mean, filter/kept_score_mean, and the breakdown of
-  *dropped* groups:
+  filter/loss_scale, filter/score_mean, filter/kept_score_mean,
+  filter/kept_all_failed_outcome (kept groups in which every trajectory failed the task,
+  classified as below; with ``reward="outcome"`` such a group scores 0, so the count is 0
+  unless zero-score groups are kept: ``include_zero`` or strategy ``none``), and the
+  breakdown of *dropped* groups:
     filter/dropped_all_failed      zero-variance, every trajectory failed (too hard)
     filter/dropped_all_succeeded   zero-variance, every trajectory succeeded (too easy)
     filter/dropped_uninformative   zero-variance, equal non-extreme rewards
@@ -102,6 +112,39 @@ def group_scores(
             var = float(np.var(r, ddof=ddof))
             out[g] = math.sqrt(var) if FILTER_METRICS[metric] else var
     return out
+
+
+def _shaped_rewards(
+    groups: list[np.ndarray], success: Sequence[np.ndarray] | None
+) -> list[np.ndarray]:
+    return groups
+
+
+def _outcome_rewards(
+    groups: list[np.ndarray], success: Sequence[np.ndarray] | None
+) -> list[np.ndarray]:
+    """1.0 per trajectory that succeeded at the task, 0.0 per one that did not."""
+    if success is None:
+        raise ValueError(
+            "filter reward 'outcome' scores the task outcome and needs the success flags "
+            "(one bool per trajectory of every group)"
+        )
+    out = []
+    for g, (rewards, flags) in enumerate(zip(groups, success, strict=True)):
+        flags = np.asarray(flags, dtype=bool).reshape(-1)
+        if flags.size != rewards.size:
+            raise ValueError(
+                f"group {g} has {flags.size} success flags for {rewards.size} trajectories"
+            )
+        out.append(flags.astype(np.float64))
+    return out
+
+
+#: ``reward`` -> the per-trajectory values a group is scored on, from its shaped rewards
+#: and success flags
+FILTER_REWARDS: dict[
+    str, Callable[[list[np.ndarray], Sequence[np.ndarray] | None], list[np.ndarray]]
+] = {"shaped": _shaped_rewards, "outcome": _outcome_rewards}
 
 
 # --------------------------------------------------------------------------- strategies
@@ -171,13 +214,15 @@ LOSS_SCALINGS: dict[str, Callable[[float], float]] = {
 # --------------------------------------------------------------------------- breakdown
 
 
-def _zero_variance_kind(
+def _outcome_kind(
     g: int,
     rewards: np.ndarray,
     success: Sequence[np.ndarray] | None,
     reward_range: tuple[float, float] | None,
 ) -> str:
-    """failed | succeeded | uninformative | unclassified for a zero-variance group."""
+    """failed | succeeded | uninformative | unclassified: whether every trajectory of group
+    g failed the task, every one succeeded, neither, or it is not known.  The breakdown of
+    zero-variance groups by cause and ``filter/kept_all_failed_outcome`` both read it."""
     if rewards.size == 0:
         return "unclassified"
     if success is not None:
@@ -214,7 +259,8 @@ def snr_filter(
 
     ``config`` defaults to ``FilterConfig()``; keyword ``overrides`` replace its fields
     (``snr_filter(r, strategy="top_k", value=0.5)``).  ``success[g]`` (optional) holds
-    one bool per trajectory of group g; ``reward_range`` is the env's (min, max) reward.
+    one bool per trajectory of group g (required with ``reward="outcome"``);
+    ``reward_range`` is the env's (min, max) reward.
     """
     cfg = config or FilterConfig()
     if overrides:
@@ -228,7 +274,8 @@ def snr_filter(
     n_groups = len(groups)
     if success is not None and len(success) != n_groups:
         raise ValueError(f"success has {len(success)} entries for {n_groups} groups")
-    scores = group_scores(groups, cfg.metric, cfg.ddof)  # [G]
+    ranked = FILTER_REWARDS[cfg.reward](groups, success)  # what each group is scored on
+    scores = group_scores(ranked, cfg.metric, cfg.ddof)  # [G]
     zero = scores <= cfg.zero_tol  # [G]
 
     order = np.argsort(-scores, kind="stable")  # descending, ties by original index
@@ -239,12 +286,13 @@ def snr_filter(
 
     kept_mask = np.zeros(n_groups, dtype=bool)
     kept_mask[kept] = True
+    outcome = [_outcome_kind(g, groups[g], success, reward_range) for g in range(n_groups)]
+    kept_all_failed = sum(outcome[g] == "failed" for g in kept)
     kinds = {"failed": 0, "succeeded": 0, "uninformative": 0, "unclassified": 0}
     breakdown, every_zero = dict(kinds), dict(kinds)  # dropped ones; all of them
     for g in np.flatnonzero(zero):
-        kind = _zero_variance_kind(int(g), groups[g], success, reward_range)
-        every_zero[kind] += 1
-        breakdown[kind] += int(not kept_mask[g])
+        every_zero[outcome[g]] += 1
+        breakdown[outcome[g]] += int(not kept_mask[g])
     dropped_nonzero = int(np.count_nonzero(~kept_mask & ~zero))
 
     kept_ratio = len(kept) / n_groups if n_groups else 0.0
@@ -258,6 +306,7 @@ def snr_filter(
         "filter/loss_scale": loss_scale,
         "filter/score_mean": float(scores.mean()) if n_groups else 0.0,
         "filter/kept_score_mean": float(scores[kept].mean()) if kept else 0.0,
+        "filter/kept_all_failed_outcome": float(kept_all_failed),
         "filter/dropped_all_failed": float(breakdown["failed"]),
         "filter/dropped_all_succeeded": float(breakdown["succeeded"]),
         "filter/dropped_uninformative": float(breakdown["uninformative"]),

@@ -36,6 +36,8 @@ KL_ESTIMATOR_NAMES = ("k1", "k2", "k3", "abs", "low_var_kl")
 FILTER_STRATEGY_NAMES = ("none", "top_p", "top_k", "top_k_abs", "min_p")
 #: ``filters.FILTER_METRICS``
 FILTER_METRIC_NAMES = ("reward_std", "reward_variance")
+#: ``filters.FILTER_REWARDS``
+FILTER_REWARD_NAMES = ("shaped", "outcome")
 #: ``filters.LOSS_SCALINGS``
 LOSS_SCALING_NAMES = ("none", "linear", "sqrt")
 #: ``losses.OFF_POLICY_CORRECTIONS`` and "none"
@@ -223,6 +225,13 @@ class FilterConfig(StrictSection):
         "default, docs/methods.md section 5 says why) or reward_variance (the paper's text). "
         "top_k / top_k_abs rank alike on both; top_p (cumulative mass) and min_p (ratio to "
         "the best) can keep different groups.",
+    )
+    reward: Literal[FILTER_REWARD_NAMES] = Field(
+        "shaped",
+        description="What the group score is the spread of: shaped (each episode's whole "
+        "reward, format penalties and partial credit included; the default) or outcome "
+        "(its task success, 1 or 0, so a group in which every episode failed scores 0). "
+        "Only which groups train changes; advantages stay on the shaped reward.",
     )
     ddof: int = Field(1, ge=0, description="Degrees of freedom of the group std/var.")
     include_zero: bool = Field(False, description="Keep zero-score groups eligible (top_p).")
