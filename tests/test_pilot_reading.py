@@ -128,3 +128,16 @@ def test_cli_reads_records(tmp_path):
     (tmp_path / "bad.json").write_text("{}")
     bad = CliRunner().invoke(app, ["analyze", "pilot", str(tmp_path / "bad.json")])
     assert bad.exit_code != 0 and "not a collapse-pilot record" in bad.output
+
+
+def test_one_command_line_reaches_the_paper_and_the_harness():
+    """``tether analyze paper`` is ``tether.analysis.paper`` with its own options
+    (``--help`` included); ``known-answer`` is listed beside it."""
+    runner = CliRunner()
+    listing = runner.invoke(app, ["analyze", "--help"], env={"COLUMNS": "120"})
+    assert all(name in listing.output for name in ("paper", "known-answer", "pilot"))
+    usage = runner.invoke(app, ["analyze", "paper", "--help"])
+    assert usage.exit_code == 0 and "usage: tether analyze paper" in usage.output
+    assert "--finding" in usage.output  # the analysis's own options
+    wrong = runner.invoke(app, ["analyze", "paper", "--finding", "z", "x.json"])
+    assert wrong.exit_code == 2 and "invalid choice" in wrong.output

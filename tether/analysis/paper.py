@@ -15,7 +15,7 @@ stated in docs/reproduction.md before its confirmatory runs; this module compute
 - ``verdict_a`` ... ``verdict_d_quartiles``: the protocol's rule that turns those numbers
   into a verdict (reproduced / partly / not at this scale), with the reason in words.
 
-``python -m tether.analysis.paper <targets> --finding a|b|c|d`` prints them as JSON; without
+``tether analyze paper <targets> --finding a|b|c|d`` prints them as JSON; without
 ``--finding``, the protocol of 2026-11-27's family (``tether.analysis.verdicts``).
 """
 
@@ -305,11 +305,11 @@ def _finite(value):
     return value
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     from . import records
     from .source import ReportError, load_target
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "targets",
         nargs="+",

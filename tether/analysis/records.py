@@ -6,9 +6,9 @@ with its own MLflow store; what the analyses need from each part's finished tria
 and MI) is exported to a record file, and the parts are pooled by naming the files as
 targets::
 
-    python -m tether.analysis.paper <parent> --tracking-uri sqlite:///.../mlflow.db \\
+    tether analyze paper <parent> --tracking-uri sqlite:///.../mlflow.db \\
         --export part1.json.gz
-    python -m tether.analysis.paper part1.json.gz part2.json.gz --table
+    tether analyze paper part1.json.gz part2.json.gz --table
     tether report part1.json.gz
 
 A record is the analyses' view of a run, not a copy of the run: figures, checkpoints and

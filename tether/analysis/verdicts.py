@@ -16,7 +16,7 @@ bootstrapped over seeds:
   and 100 %.
 
 Only noise-free runs enter a, b and d; c reads every level, of its own runs when given.
-Pure functions of ``RunData`` (``python -m tether.analysis.paper --protocol 2026-11-27``
+Pure functions of ``RunData`` (``tether analyze paper --protocol 2026-11-27``
 loads them).
 
 The sensitivity row, a secondary test outside the family (``sensitivity``): over the grid

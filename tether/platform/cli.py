@@ -367,7 +367,7 @@ def report(
     cli_tracking.check_choice("--mi", mi_name, DIAGNOSTICS)
     from ..analysis.records import is_record_file
 
-    # a record file (python -m tether.analysis.paper --export) needs no store
+    # a record file (tether analyze paper --export) needs no store
     uri = None if is_record_file(target) else cli_tracking.tracking_uri(tracking_uri, output_dir)
     settings = ReportSettings(sampling=sampling, mi_name=mi_name)
     cli_tracking.report(target, uri, out, settings, log and uri is not None, finished_only)

@@ -1,8 +1,11 @@
-"""``tether analyze``: the declared experiments read from their committed records.
+"""``tether analyze``: the declared experiments read by their protocols, and the
+instruments checked against known answers.
 
-``tether analyze pilot`` applies the collapse pilot's protocol (docs/collapse.md) to the
-records its parts exported; the rules live in ``tether.analysis.pilot``, this module only
-prints them.
+- ``tether analyze pilot``: the collapse pilot's protocol (docs/collapse.md) applied to the
+  records its parts exported (the rules in ``tether.analysis.pilot``; this module prints);
+- ``tether analyze paper``: the reproduction families (docs/reproduction.md), every option
+  of ``tether.analysis.paper`` passed through;
+- ``tether analyze known-answer``: the known-answer harness (``tether.testing.harness``).
 """
 
 from __future__ import annotations
@@ -15,9 +18,27 @@ from rich.table import Table
 from .console import console, fail
 
 analyze_app = typer.Typer(
-    help="Read a declared experiment's committed records by its protocol.",
+    help="Read declared experiments by their protocols; check the instruments.",
     no_args_is_help=True,
 )
+#: A command whose options belong to the argparse program it runs (``--help`` included).
+PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
+
+
+@analyze_app.command("paper", context_settings=PASSTHROUGH, add_help_option=False)
+def paper(ctx: typer.Context):
+    """The reproduction families (docs/reproduction.md); --help lists the options."""
+    from ..analysis.paper import main
+
+    raise typer.Exit(main(list(ctx.args), prog="tether analyze paper"))
+
+
+@analyze_app.command("known-answer")
+def known_answer():
+    """The MI proxies on policies whose answer is known: one table."""
+    from ..testing.harness import main
+
+    main()
 
 
 def _num(value, digits: int = 3) -> str:
@@ -73,8 +94,7 @@ def pilot(
         ..., help="Pilot records (experiments/collapse_pilot/records/*.json.gz)."
     ),
 ):
-    """The collapse pilot by its protocol (docs/collapse.md): each run's readings, each
-    candidate's qualification.
+    """The collapse pilot by its protocol (docs/collapse.md).
 
     Per run: the precondition by mid-run, the probe's MI change, the entropy and format
     checks, the regime (template, low_entropy, format, none) and where the MI went.

@@ -19,7 +19,7 @@ and `mi_proxies`), plus the policy's token entropy on the reasoning tokens. The 
 must rank grounded > random_template ≈ template on MI while the entropies rank
 random_template highest: entropy alone cannot see template collapse, MI can.
 
-    python -m tether.testing.harness           # prints the table of the three policies
+    tether analyze known-answer           # prints the table of the three policies
 """
 
 from __future__ import annotations
