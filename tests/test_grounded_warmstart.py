@@ -297,3 +297,27 @@ def test_the_warm_start_weight_decay_reaches_both_stages(monkeypatch):
 
     for stage in ("first", "episodes"):
         assert norm_after(stage, 1.0) < norm_after(stage, 0.0) - 1e-3, stage
+
+
+def test_input_free_phrasings_replace_a_share_of_the_reasoning_only():
+    """``warm_start.input_free_fraction``: about that share of turns reason in one of the
+    input-free phrasings; the answers, the episodes and the other turns are those of the
+    grounded demonstrations (the draws come from a generator of their own)."""
+    from tether.policy.warmstart import INPUT_FREE
+
+    kwargs = {"seed": 3, "max_reply_tokens": 48, "weigh": True}
+    grounded = demonstration_episodes(*FROZENLAKE, 200, 0.3, **kwargs)
+    assert demonstration_episodes(*FROZENLAKE, 200, 0.3, input_free=0.0, **kwargs) == grounded
+    mixed = demonstration_episodes(*FROZENLAKE, 200, 0.3, input_free=0.4, **kwargs)
+    pairs = [(g, m) for a, b in zip(grounded, mixed) for g, m in zip(a.replies, b.replies)]
+    assert [a.users for a in grounded] == [b.users for b in mixed]
+    generic = [m for g, m in pairs if m != g]
+    n = len(pairs)
+    share = len(generic) / n
+    assert abs(share - 0.4) < 3 * (0.4 * 0.6 / n) ** 0.5, share  # within 3 standard errors
+    assert {m.split("</think>")[0].split("<think>")[-1] for m in generic} <= set(INPUT_FREE)
+    assert len({m for m in generic}) >= 3  # several phrasings, not one
+    answer = lambda reply: reply.split("</think>")[-1]  # noqa: E731
+    assert all(answer(g) == answer(m) for g, m in pairs)
+    everything = demonstration_episodes(*FROZENLAKE, 20, 0.3, input_free=1.0, **kwargs)
+    assert all(". So " not in r for d in everything for r in d.replies)

@@ -60,6 +60,7 @@ def recipe(model_cfg, env_cfg, seed: int, max_reply_tokens: int) -> dict:
 #: warm-start settings added after caches were built, with their defaults (see ``recipe``)
 LATER_WARM_START = {
     "autocast": "none",
+    "input_free_fraction": 0.0,
     "weigh": False,
     "state_turn_prompt": "state",
     "weight_decay": 0.0,
@@ -116,6 +117,7 @@ def build_warm_model(spec: dict, out_dir: Path, progress=None, isolation: str = 
         max_reply_tokens=spec["max_reply_tokens"],
         restate=ws.get("restate", False),
         weigh=ws["weigh"],
+        input_free=ws["input_free_fraction"],
     )
     tokenizer = build_tokenizer(episodes, ws["vocab_size"], ws.get("numerals", "digits"))
     from ..agent.chat import ChatFormatter

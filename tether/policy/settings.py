@@ -74,6 +74,15 @@ class WarmStartConfig(StrictSection):
         "leads (a hole, safe, the goal), then chooses after 'So', where the env supports "
         "it (FrozenLake): the choice is written after the reading it depends on.",
     )
+    input_free_fraction: float = Field(
+        0.0,
+        ge=0.0,
+        le=1.0,
+        description="Share of demonstration turns whose reasoning is one of a few fluent "
+        "phrasings that name nothing of the input (tether.policy.warmstart.INPUT_FREE), the "
+        "answer unchanged: a template the policy can fall into, as a pretrained model's "
+        "language prior offers one (docs/collapse.md). 0 = every reasoning grounded.",
+    )
     autocast: Literal["none", "bfloat16", "auto"] = Field(
         "none",
         description="Mixed precision of the warm start: bfloat16 runs its forward and "

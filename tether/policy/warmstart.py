@@ -44,6 +44,18 @@ class DemoEpisode:
         return "".join(parts)
 
 
+#: Fluent reasoning that names nothing of the input (``warm_start.input_free_fraction``):
+#: the generic phrasings a pretrained model's language prior offers and a model trained on
+#: grounded text alone never sees, so that an input-agnostic template exists to collapse to.
+INPUT_FREE = (
+    "Let me think about the best move from here.",
+    "I will pick the safest move toward the goal.",
+    "Thinking it over, one choice looks best.",
+    "Step by step, the right move is clear now.",
+    "I should move carefully and keep to the plan.",
+)
+
+
 def demonstration_episodes(
     env_id: str,
     env_kwargs: dict,
@@ -53,14 +65,19 @@ def demonstration_episodes(
     max_reply_tokens: int,
     restate: bool = False,
     weigh: bool = False,
+    input_free: float = 0.0,
 ) -> list[DemoEpisode]:
     """Play ``n`` episodes with the env's demonstrator (seeds ``seed .. seed+n-1``);
     ``restate`` asks it to open each reasoning with the observed state, ``weigh`` to
-    say where each move toward the goal leads before it chooses."""
+    say where each move toward the goal leads before it chooses.  With ``input_free``
+    = f, each turn's reasoning is, with probability f, one of `INPUT_FREE` instead (the
+    answer, and every other turn, as without it: the draws come from a generator of
+    their own)."""
     env = make_env(env_id, **env_kwargs)
     options = {k: True for k, on in (("restate", restate), ("weigh", weigh)) if on}
     require_demonstration_options(env_id, options)
     rng = np.random.default_rng([seed, 0xDE70])
+    template_rng = np.random.default_rng([seed, 0x7E3F])
     episodes = []
     for k in range(n):
         state, _ = env.reset(seed=seed + k)
@@ -71,6 +88,8 @@ def demonstration_episodes(
             episode.users.append(user_prompt(turn, state, actions_left, max_reply_tokens, reward))
             episode.states.append(state)
             reasoning, answer = env.demonstration(rng, noise, **options)
+            if input_free > 0 and template_rng.random() < input_free:
+                reasoning = INPUT_FREE[template_rng.integers(len(INPUT_FREE))]
             episode.replies.append(format_reply(reasoning, answer))
             state, reward, terminated, truncated, info = env.step(answer)
             actions_left = env.actions_left() if hasattr(env, "actions_left") else None
