@@ -141,3 +141,31 @@ def test_one_command_line_reaches_the_paper_and_the_harness():
     assert "--finding" in usage.output  # the analysis's own options
     wrong = runner.invoke(app, ["analyze", "paper", "--finding", "z", "x.json"])
     assert wrong.exit_code == 2 and "invalid choice" in wrong.output
+
+
+def _with_success(record, values, alarms=None):
+    record["metrics"][pilot.SUCCESS] = dict(zip(PROBE_STEPS, values))
+    record["tags"] = {f"alarm.{name}": str(it) for name, it in (alarms or {}).items()}
+    return record
+
+
+def test_lead_time_is_the_fall_minus_the_alarm():
+    falling = [0.5, 0.5, 0.48, 0.45, 0.41, 0.39, 0.35, 0.3, 0.3]  # 0.10 below at 25 (0.39)
+    runs = [
+        _with_success(_record("a", 1), falling, {"reading_drift": 15, "template_collapse": 30}),
+        _with_success(_record("a", 2), [0.5] * 9, {"template_collapse": 20}),  # never falls
+        _with_success(_record("a", 3), falling),  # no alarm
+        _with_success(_record("a", 4, mi_last=0.4), falling, {"template_collapse": 5}),
+    ]
+    rows = pilot.lead_times(runs)
+    by = {(r["seed"], r["alarm"]): r for r in rows}
+    assert pilot.success_fall(runs[0]["metrics"]) == 25
+    assert by[("1", "reading_drift")]["lead"] == 10
+    assert by[("1", "template_collapse")]["lead"] == -5  # after the fall
+    assert by[("1", "reading_drift")]["success_at_alarm"] == 0.45
+    assert by[("2", "template_collapse")]["lead"] is None  # success never fell
+    assert by[("3", None)]["alarm_iteration"] is None
+    rate = pilot.alarm_first_rate(rows)
+    # runs 1-3 collapsed (run 4 did not): 1 and 2 were warned first, 3 never
+    assert (rate["runs"], rate["alarm_first"]) == (3, 2)
+    assert 0.2 < rate["ci_low"] < 2 / 3 < rate["ci_high"] < 1.0

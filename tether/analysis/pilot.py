@@ -13,7 +13,8 @@ those records as they were written before any run, and nothing else:
   last 5 iterations (else a *format* collapse);
 - **qualification**: the precondition in at least 2 of 3 runs and a collapse in at least 2 of 3.
 
-Pure: records in, rows and verdicts out (no MLflow, no torch).
+Pure: records in, rows and verdicts out (no MLflow, no torch).  ``lead_times`` reads the
+alarms' lead over the fall of held-out success (the confirmation's table).
 """
 
 from __future__ import annotations
@@ -167,3 +168,97 @@ def verdict(rows: list[dict], rules: Rules = RULES) -> dict:
         "runs": len(rows),
         "qualifies": qualifies,
     }
+
+
+# -- alarm lead times (docs/collapse.md, "Confirmation and lead times") ---------------------
+SUCCESS = "mechanism/probe_success"
+
+
+@dataclass(frozen=True)
+class LeadRules:
+    """When held-out success counts as fallen: the first probe point whose
+    ``mechanism/probe_success`` is at least ``fall`` below the first point's."""
+
+    fall: float = 0.10
+
+
+LEAD_RULES = LeadRules()
+
+
+def alarms(record: dict) -> dict[str, int]:
+    """Each alarm's first iteration, from the run's ``alarm.<name>`` tags."""
+    return {
+        key.split(".", 1)[1]: int(float(value))
+        for key, value in record.get("tags", {}).items()
+        if key.startswith("alarm.")
+    }
+
+
+def success_fall(metrics: dict, rules: LeadRules = LEAD_RULES) -> int | None:
+    """The first probe point at which held-out success has fallen by ``rules.fall`` from
+    the run's first point; None when it never does (or was not measured)."""
+    points = sorted(metrics.get(SUCCESS, {}).items())
+    if len(points) < 2:
+        return None
+    first = points[0][1]
+    return next((step for step, value in points[1:] if value <= first - rules.fall), None)
+
+
+def _success_at(metrics: dict, step: int) -> float | None:
+    """Held-out success at the last probe point at or before ``step``."""
+    points = [(s, v) for s, v in sorted(metrics.get(SUCCESS, {}).items()) if s <= step]
+    return points[-1][1] if points else None
+
+
+def lead_times(records: list[dict], rules: LeadRules = LEAD_RULES) -> list[dict]:
+    """Per run and alarm: the alarm's iteration, the iteration success fell, the lead
+    (fall minus alarm; positive: the alarm came first; None when success never fell),
+    success at the alarm and at the end.  A run without an alarm gets one row, alarm None."""
+    rows = []
+    for record in records:
+        metrics = record["metrics"]
+        fall = success_fall(metrics, rules)
+        points = sorted(metrics.get(SUCCESS, {}))
+        end = metrics[SUCCESS][points[-1]] if points else None
+        base = {
+            "candidate": candidate(record),
+            "seed": record.get("params", {}).get("experiment.seed", "?"),
+            "regime": collapse(metrics)["regime"],
+            "fall": fall,
+            "success_end": end,
+        }
+        fired = alarms(record) or {None: None}
+        for name, step in sorted(fired.items(), key=lambda kv: (kv[1] is None, kv[1] or 0)):
+            rows.append(
+                {
+                    **base,
+                    "alarm": name,
+                    "alarm_iteration": step,
+                    "lead": None if step is None or fall is None else fall - step,
+                    "success_at_alarm": None if step is None else _success_at(metrics, step),
+                }
+            )
+    return rows
+
+
+def alarm_first_rate(rows: list[dict]) -> dict:
+    """Among the runs that collapsed (regime template): how many had an alarm at or before
+    the success fall (or an alarm while success never fell), with the Wilson 95 % interval."""
+    from scipy.stats import binomtest
+
+    by_run: dict[tuple, list[dict]] = {}
+    for row in rows:
+        if row["regime"] == "template":
+            by_run.setdefault((row["candidate"], row["seed"]), []).append(row)
+    first = sum(
+        any(
+            r["alarm_iteration"] is not None
+            and (r["fall"] is None or r["alarm_iteration"] <= r["fall"])
+            for r in run_rows
+        )
+        for run_rows in by_run.values()
+    )
+    n = len(by_run)
+    ci = binomtest(first, n).proportion_ci(0.95, method="wilson") if n else None
+    low, high = (ci.low, ci.high) if ci else (None, None)
+    return {"runs": n, "alarm_first": first, "ci_low": low, "ci_high": high}

@@ -93,6 +93,12 @@ def pilot(
     records: list[Path] = typer.Argument(
         ..., help="Pilot records (experiments/collapse_pilot/records/*.json.gz)."
     ),
+    lead: bool = typer.Option(
+        False,
+        "--lead-times",
+        help="Also each alarm's lead over the fall of held-out success, and the share of "
+        "collapsing runs warned first.",
+    ),
 ):
     """The collapse pilot by its protocol (docs/collapse.md).
 
@@ -121,3 +127,41 @@ def pilot(
             f"{state[result['qualifies']]}",
             highlight=False,
         )
+    if lead:
+        _print_lead_times(rules, loaded)
+
+
+def _print_lead_times(rules, loaded: list[dict]) -> None:
+    rows = rules.lead_times(loaded)
+    table = Table(title="Alarm lead times (docs/collapse.md)")
+    for column in (
+        "candidate",
+        "seed",
+        "regime",
+        "alarm",
+        "at",
+        "success fell at",
+        "lead",
+        "success at alarm",
+        "success at end",
+    ):
+        table.add_column(column)
+    for r in rows:
+        table.add_row(
+            r["candidate"],
+            str(r["seed"]),
+            str(r["regime"]),
+            str(r["alarm"] or "none"),
+            str(r["alarm_iteration"] or "-"),
+            str(r["fall"] or "never"),
+            "-" if r["lead"] is None else f"{r['lead']:+d}",
+            _num(r["success_at_alarm"]),
+            _num(r["success_end"]),
+        )
+    console.print(table)
+    rate = rules.alarm_first_rate(rows)
+    console.print(
+        f"alarm first on {rate['alarm_first']} of {rate['runs']} collapsing runs "
+        f"[{_num(rate['ci_low'], 2)}, {_num(rate['ci_high'], 2)}] (Wilson 95 %)",
+        highlight=False,
+    )
