@@ -18,8 +18,10 @@ from tether.analysis.verdicts import (
     PROBE_H,
     PROBE_MI,
     PROBE_Z,
+    b_test,
     c_contrasts,
     family,
+    loss_scales,
     noise,
     probe_mi_change,
     quartile_gap,
@@ -129,6 +131,41 @@ def test_noisy_runs_stay_out_of_a_b_and_d_and_c_pairs_by_seed():
         if not (r.params["experiment.seed"] == "0" and r.params["env.stochasticity"] == "1.0")
     ]
     assert len(c_contrasts(partial)) == 5
+
+
+def test_b_counts_a_point_the_arms_share_once_and_reads_both_ways():
+    runs = [run(s, a) for s in range(8) for a in ("none", "top_p", "top_k")]
+    for r in runs:  # iteration 1: the seed's three arms are one policy, one measurement
+        first = runs[3 * int(r.params["experiment.seed"])]
+        for key in (PROBE_Z, PROBE_H, SUCCESS):
+            r.metrics[key][1] = first.metrics[key][1]
+        r.metrics[PROBE_H] = {i: 2.0 - 3 * r.metrics[SUCCESS][i] for i in STEPS}
+    out = b_test(runs, resamples=400)
+    assert out["points"] == 8 * (3 * 3 - 2) and out["n"] == 8
+    reading = out["readings"]
+    z, h = reading["rho_mi_z"]["mean"], reading["rho_h"]["mean"]
+    assert h < -0.9 < 0.9 < z  # z tracks success, H(Z|X) falls with it
+    assert reading["signed"]["mean"] == pytest.approx(z - h) and reading["signed"]["mean"] > 1.8
+    assert out["mean"] == reading["abs"]["mean"] == pytest.approx(z - abs(h))
+    for r in reading.values():
+        assert r["ci_low"] <= r["mean"] <= r["ci_high"]
+    # arms that differ at iteration 1 are three measurements there, each counted
+    apart = [run(s, a) for s in range(8) for a in ("none", "top_p", "top_k")]
+    assert b_test(apart, resamples=50)["points"] == 8 * 3 * 3
+
+
+def test_the_d_rows_arms_task_step_scales():
+    runs = suite(seeds=range(4))
+    kept = {"none": 1.0, "top_p": 0.6, "top_k": 0.5}
+    for r in runs:
+        r.params["filter.loss_scaling"] = "linear"
+        base = kept[arm_of(r)] if noise(r) == 0.0 else 9.0  # noisy runs stay out
+        r.metrics["filter/loss_scale"] = {i: base + 0.01 * (i % 2) for i in range(1, 5)}
+    out = loss_scales(runs)
+    assert set(out) == {"none", "top_p", "top_k"} and out["top_p"]["n"] == 4
+    for arm, scale in kept.items():
+        assert out[arm]["mean"] == pytest.approx(scale + 0.005) and out[arm]["scaling"] == "linear"
+    assert loss_scales([run(0, "none")]) == {}  # a record without the metric: nothing
 
 
 def test_the_measures_of_one_run():

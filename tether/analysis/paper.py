@@ -442,8 +442,11 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         from .verdicts import (
             act_vs_warn,
             act_vs_warn_tables,
+            b_readings_table,
             family,
             family_table,
+            loss_scale_line,
+            loss_scales,
             sensitivity,
             sensitivity_tables,
         )
@@ -476,17 +479,20 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
                     )
                     return 2
             out["tests"] = family(runs, c_runs)
+            out["loss_scales"] = loss_scales(runs)
         if args.table:
             if args.act_vs_warn:
                 tables = act_vs_warn_tables(out["act_vs_warn"])
             elif args.sensitivity:
                 tables = sensitivity_tables(out["sensitivity"])
             else:
-                tables = [family_table(out["tests"])]
+                tables = [family_table(out["tests"]), b_readings_table(out["tests"]["b"])]
             # at least 132 columns: a narrower console (a pipe: 80) wraps every cell
             console = Console(width=max(132, Console().width))
             for table in tables:
                 console.print(table)
+            if "loss_scales" in out:
+                print(loss_scale_line(out["loss_scales"]))
             c_count = f", c {out['c_runs']}" if c_runs is not None else ""
             print(
                 f"runs {out['runs']}{c_count} {out['commits']}; "

@@ -86,42 +86,68 @@ def quartile_gap(runs: list[RunData]) -> float | None:
 
 def _points(runs: list[RunData]) -> list[tuple[str, float, float, float]]:
     """(seed, probe MI z-score, probe H(Z|X), training success) at every diagnosed
-    iteration of every run."""
-    out = []
+    iteration of every run, a point shared by a seed's arms counted once: at iteration 1
+    the arms are one policy (one warm start, no update told apart yet), so their three
+    identical points are one measurement, not three."""
+    out = {}
     for run in runs:
         z, h, s = (run.metrics.get(k, {}) for k in (PROBE_Z, PROBE_H, SUCCESS))
-        out += [(seed(run), z[i], h[i], s[i]) for i in sorted(set(z) & set(h) & set(s))]
-    return out
+        for i in sorted(set(z) & set(h) & set(s)):
+            out.setdefault((seed(run), i, z[i], h[i], s[i]), (seed(run), z[i], h[i], s[i]))
+    return list(out.values())
 
 
-def _b_statistic(points) -> float:
+def _rhos(points) -> tuple[float, float]:
+    """Spearman rho of the probe's MI z-score and of its H(Z|X) with training success."""
     z, h, s = (np.array([p[k] for p in points], float) for k in (1, 2, 3))
-    return spearman_rho(z, s) - abs(spearman_rho(h, s))
+    return spearman_rho(z, s), spearman_rho(h, s)
+
+
+#: Row b's readings: the protocol of 2026-11-27's (``abs``: does MI predict success better
+#: than entropy predicts it, either sign counting) decides; ``signed`` is the 2026-11-23
+#: protocol's rho(MI z) - rho(H), shown beside it; the two components are shown alone.
+B_READINGS = {
+    "abs": lambda z, h: z - abs(h),
+    "signed": lambda z, h: z - h,
+    "rho_mi_z": lambda z, h: z,
+    "rho_h": lambda z, h: h,
+}
 
 
 def b_test(runs: list[RunData], resamples: int = 2000, rng_seed: int = 0) -> dict:
     """Test b in ``paired_effect``'s shape: the statistic on every point, a percentile
-    interval and the two one-sided bootstrap p-values from resampling whole seeds."""
+    interval and the two one-sided bootstrap p-values from resampling whole seeds.
+    ``readings`` holds each of `B_READINGS` on the same resamples (estimate and 95 %
+    interval); the verdict is the ``abs`` reading's."""
     points = _points(runs)
     seeds = sorted({p[0] for p in points})
     out = {"n": len(seeds), "direction": 1, "sesoi": SESOI["b"], "sd": math.nan}
-    out.update(mean=math.nan, ci_low=math.nan, ci_high=math.nan)
-    out.update(p_paper=math.nan, p_short=math.nan, power=math.nan)
+    out.update(mean=math.nan, ci_low=math.nan, ci_high=math.nan, points=len(points))
+    out.update(p_paper=math.nan, p_short=math.nan, power=math.nan, readings={})
     if len(seeds) < 2 or len(points) < 3:
         return out
     by = defaultdict(list)
     for p in points:
         by[p[0]].append(p)
     rng = np.random.default_rng(rng_seed)
-    boots = []
+    drawn_rhos = []
     for _ in range(resamples):
         drawn = rng.choice(len(seeds), len(seeds))
-        boots.append(_b_statistic([p for k in drawn for p in by[seeds[k]]]))
-    boots = np.asarray(boots)
-    boots = boots[~np.isnan(boots)]
-    out["mean"] = _b_statistic(points)
+        drawn_rhos.append(_rhos([p for k in drawn for p in by[seeds[k]]]))
+    whole = _rhos(points)
+    for name, reading in B_READINGS.items():
+        values = np.array([reading(*r) for r in drawn_rhos], float)
+        values = values[~np.isnan(values)]
+        low, high = np.percentile(values, [2.5, 97.5]) if len(values) else (math.nan,) * 2
+        out["readings"][name] = {
+            "mean": reading(*whole),
+            "ci_low": float(low),
+            "ci_high": float(high),
+        }
+        if name == "abs":
+            boots = values
+    out.update(out["readings"]["abs"])
     if len(boots):
-        out["ci_low"], out["ci_high"] = (float(x) for x in np.percentile(boots, [2.5, 97.5]))
         # The bootstrap's spread is the statistic's standard error; as the per-seed SD that
         # ``paired_power`` takes (it divides by sqrt(n)) that is se x sqrt(n).
         out["sd"] = float(boots.std(ddof=1)) * math.sqrt(len(seeds))
@@ -166,6 +192,38 @@ def family(runs: list[RunData], c_runs: list[RunData] | None = None) -> dict[str
     return decide(dict(sorted(tests.items())))
 
 
+LOSS_SCALE = "filter/loss_scale"
+
+
+def loss_scales(runs: list[RunData]) -> dict[str, dict]:
+    """Per arm of the noise-free runs: the task loss's scale after filtering
+    (``filter/loss_scale``, the kept ratio under ``filter.loss_scaling: linear``), its mean
+    over each run's iterations, then over the runs with a 95 % t-interval, and the scaling
+    the arm ran with.  The d rows compare arms whose task step differs by these factors
+    while the KL and entropy terms keep full size, so a success difference between them
+    is confounded with step size unless the scaling is ``none``."""
+    by_arm = defaultdict(list)
+    scaling = defaultdict(set)
+    for run in runs:
+        if noise(run) == 0.0 and (scale := run.metrics.get(LOSS_SCALE)):
+            by_arm[arm_of(run)].append(float(np.mean(list(scale.values()))))
+            scaling[arm_of(run)].add(run.params.get("filter.loss_scaling", "?"))
+    return {
+        arm: {**t_interval(values), "scaling": "/".join(sorted(scaling[arm]))}
+        for arm, values in sorted(by_arm.items())
+    }
+
+
+def loss_scale_line(scales: dict[str, dict]) -> str:
+    """One line under the family's table: each arm's task-step scale."""
+    arms = ", ".join(
+        f"{arm} {s['mean']:.3f} [{_num(s['ci_low'], '{:.3f}')}, {_num(s['ci_high'], '{:.3f}')}]"
+        f" ({s['scaling']})"
+        for arm, s in scales.items()
+    )
+    return f"task-step scale by arm (filter/loss_scale, d1/d2 compare these): {arms}"
+
+
 #: What each test compares, in a reader's words (the table's first column).
 TESTS = {
     "a1": "a1. no filter: probe I(X;Z) change",
@@ -200,6 +258,27 @@ def family_table(tests: dict[str, dict]):
             f"{_num(t['power'], '{:.2f}')} / {_num(t.get('power_holm'), '{:.2f}')}",
             t["verdict"] or f"none ({t['because']})",
         )
+    return table
+
+
+B_LABELS = {
+    "abs": "rho(MI z) - |rho(H)|  (decides: the protocol of 2026-11-27)",
+    "signed": "rho(MI z) - rho(H)  (the protocol of 2026-11-23)",
+    "rho_mi_z": "rho(MI z-score, success)  (the paper: +0.39)",
+    "rho_h": "rho(H(Z|X), success)  (the paper: -0.14)",
+}
+
+
+def b_readings_table(test: dict):
+    """Row b read each way of `B_READINGS`, on one set of seed resamples."""
+    from rich.table import Table
+
+    table = Table(title=f"Row b, read both ways ({test['n']} seeds, {test['points']} points)")
+    for name in ("reading", "estimate [95 %]"):
+        table.add_column(name)
+    for key, r in test["readings"].items():
+        interval = f"{_num(r['mean'])} [{_num(r['ci_low'])}, {_num(r['ci_high'])}]"
+        table.add_row(B_LABELS[key], interval)
     return table
 
 
