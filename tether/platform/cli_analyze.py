@@ -88,6 +88,13 @@ def _cells(row: dict) -> list[str]:
     ]
 
 
+def _wide():
+    """A console of at least 180 columns: a pipe's 80 would cut every cell of a run's row."""
+    from rich.console import Console
+
+    return Console(width=max(180, console.width))
+
+
 @analyze_app.command("pilot")
 def pilot(
     records: list[Path] = typer.Argument(
@@ -117,8 +124,8 @@ def pilot(
         table.add_column(column)
     for name, result in verdicts.items():
         for row in result["rows"]:
-            table.add_row(name, *_cells(row))
-    console.print(table)
+            table.add_row(name.removeprefix("tether-collapse-pilot-"), *_cells(row))
+    _wide().print(table)
     for name, result in verdicts.items():
         state = {True: "qualifies", False: "does not qualify", None: "incomplete"}
         console.print(
@@ -158,7 +165,7 @@ def _print_lead_times(rules, loaded: list[dict]) -> None:
             _num(r["success_at_alarm"]),
             _num(r["success_end"]),
         )
-    console.print(table)
+    _wide().print(table)
     rate = rules.alarm_first_rate(rows)
     console.print(
         f"alarm first on {rate['alarm_first']} of {rate['runs']} collapsing runs "
