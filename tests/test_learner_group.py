@@ -236,3 +236,19 @@ def test_trainer_with_learner_world_size_2(micro_policy, models_dir, ray_local, 
     assert "grad_snr/q1/task_grad_norm" in run.data.metrics  # the analyses on rank 0's copy
     assert "collapse/first_turn/num_pairs" in run.data.metrics
     assert {"model"} <= {a.path for a in client.list_artifacts(two)}
+
+
+def test_every_forwarded_method_is_a_learner_method_of_the_same_name():
+    """The group forwards through one mechanism (``_Collective``); each name it forwards
+    is one of ``Learner``'s methods, so a rename there cannot leave a dangling call."""
+    import inspect
+
+    from tether.actors.learner import Learner
+    from tether.actors.learner_group import LearnerGroup, _Collective
+
+    learner = Learner.__ray_metadata__.modified_class
+    forwarded = [n for n, v in vars(LearnerGroup).items() if isinstance(v, _Collective)]
+    assert {"prepare", "update", "diagnose", "probe", "save"} <= set(forwarded)
+    for name in forwarded:
+        assert inspect.isfunction(getattr(learner, name, None)), name
+        assert getattr(LearnerGroup, name).name == name

@@ -16,6 +16,7 @@ size 1 there is one rank, no process group and no sharding: the single learner.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import ray
@@ -37,6 +38,23 @@ class LearnerDied(RuntimeError):
             f"({type(cause).__name__}{': ' + first[0][:200] if first else ''})"
         )
         self.method, self.ranks = method, ranks
+
+
+class _Collective:
+    """A ``Learner`` method that every rank of a group runs at once with the same
+    arguments (``LearnerGroup._all``): the group's attribute of the same name."""
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.name = name
+
+    def __get__(self, group, owner=None):
+        if group is None:
+            return self
+        return functools.partial(group._all, self.name)
+
+    def __call__(self, group: LearnerGroup, *args, **kwargs):
+        """Called on the class (``LearnerGroup.update(group, batch)``), as a method is."""
+        return group._all(self.name, *args, **kwargs)
 
 
 class LearnerGroup:
@@ -109,23 +127,19 @@ class LearnerGroup:
         fresh optimisers, this run's settings and seed."""
         self._all("start_run", settings, lr, critic_lr, seed)
 
-    def adjust(self, settings: UpdateSettings, lr: float) -> None:
-        """Mid-run settings and learning rate on every rank (``Learner.adjust``)."""
-        self._all("adjust", settings, lr)
-
     @property
     def world_size(self) -> int:
         return len(self.ranks)
 
-    def _all(self, method: str, *args):
+    def _all(self, method: str, *args, **kwargs):
         """Call ``method`` on every rank (large arguments go to the object store once)
         and return rank 0's result."""
-        args = (
-            tuple(ray.put(a) if isinstance(a, (TrajectoryBatch, list, dict)) else a for a in args)
-            if self.world_size > 1
-            else args
-        )
-        return self._gather(method, [getattr(rank, method).remote(*args) for rank in self.ranks])[0]
+        if self.world_size > 1:
+            shared = (TrajectoryBatch, list, dict)
+            args = tuple(ray.put(a) if isinstance(a, shared) else a for a in args)
+            kwargs = {k: ray.put(a) if isinstance(a, shared) else a for k, a in kwargs.items()}
+        calls = [getattr(rank, method).remote(*args, **kwargs) for rank in self.ranks]
+        return self._gather(method, calls)[0]
 
     def _gather(self, method: str, refs: list) -> list:
         """The ranks' results, in rank order; LearnerDied when a rank's process died.
@@ -167,61 +181,29 @@ class LearnerGroup:
                     pass
         return sorted(dead)
 
-    def prepare(self, batch: TrajectoryBatch, recompute_old_logprobs: bool) -> TrajectoryBatch:
-        return self._all("prepare", batch, recompute_old_logprobs)
-
-    def update(self, batch: TrajectoryBatch) -> dict[str, float]:
-        return self._all("update", batch)
-
-    def diagnose(
-        self,
-        trajectories,
-        diagnostics_cfg,
-        ema_state,
-        seed: int,
-        keep_matrices: bool,
-        information_chain: bool = True,
-    ):
-        return self._all(
-            "diagnose",
-            trajectories,
-            diagnostics_cfg,
-            ema_state,
-            seed,
-            keep_matrices,
-            information_chain,
-        )
-
-    def probe(self, trajectories, diagnostics_cfg, ema_state, seed: int):
-        return self._all("probe", trajectories, diagnostics_cfg, ema_state, seed)
-
-    def grad_snr(self, batch: TrajectoryBatch, n_buckets: int) -> dict[str, float]:
-        return self._all("grad_snr", batch, n_buckets)
+    # Learner methods every rank runs with the same arguments, rank 0's answer the group's
+    # (``Learner``'s own signatures and docs apply).
+    prepare = _Collective()
+    update = _Collective()
+    diagnose = _Collective()
+    probe = _Collective()
+    grad_snr = _Collective()
+    dtype_effective = _Collective()
+    diagnostics_precision = _Collective()
+    full_state = _Collective()
+    load_full_state = _Collective()
+    save = _Collective()
+    adjust = _Collective()
 
     def peak_rss_gb(self) -> list[float]:
         """Each rank's peak resident memory (GiB) since the previous call."""
         return self._gather("peak_rss_gb", [rank.peak_rss_gb.remote() for rank in self.ranks])
-
-    def dtype_effective(self) -> str:
-        return self._all("dtype_effective")
-
-    def diagnostics_precision(self, setting: str) -> str:
-        return self._all("diagnostics_precision", setting)
 
     def state_dict(self) -> ray.ObjectRef:
         """The full policy weights as an object-store reference (rank 0 gathers them)."""
         refs = [rank.state_dict.remote() for rank in self.ranks]
         self._gather("state_dict", refs[1:])  # the other ranks' part of the gather (and errors)
         return refs[0]
-
-    def full_state(self) -> dict:
-        return self._all("full_state")
-
-    def load_full_state(self, state: dict) -> None:
-        self._all("load_full_state", state)
-
-    def save(self, path: str) -> str:
-        return self._all("save", path)
 
     def shutdown(self) -> None:
         for rank in self.ranks:
