@@ -276,8 +276,16 @@ def verdict_d_quartiles(mi_trend: dict) -> dict:
     return _verdict(REPRODUCED if monotone and above else NOT_AT_THIS_SCALE, said)
 
 
-#: Params that may differ between the runs of one finding: what a sweep varies, and names.
-COMPARED = ("filter.", "experiment.seed", "env.stochasticity", "experiment.run_name")
+#: Params that may differ between the runs of one finding: what a sweep varies, names, and
+#: where each run wrote (a part's own directory and store).
+COMPARED = (
+    "filter.",
+    "experiment.seed",
+    "env.stochasticity",
+    "experiment.run_name",
+    "experiment.output_dir",
+    "tracking.uri",
+)
 
 
 def differing_settings(runs: list[RunData]) -> dict[str, list[str]]:
