@@ -103,14 +103,15 @@ def _rhos(points) -> tuple[float, float]:
     return spearman_rho(z, s), spearman_rho(h, s)
 
 
-#: Row b's readings: the protocol of 2026-11-27's (``abs``: does MI predict success better
-#: than entropy predicts it, either sign counting) decides; ``signed`` is the 2026-11-23
-#: protocol's rho(MI z) - rho(H), shown beside it; the two components are shown alone.
+#: Row b's readings, each a label and a statistic of (rho(MI z), rho(H)): the protocol of
+#: 2026-11-27's (``abs``: does MI predict success better than entropy predicts it, either
+#: sign counting) decides; ``signed`` is the 2026-11-23 protocol's, shown beside it; the two
+#: components are shown alone.
 B_READINGS = {
-    "abs": lambda z, h: z - abs(h),
-    "signed": lambda z, h: z - h,
-    "rho_mi_z": lambda z, h: z,
-    "rho_h": lambda z, h: h,
+    "abs": ("rho(MI z) - |rho(H)|  (decides: the protocol of 2026-11-27)", lambda z, h: z - abs(h)),
+    "signed": ("rho(MI z) - rho(H)  (the protocol of 2026-11-23)", lambda z, h: z - h),
+    "rho_mi_z": ("rho(MI z-score, success)  (the paper: +0.39)", lambda z, h: z),
+    "rho_h": ("rho(H(Z|X), success)  (the paper: -0.14)", lambda z, h: h),
 }
 
 
@@ -135,18 +136,18 @@ def b_test(runs: list[RunData], resamples: int = 2000, rng_seed: int = 0) -> dic
         drawn = rng.choice(len(seeds), len(seeds))
         drawn_rhos.append(_rhos([p for k in drawn for p in by[seeds[k]]]))
     whole = _rhos(points)
-    for name, reading in B_READINGS.items():
+    samples = {}
+    for name, (_, reading) in B_READINGS.items():
         values = np.array([reading(*r) for r in drawn_rhos], float)
-        values = values[~np.isnan(values)]
+        samples[name] = values = values[~np.isnan(values)]
         low, high = np.percentile(values, [2.5, 97.5]) if len(values) else (math.nan,) * 2
         out["readings"][name] = {
             "mean": reading(*whole),
             "ci_low": float(low),
             "ci_high": float(high),
         }
-        if name == "abs":
-            boots = values
     out.update(out["readings"]["abs"])
+    boots = samples["abs"]
     if len(boots):
         # The bootstrap's spread is the statistic's standard error; as the per-seed SD that
         # ``paired_power`` takes (it divides by sqrt(n)) that is se x sqrt(n).
@@ -261,14 +262,6 @@ def family_table(tests: dict[str, dict]):
     return table
 
 
-B_LABELS = {
-    "abs": "rho(MI z) - |rho(H)|  (decides: the protocol of 2026-11-27)",
-    "signed": "rho(MI z) - rho(H)  (the protocol of 2026-11-23)",
-    "rho_mi_z": "rho(MI z-score, success)  (the paper: +0.39)",
-    "rho_h": "rho(H(Z|X), success)  (the paper: -0.14)",
-}
-
-
 def b_readings_table(test: dict):
     """Row b read each way of `B_READINGS`, on one set of seed resamples."""
     from rich.table import Table
@@ -278,7 +271,7 @@ def b_readings_table(test: dict):
         table.add_column(name)
     for key, r in test["readings"].items():
         interval = f"{_num(r['mean'])} [{_num(r['ci_low'])}, {_num(r['ci_high'])}]"
-        table.add_row(B_LABELS[key], interval)
+        table.add_row(B_READINGS[key][0], interval)
     return table
 
 
