@@ -16,7 +16,7 @@ size 1 there is one rank, no process group and no sharding: the single learner.
 
 from __future__ import annotations
 
-import functools
+import types
 from typing import Any
 
 import ray
@@ -48,12 +48,10 @@ class _Collective:
         self.name = name
 
     def __get__(self, group, owner=None):
-        if group is None:
-            return self
-        return functools.partial(group._all, self.name)
+        return self if group is None else types.MethodType(self, group)
 
     def __call__(self, group: LearnerGroup, *args, **kwargs):
-        """Called on the class (``LearnerGroup.update(group, batch)``), as a method is."""
+        """``group.update(batch)`` and ``LearnerGroup.update(group, batch)`` alike."""
         return group._all(self.name, *args, **kwargs)
 
 
