@@ -97,7 +97,7 @@ def tune_config(spec: SweepSpec):
 
         a = sweep.scheduler.asha
         scheduler = ASHAScheduler(
-            time_attr="training_iteration",
+            time_attr="iteration",  # Tether's own: the same count after a resume
             max_t=a.max_t or spec.base.trainer.iterations,
             grace_period=a.grace_period,
             reduction_factor=a.reduction_factor,

@@ -196,6 +196,16 @@ class SweepConfig(StrictSection):
         None,
         description="Where Tune keeps the sweep's state (default: <experiment.output_dir>/sweeps).",
     )
+    checkpoint_every: int = Field(
+        1,
+        ge=0,
+        description=(
+            "Each trial's checkpoint cadence in iterations (in place of the base's "
+            "trainer.checkpoint_every): a trial interrupted and continued with "
+            "`tether sweep --resume` goes on from its last checkpoint, so 1 loses at most one "
+            "iteration; 0 keeps the base's cadence."
+        ),
+    )
 
     @model_validator(mode="after")
     def _consistent(self):

@@ -1,11 +1,22 @@
 """What runs in a sweep trial's process: Tune's function trainable, one full training run
-whose iterations are reported to Tune (``run_trial``), with the trial's config."""
+whose iterations are reported to Tune (``run_trial``), with the trial's config.
+
+Every report carries a Tune checkpoint that names the trial's MLflow run and its
+checkpoint directory (``trial.json``, a few bytes: the weights stay in Tether's own
+checkpoints).  A trial that ``tether sweep --resume`` restores gets it back from
+``tune.get_checkpoint()`` and continues that MLflow run from the newest checkpoint in
+that directory, at the trial's cadence (``sweep.checkpoint_every``), instead of from
+its first iteration."""
 
 from __future__ import annotations
 
+import json
 import math
+import tempfile
+from pathlib import Path
 from typing import Any
 
+from .checkpoint import latest_checkpoint
 from .events import Event
 from .sweep_search import decode
 from .sweep_spec import SweepSpec, flat_values, swept_fields
@@ -22,6 +33,8 @@ def run_trial(config: dict[str, Any], spec_json: str, parent_run_id: str) -> Non
     values = decode(spec, config)
     trial_id = tune.get_context().get_trial_id()
     cfg = stop_when_collapsed(spec.build(values), spec.sweep.stop_collapsed)
+    if spec.sweep.checkpoint_every:
+        cfg.trainer.checkpoint_every = spec.sweep.checkpoint_every
     cfg.experiment.run_name = f"{spec.name}-{trial_id}"
     resolved = cfg.flat()
     tags = {
@@ -31,30 +44,62 @@ def run_trial(config: dict[str, Any], spec_json: str, parent_run_id: str) -> Non
         **{f"sweep.param.{k}": v for k, v in flat_values(values).items()},
     }
 
+    resume_from, resume_run_id = continued_from(tune.get_checkpoint())
+    if resume_from is not None:
+        print(f"trial {trial_id}: continuing run {resume_run_id} from {resume_from}", flush=True)
     reported = [0]  # the last iteration Tune has
+    pointer: dict[str, str] = {}  # what this trial's Tune checkpoints name
 
     def on_event(kind: str, data: dict) -> None:
         if kind == Event.TRACKING:  # the spool's start and drain lines, into the trial's log
             print(data["message"], flush=True)
+        elif kind == Event.STARTED:
+            pointer.update(
+                run_id=data["run_id"], checkpoints=str(trainer.checkpoint_dir().resolve())
+            )
         elif kind == Event.ITERATION and data["iteration"] > reported[0]:
             # (an iteration re-run after a learner rebuild is reported, as logged, once)
             reported[0] = data["iteration"]
-            tune.report(
-                {
-                    k: float(v)
-                    for k, v in data.items()
-                    if k != "total" and isinstance(v, (int, float)) and math.isfinite(float(v))
-                }
-            )
+            metrics = {
+                k: float(v)
+                for k, v in data.items()
+                if k != "total" and isinstance(v, (int, float)) and math.isfinite(float(v))
+            }
+            with tempfile.TemporaryDirectory() as directory:
+                (Path(directory) / TRIAL_POINTER).write_text(json.dumps(pointer))
+                tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(directory))
 
     # Tune reuses this process (and its placement group) for the next trial with the same
     # resources; the process's pool keeps a finished trial's rollout workers and learner
     # for it, and ends them if that trial's constructor arguments differ (actor_pool.py).
-    summary = Trainer(
-        cfg, on_event, parent_run_id=parent_run_id, run_tags=tags, actor_pool=process_pool()
-    ).run()
+    trainer = Trainer(
+        cfg,
+        on_event,
+        parent_run_id=parent_run_id,
+        run_tags=tags,
+        actor_pool=process_pool(),
+        resume_from=resume_from,
+        resume_run_id=resume_run_id,
+    )
+    summary = trainer.run()
     if summary.status != "FINISHED":
         raise RuntimeError(f"trial {trial_id} ended {summary.status}")
+
+
+#: The file of a trial's Tune checkpoint: {"run_id": ..., "checkpoints": <directory>}.
+TRIAL_POINTER = "trial.json"
+
+
+def continued_from(checkpoint) -> tuple[Path | None, str | None]:
+    """(Tether checkpoint, MLflow run id) a restored trial continues from, read from its
+    Tune ``checkpoint``; (None, None) for a new trial, or for one interrupted before its
+    first Tether checkpoint (it starts again, in a new MLflow run)."""
+    if checkpoint is None:
+        return None, None
+    with checkpoint.as_directory() as directory:
+        pointer = json.loads((Path(directory) / TRIAL_POINTER).read_text())
+    newest = latest_checkpoint(Path(pointer["checkpoints"])) if pointer else None
+    return (newest, pointer["run_id"]) if newest is not None else (None, None)
 
 
 def stop_when_collapsed(cfg, stop):
