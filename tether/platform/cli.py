@@ -256,7 +256,7 @@ def sweep(
         False,
         "--resume",
         help="Continue an interrupted sweep: "
-        "only unfinished trials run, in the same MLflow parent.",
+        "unfinished trials go on from their last checkpoint, in the same MLflow runs.",
     ),
     address: str | None = typer.Option(
         None, "--address", help="Join this Ray cluster (default: RAY_ADDRESS, else a local Ray)."

@@ -12,7 +12,8 @@ trainable (the search itself: ``sweep_search.py``). Each trial builds its config
 ``Trainer`` inside its placement group (one bundle for the trial loop, one for its
 rollout workers + learner) and reports every iteration's metrics to Tune. The parent
 run id lives in the Tune experiment directory, so ``--resume`` continues the same
-parent and re-runs only the trials that had not finished.
+parent, and each trial that had not finished goes on from its last checkpoint in its
+own MLflow run (``sweep_trial.continued_from``).
 """
 
 from __future__ import annotations
