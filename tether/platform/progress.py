@@ -211,7 +211,7 @@ class SweepDisplay:
             if t.trial_id not in iterations:
                 iterations[t.trial_id] = iterations_of(t)
             if status[t.trial_id] not in DONE and status[t.trial_id] != "RUNNING":
-                seen.pop(t.trial_id, None)  # pending (again): it starts from scratch
+                seen.pop(t.trial_id, None)  # pending (again): its next result says where
         total_trials = max(expected, len(trials))
         done = sum(s in DONE for s in status.values())
         running = sum(s == "RUNNING" for s in status.values())
@@ -219,11 +219,7 @@ class SweepDisplay:
 
         def progress(t) -> int:
             n = iterations[t.trial_id]
-            return (
-                n
-                if status[t.trial_id] in DONE
-                else min(n, int(seen.get(t.trial_id, {}).get("training_iteration", 0) or 0))
-            )
+            return n if status[t.trial_id] in DONE else min(n, _iteration(seen.get(t.trial_id, {})))
 
         work_total = (
             sum(iterations[t.trial_id] for t in trials)
@@ -264,3 +260,9 @@ class SweepDisplay:
             return False
         self._last_refresh = now
         return True
+
+
+def _iteration(result: dict) -> int:
+    """A trial's last reported iteration: Tether's own count (the same after a resume
+    from a checkpoint), else Tune's count of reports."""
+    return int(result.get("iteration", result.get("training_iteration", 0)) or 0)
