@@ -54,6 +54,26 @@ def test_each_response_changes_its_setting_within_its_bounds():
     assert Rollback().apply(KNOBS, GROUNDED, 4) is None  # nothing grounded before
 
 
+def test_every_filter_strategy_tightens_to_a_filter_that_keeps_fewer_groups_or_says_its_bound():
+    """Each strategy declares its own tightening (algos/filters.py): applied until its
+    bound, the kept count never rises and the value stays one its config accepts."""
+    from tether.algos.filters import FILTER_STRATEGIES, FilterConfig, snr_filter
+
+    rewards = [[float(g % 3 == 0), 0.0, 1.0, float(g % 2)] for g in range(16)]
+    starts = {"none": 0.0, "top_p": 0.9, "top_k": 0.9, "top_k_abs": 12.0, "min_p": 0.1}
+    assert set(starts) == set(FILTER_STRATEGIES)
+    for strategy, value in starts.items():
+        knobs, kept, steps = Knobs(strategy, value, 0.0, 0.0, 1e-3), 16, 0
+        while (step := TightenFilter(factor=0.7).apply(knobs, [], None)) is not None:
+            knobs, steps = step[0], steps + 1
+            cfg = FilterConfig(strategy=knobs.filter_strategy, value=knobs.filter_value)
+            now = len(snr_filter(rewards, cfg).kept_groups)
+            assert now <= kept, (strategy, knobs)
+            kept = now
+            assert steps < 50, strategy
+        assert steps >= 1, strategy
+
+
 def test_controller_order_skips_cooldown_cap_and_times():
     controller = Controller(
         {"template_collapse": [TightenFilter(floor=0.95), RaiseKl(times=2), Rollback()]},

@@ -196,12 +196,48 @@ def _keep_min_p(sorted_scores: np.ndarray, n_groups: int, cfg: FilterConfig) -> 
     return int(np.count_nonzero(sorted_scores >= threshold - 1e-12))  # sorted, so a prefix
 
 
-FILTER_STRATEGIES: dict[str, Callable[[np.ndarray, int, FilterConfig], int]] = {
-    "none": _keep_none,
-    "top_p": _keep_top_p,
-    "top_k": _keep_top_k,
-    "top_k_abs": _keep_top_k_abs,
-    "min_p": _keep_min_p,
+# Each tightening takes the strategy's value and a response's factor, floor and start
+# (``diagnostics.settings.TightenFilter``) and returns the next (strategy, value), or
+# None when the strategy is at its bound.
+Tightened = tuple[str, float] | None
+
+
+def _tighten_none(value: float, factor: float, floor: float, start: float) -> Tightened:
+    return "top_p", max(start, floor)  # no filter: start filtering
+
+
+def _tighten_share(strategy: str) -> Callable[[float, float, float, float], Tightened]:
+    """top_p's ratio or top_k's fraction times ``factor``, not below ``floor``."""
+
+    def tighten(value: float, factor: float, floor: float, start: float) -> Tightened:
+        return None if value <= floor else (strategy, max(floor, value * factor))
+
+    return tighten
+
+
+def _tighten_top_k_abs(value: float, factor: float, floor: float, start: float) -> Tightened:
+    return "top_k_abs", float(max(1, min(value - 1, int(value * factor))))  # one group fewer
+
+
+def _tighten_min_p(value: float, factor: float, floor: float, start: float) -> Tightened:
+    return "min_p", min(1.0, value / factor)  # a higher share of the best score
+
+
+@dataclass(frozen=True)
+class FilterStrategy:
+    """One filter strategy: how many of the ranked candidates it ``keep``s, and how an
+    alarm's response ``tighten``s it."""
+
+    keep: Callable[[np.ndarray, int, FilterConfig], int]
+    tighten: Callable[[float, float, float, float], Tightened]
+
+
+FILTER_STRATEGIES: dict[str, FilterStrategy] = {
+    "none": FilterStrategy(_keep_none, _tighten_none),
+    "top_p": FilterStrategy(_keep_top_p, _tighten_share("top_p")),
+    "top_k": FilterStrategy(_keep_top_k, _tighten_share("top_k")),
+    "top_k_abs": FilterStrategy(_keep_top_k_abs, _tighten_top_k_abs),
+    "min_p": FilterStrategy(_keep_min_p, _tighten_min_p),
 }
 
 LOSS_SCALINGS: dict[str, Callable[[float], float]] = {
@@ -281,7 +317,7 @@ def snr_filter(
     order = np.argsort(-scores, kind="stable")  # descending, ties by original index
     if cfg.strategy != "none" and not cfg.include_zero:
         order = order[~zero[order]]
-    n_keep = FILTER_STRATEGIES[cfg.strategy](scores[order], n_groups, cfg)
+    n_keep = FILTER_STRATEGIES[cfg.strategy].keep(scores[order], n_groups, cfg)
     kept = sorted(int(g) for g in order[:n_keep])
 
     kept_mask = np.zeros(n_groups, dtype=bool)

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Annotated, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
+from ..algos.filters import FILTER_STRATEGIES
 from ..sections import StrictSection
 
 if TYPE_CHECKING:
@@ -266,17 +267,9 @@ class TightenFilter(_Response):
 
     def apply(self, knobs, checkpoints, reference):
         strategy, value = knobs.filter_strategy, knobs.filter_value
-        if strategy == "none":
-            new = ("top_p", max(self.start, self.floor))
-        elif strategy == "min_p":
-            new = (strategy, min(1.0, value / self.factor))
-        elif strategy == "top_k_abs":
-            new = (strategy, float(max(1, min(value - 1, int(value * self.factor)))))
-        elif value <= self.floor:
-            return None
-        else:
-            new = (strategy, max(self.floor, value * self.factor))
-        if new == (strategy, value):
+        # each strategy says how it tightens (algos/filters.py)
+        new = FILTER_STRATEGIES[strategy].tighten(value, self.factor, self.floor, self.start)
+        if new is None or new == (strategy, value):
             return None
         return dataclasses.replace(knobs, filter_strategy=new[0], filter_value=new[1]), None
 

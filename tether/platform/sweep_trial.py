@@ -36,13 +36,7 @@ def run_trial(config: dict[str, Any], spec_json: str, parent_run_id: str) -> Non
     if spec.sweep.checkpoint_every:
         cfg.trainer.checkpoint_every = spec.sweep.checkpoint_every
     cfg.experiment.run_name = f"{spec.name}-{trial_id}"
-    resolved = cfg.flat()
-    tags = {
-        "sweep.name": spec.name,
-        "sweep.trial_id": trial_id,
-        **{f"sweep.param.{k}": resolved.get(k, v) for k, v in swept_fields(spec).items()},
-        **{f"sweep.param.{k}": v for k, v in flat_values(values).items()},
-    }
+    tags = trial_tags(spec, cfg, values, trial_id)
 
     resume_from, resume_run_id = continued_from(tune.get_checkpoint())
     if resume_from is not None:
@@ -84,6 +78,17 @@ def run_trial(config: dict[str, Any], spec_json: str, parent_run_id: str) -> Non
     summary = trainer.run()
     if summary.status != "FINISHED":
         raise RuntimeError(f"trial {trial_id} ended {summary.status}")
+
+
+def trial_tags(spec: SweepSpec, cfg, values: dict, trial_id: str) -> dict[str, Any]:
+    """The trial run's sweep tags: the sweep, the trial and each swept field's value."""
+    resolved = cfg.flat()
+    return {
+        "sweep.name": spec.name,
+        "sweep.trial_id": trial_id,
+        **{f"sweep.param.{k}": resolved.get(k, v) for k, v in swept_fields(spec).items()},
+        **{f"sweep.param.{k}": v for k, v in flat_values(values).items()},
+    }
 
 
 #: The file of a trial's Tune checkpoint: {"run_id": ..., "checkpoints": <directory>}.
