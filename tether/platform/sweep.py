@@ -362,6 +362,8 @@ def _tuner(spec: SweepSpec, place: _Place, ids: tuple, resume: bool):
         callbacks=[SweepProgress(*ids, spec_json)],
         progress_reporter=reporter(spec),
         failure_config=tune.FailureConfig(max_failures=0),
+        # each report's pointer to the trial's run (sweep_trial.py): the newest two kept
+        checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
     )
     return tune.Tuner(
         trainable,
