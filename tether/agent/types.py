@@ -60,3 +60,14 @@ class Trajectory:
             if turn.reply_end > turn.reply_start:
                 rewards[turn.reply_end - 1] += turn.reward
         return rewards
+
+    def malformed_mask(self) -> list[float]:
+        """1 on the reply tokens of each turn whose reply was malformed (no well-formed
+        answer), 0 elsewhere: where the format term acts (``algo.format_coef``)."""
+        mask = [0.0] * len(self.token_ids)
+        for turn in self.turns:
+            if not turn.format_ok:
+                mask[turn.reply_start : turn.reply_end] = [1.0] * (
+                    turn.reply_end - turn.reply_start
+                )
+        return mask

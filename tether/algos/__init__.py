@@ -24,6 +24,7 @@ _EXPORTS = {
         "ADVANTAGE_ESTIMATORS",
         "AdvantageInputs",
         "compute_advantages",
+        "format_advantages",
         "masked_mean",
         "masked_whiten",
         "outcome_token_rewards",

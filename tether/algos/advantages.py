@@ -224,6 +224,23 @@ def reinforce_pp_advantages(inputs: AdvantageInputs, gamma: float = 1.0) -> tupl
     return advantages, returns
 
 
+def format_advantages(malformed_mask: Tensor, response_mask: Tensor) -> Tensor:
+    """The format term's per-token advantages [B,T], outside any group: each reply's
+    tokens get (the batch's share of malformed replies) − (1 if the reply is malformed,
+    else 0), so a malformed reply is pushed down and a well-formed one up, by an amount
+    that does not depend on its group's rewards (a group whose episodes all fail keeps its
+    zero task advantage).  A reply is one unbroken run of agent tokens; all zeros when no
+    reply is malformed or there is none."""
+    maskf = response_mask.to(torch.float64)  # [B,T]
+    starts = maskf * (1.0 - torch.nn.functional.pad(maskf[:, :-1], (1, 0)))  # [B,T]
+    replies = starts.sum()
+    malformed = malformed_mask.to(torch.float64) * maskf  # [B,T]
+    if replies == 0:
+        return torch.zeros_like(maskf, dtype=torch.float32)
+    share = (starts * malformed).sum() / replies
+    return ((share - malformed) * maskf).to(torch.float32)  # [B,T]
+
+
 ADVANTAGE_ESTIMATORS: dict[str, Callable[..., tuple[Tensor, Tensor]]] = {
     "gae": gae_advantages,
     "grpo": grpo_advantages,

@@ -29,6 +29,8 @@ class TrajectoryBatch:
     advantages: torch.Tensor | None = None  # [B, T]
     returns: torch.Tensor | None = None  # [B, T]
     reasoning_mask: torch.Tensor | None = None  # [B, T] float, reasoning tokens (inside <think>)
+    malformed_mask: torch.Tensor | None = None  # [B, T] float, tokens of malformed replies
+    format_advantages: torch.Tensor | None = None  # [B, T] the format term's (advantages.py)
     meta: dict = field(default_factory=dict)
 
     @property
@@ -66,6 +68,7 @@ def collate(trajectories, pad_id: int, reasoning_masks=None) -> TrajectoryBatch:
     response = torch.zeros((n, width))
     rewards = torch.zeros((n, width))
     sampling = torch.zeros((n, width))
+    malformed = torch.zeros((n, width))
     for row, traj in enumerate(trajectories):
         length = len(traj.token_ids)
         input_ids[row, :length] = torch.tensor(traj.token_ids)
@@ -73,6 +76,7 @@ def collate(trajectories, pad_id: int, reasoning_masks=None) -> TrajectoryBatch:
         response[row, :length] = torch.tensor(traj.loss_mask, dtype=torch.float32)
         rewards[row, :length] = torch.tensor(traj.token_rewards())
         sampling[row, :length] = torch.tensor(traj.sampling_logprobs)
+        malformed[row, :length] = torch.tensor(traj.malformed_mask())
     reasoning = None
     if reasoning_masks is not None:
         reasoning = torch.zeros((n, width))
@@ -88,6 +92,7 @@ def collate(trajectories, pad_id: int, reasoning_masks=None) -> TrajectoryBatch:
         group_index=torch.tensor([groups[t.group_id] for t in trajectories]),
         sampling_logprobs=sampling,
         reasoning_mask=reasoning,
+        malformed_mask=malformed,
     )
 
 

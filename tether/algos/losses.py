@@ -413,6 +413,8 @@ def ppo_objective(
     kl_coef: float = 0.0,
     kl_estimator: str = "k3",
     entropy_coef: float = 0.0,
+    format_advantages: Tensor | None = None,
+    format_coef: float = 0.0,
     agg: str = "token-mean",
     denominator: float | None = None,
     token_weights: Tensor | None = None,
@@ -420,6 +422,10 @@ def ppo_objective(
     """-> (task_loss, reg_loss, metrics); minimise task_loss + reg_loss.
 
     ``token_weights`` (the off-policy correction's) weigh the policy-gradient term only.
+    ``format_coef`` > 0 adds the format term to ``reg_loss``: the same clipped surrogate
+    on ``format_advantages`` (``advantages.format_advantages``), which depend on whether a
+    reply is well-formed and not on its input's rewards, so the gradient-SNR analysis
+    counts it with the input-agnostic terms.
 
     The two are separate graphs' worth of terms on the same forward pass, so
     ``task_loss.backward(retain_graph=True)`` and ``reg_loss.backward()`` give the
@@ -449,6 +455,26 @@ def ppo_objective(
         denominator=denominator,
     )
     metrics.update(reg_metrics)
+    if format_coef != 0.0:
+        if format_advantages is None:
+            raise ValueError(
+                "format_coef != 0 needs format_advantages (advantages.format_advantages)"
+            )
+        format_loss, _ = policy_loss(
+            logprobs,
+            old_logprobs,
+            format_advantages,
+            mask,
+            clip_low=clip_low,
+            clip_high=clip_high,
+            agg=agg,
+            dual_clip=dual_clip,
+            denominator=denominator,
+            token_weights=token_weights,
+        )
+        reg_loss = reg_loss + format_coef * format_loss
+        metrics["actor/format_loss"] = float(format_loss.detach())
+        metrics["actor/reg_loss"] = float(reg_loss.detach())
     if entropy is not None:
         metrics["actor/entropy"] = _masked_mean_float(entropy.detach(), mask)
     return task_loss, reg_loss, metrics

@@ -79,6 +79,15 @@ class AlgoConfig(StrictSection):
     entropy_coef: float = Field(
         0.001, ge=0.0, description="Entropy bonus (RAGEN-2 uses 0.001; docs/methods.md §8)."
     )
+    format_coef: float = Field(
+        0.0,
+        ge=0.0,
+        description="Weight of the format term: a clipped policy-gradient term that pushes "
+        "malformed replies down and well-formed ones up, its advantage centred on the "
+        "batch's share of malformed replies instead of a group's rewards, so it keeps the "
+        "reply format without giving a group whose episodes all fail a reward spread "
+        "(env.format_penalty does). Counted with the regularisers (docs/methods.md).",
+    )
     lr: float = Field(
         1e-4, gt=0.0, description="Policy learning rate (tiny model; RAGEN-2 uses 1e-6 for 3B)."
     )

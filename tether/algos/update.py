@@ -61,6 +61,8 @@ class UpdateSettings:
     kl_coef: float
     kl_estimator: str
     entropy_coef: float
+    #: Weight of the format term (``losses.ppo_objective``; 0 = off).
+    format_coef: float
     loss_agg: str
     ppo_epochs: int
     minibatches: int
@@ -158,6 +160,8 @@ def objective(
         kl_coef=s.kl_coef,
         kl_estimator=s.kl_estimator,
         entropy_coef=s.entropy_coef,
+        format_advantages=mb.format_advantages,
+        format_coef=s.format_coef,
         agg=s.loss_agg,
         denominator=denominator,
         token_weights=token_weights,
@@ -190,6 +194,8 @@ def trimmed_rows(
         "advantages",
         "returns",
         "reasoning_mask",
+        "malformed_mask",
+        "format_advantages",
     ):
         value = getattr(sub, name)
         if value is not None:

@@ -14,7 +14,7 @@ from .. import seeds
 from ..actors.memory import peak_rss_gb
 from ..agent.episode import EpisodeSpec
 from ..agent.metrics import EPISODE_ENDS, group_rewards, group_trajectories, transcript
-from ..algos.advantages import AdvantageInputs, compute_advantages
+from ..algos.advantages import AdvantageInputs, compute_advantages, format_advantages
 from ..algos.filters import snr_filter
 from ..algos.settings import AlgoConfig, FilterConfig
 from ..rollout.base import SamplingParams
@@ -124,7 +124,8 @@ def dynamic_sampling(
 
 
 def advantages(batch, algo: AlgoConfig):
-    """The batch with ``advantages`` and ``returns`` by ``algo.advantage``."""
+    """The batch with ``advantages`` and ``returns`` by ``algo.advantage`` (and the format
+    term's ``format_advantages`` when ``algo.format_coef`` is on)."""
     params = {
         "gae": {"gamma": algo.gamma, "lam": algo.lam},
         "reinforce_pp": {"gamma": algo.gamma},
@@ -137,6 +138,8 @@ def advantages(batch, algo: AlgoConfig):
         values=batch.values,
     )
     batch.advantages, batch.returns = compute_advantages(algo.advantage, inputs, **params)
+    if algo.format_coef != 0.0:
+        batch.format_advantages = format_advantages(batch.malformed_mask, batch.response_mask)
     return batch
 
 
