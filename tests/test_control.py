@@ -24,9 +24,9 @@ from tether.diagnostics.settings import (
     Rollback,
     TightenFilter,
 )
-from tether.platform.checkpoint import load_checkpoint
 from tether.platform.config import build_config
-from tether.platform.driver import Trainer
+from tether.platform.run.checkpoint import load_checkpoint
+from tether.platform.run.trainer import Trainer
 
 KNOBS = Knobs("top_p", 0.9, 0.0, 0.001, 3e-4)
 GROUNDED = [GroundedCheckpoint(5, "/c/iter_5.pt"), GroundedCheckpoint(10, "/c/iter_10.pt")]
@@ -146,7 +146,7 @@ def test_a_response_with_no_effect_is_passed_over_and_said():
 
 
 def test_the_responder_says_a_pass_on_the_console_and_in_alarms_json():
-    from tether.platform.alarm_responder import AlarmResponder
+    from tether.platform.run.alarm_responder import AlarmResponder
 
     cfg = build_config({"alarms": {"reading_drift": {"mode": "act"}}})
     events, logged = [], []
@@ -205,7 +205,7 @@ def test_a_run_grounded_for_many_checkpoints_keeps_one_to_roll_back_to(tmp_path)
     stayed below 0.005 for four iterations): the first is kept beside the newest, so
     the rollback has a target; keeping only the newest three left none."""
     from tether.diagnostics.settings import Rollback
-    from tether.platform.alarm_responder import GROUNDED_KEPT, AlarmResponder
+    from tether.platform.run.alarm_responder import GROUNDED_KEPT, AlarmResponder
 
     cfg = build_config({"alarms": {"template_collapse": {"mode": "act"}}})
     responder = AlarmResponder(cfg, emit=lambda *a: None)

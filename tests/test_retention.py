@@ -19,9 +19,9 @@ from mlflow.store.artifact.local_artifact_repo import LocalArtifactRepository
 from mlflow.tracking import MlflowClient
 
 from tether.platform.config import build_config
-from tether.platform.diagnosis import Diagnosis
-from tether.platform.launch import open_tracker
-from tether.platform.stages import log_samples
+from tether.platform.run.diagnosis import Diagnosis
+from tether.platform.run.launch import open_tracker
+from tether.platform.run.stages import log_samples
 
 ITERATIONS = 120
 
@@ -123,7 +123,7 @@ def test_a_local_store_keeps_the_recent_artifacts_and_one_in_fifty(tmp_path):
 
 
 def test_the_rule_by_hand():
-    from tether.platform.retention import ArtifactThinning, RetentionConfig, artifact_kept
+    from tether.platform.tracking.retention import ArtifactThinning, RetentionConfig, artifact_kept
 
     # now 200, recent 20, every 50: kept 1, 181..200, 50, 100, 150
     kept = [i for i in range(1, 201) if artifact_kept(i, 200, 20, 50)]
@@ -173,7 +173,7 @@ def test_a_store_that_cannot_delete_is_thinned_by_not_writing(tmp_path, monkeypa
 
 
 def test_checkpoints_keep_the_newest_k_and_the_protected(tmp_path):
-    from tether.platform.trainer import Trainer
+    from tether.platform.run.trainer import Trainer
 
     cfg = _config(tmp_path, "retention.checkpoints=3", "trainer.checkpoint_every=1")
     trainer = Trainer(cfg)
@@ -206,7 +206,7 @@ def server(tmp_path_factory):
 
 
 def test_a_tracking_server_deletes_its_proxied_artifacts(server, tmp_path):
-    from tether.platform.tracking import Tracker
+    from tether.platform.tracking.tracker import Tracker
 
     cfg = _config(tmp_path, f"tracking.uri={server.uri}")
     # An experiment made without an artifact root: its artifacts live on the server

@@ -24,7 +24,7 @@ from ..envs.settings import EnvConfig
 from ..policy.settings import ModelConfig, WarmStartConfig
 from ..rollout.settings import RolloutConfig
 from ..sections import StrictSection
-from .retention import RetentionConfig
+from .tracking.retention import RetentionConfig
 
 __all__ = [
     "ConfigError",

@@ -52,7 +52,7 @@ def refuse_early(cfg: TetherConfig, address: str | None) -> None:
     sandbox.  (Once this has passed, a tracking server that goes away spools the writes.)"""
     from ..envs import runs_untrusted_code
     from ..envs.sandbox import resolve_isolation
-    from .tracking import check_tracking_reachable
+    from ..store import check_tracking_reachable
 
     if address:
         check_ray_reachable(address)

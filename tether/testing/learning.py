@@ -226,7 +226,7 @@ def run_known_answer(cfg) -> KnownAnswerResult:
     before and after and the per-iteration training success."""
     from mlflow.tracking import MlflowClient
 
-    from ..platform.trainer import Trainer
+    from ..platform.run.trainer import Trainer
 
     summary = Trainer(cfg).run()
     client = MlflowClient(summary.tracking_uri)
@@ -278,7 +278,7 @@ def broken(kind: str) -> Iterator[None]:
     from ..actors.learner_group import LearnerGroup
     from ..algos import advantages, filters
     from ..algos.settings import AlgoConfig
-    from ..platform.trainer import Trainer
+    from ..platform.run.trainer import Trainer
 
     saved_estimators = dict(advantages.ADVANTAGE_ESTIMATORS)
     saved_scalings = dict(filters.LOSS_SCALINGS)

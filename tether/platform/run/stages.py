@@ -10,18 +10,18 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from .. import seeds
-from ..actors.memory import peak_rss_gb
-from ..agent.episode import EpisodeSpec
-from ..agent.metrics import EPISODE_ENDS, group_rewards, group_trajectories, transcript
-from ..algos.advantages import AdvantageInputs, compute_advantages, format_advantages
-from ..algos.filters import snr_filter
-from ..algos.settings import AlgoConfig, FilterConfig
-from ..rollout.base import SamplingParams
+from ... import seeds
+from ...actors.memory import peak_rss_gb
+from ...agent.episode import EpisodeSpec
+from ...agent.metrics import EPISODE_ENDS, group_rewards, group_trajectories, transcript
+from ...algos.advantages import AdvantageInputs, compute_advantages, format_advantages
+from ...algos.filters import snr_filter
+from ...algos.settings import AlgoConfig, FilterConfig
+from ...rollout.base import SamplingParams
+from ..config import TetherConfig, TrainerConfig
+from ..tracking.tracker import Tracker
 from .cadence import due
-from .config import TetherConfig, TrainerConfig
 from .fleet import RolloutFleet
-from .tracking import Tracker
 
 #: Group ids of dynamic-sampling round r start at r * RESAMPLE_GROUP_IDS (round 0, the
 #: iteration's own collection, is 0 .. groups - 1), so groups of different rounds differ.

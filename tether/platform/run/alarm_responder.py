@@ -17,16 +17,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..algos.settings import FilterConfig
-from ..algos.update import UpdateSettings
-from ..diagnostics.alarms import AlarmMonitor
-from ..diagnostics.control import Controller
-from ..diagnostics.settings import GroundedCheckpoint, Knobs
+from ...algos.settings import FilterConfig
+from ...algos.update import UpdateSettings
+from ...diagnostics.alarms import AlarmMonitor
+from ...diagnostics.control import Controller
+from ...diagnostics.settings import GroundedCheckpoint, Knobs
+from ..config import TetherConfig
+from ..tracking.tracker import Tracker
 from .checkpoint import load_checkpoint
-from .config import TetherConfig
 from .events import Event
 from .fleet import RolloutFleet
-from .tracking import Tracker
 
 #: grounded checkpoints kept as rollback targets (the first and the newest; protected from
 #: pruning)
