@@ -13,8 +13,8 @@ import pytest
 from rich.console import Console
 
 from tether.platform.cli.progress import SweepDisplay
-from tether.platform.sweep import runner as sweep
 from tether.platform.sweep import progress as sweep_progress
+from tether.platform.sweep import runner as sweep
 from tether.platform.sweep.spec import load_sweep_spec
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -19,7 +19,7 @@ import abc
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, ClassVar, Literal, Protocol
 
 from pydantic import Field, create_model, model_validator
 
@@ -239,8 +239,21 @@ class GroundedCheckpoint:
     path: str
 
 
+class RunEffects(Protocol):
+    """What a response may do to the run besides changing its knobs (the run's responder
+    implements it: ``platform/run/alarm_responder.py``)."""
+
+    def restore(self, path: str) -> None:
+        """Load a checkpoint's weights and optimiser state and send the weights to the
+        rollout workers."""
+
+
 class _Response(StrictSection):
     times: int = Field(1, ge=1, description="how many times this response may be taken in a run")
+
+    def effect(self, target: GroundedCheckpoint | None, run: RunEffects) -> None:
+        """What taking this response does to the run besides its new knobs (``apply``'s):
+        nothing, unless the response says otherwise (a rollback restores ``target``)."""
 
     @abc.abstractmethod
     def apply(
@@ -324,6 +337,9 @@ class Rollback(_Response):
             return None
         target = max(eligible, key=lambda c: c.iteration)
         return dataclasses.replace(knobs, lr=knobs.lr * self.lr_factor), target
+
+    def effect(self, target, run):
+        run.restore(target.path)
 
     def passed_over(self, knobs, reference):
         where = "" if reference is None else f" at or before iteration {reference}"

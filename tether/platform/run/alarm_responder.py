@@ -68,6 +68,18 @@ class LiveSettings:
         )
 
 
+@dataclass(frozen=True)
+class _RunEffects:
+    """``RunEffects`` on this run's learner and rollout workers."""
+
+    learner: object
+    fleet: RolloutFleet
+
+    def restore(self, path: str) -> None:
+        self.learner.load_full_state(load_checkpoint(Path(path))["learner"])
+        self.fleet.sync_weights(self.learner)
+
+
 class AlarmResponder:
     def __init__(self, cfg: TetherConfig, emit: Callable[[str, dict], None]) -> None:
         self.cfg, self.emit = cfg.alarms, emit
@@ -150,12 +162,9 @@ class AlarmResponder:
             if len(self.controller.passed) > before:
                 self.log_alarms()
             return
-        action, knobs = taken
-        if action.rollback_to is not None:
-            learner.load_full_state(load_checkpoint(Path(action.rollback_to["path"]))["learner"])
+        action, knobs, response, target = taken
+        response.effect(target, _RunEffects(learner, fleet))
         self.apply_knobs(knobs, learner)
-        if action.rollback_to is not None:
-            fleet.sync_weights(learner)
         self.emit(
             Event.ACTION,
             {
