@@ -61,6 +61,7 @@ the driver computes or sends, never the learner's code.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -287,6 +288,7 @@ def broken(kind: str) -> Iterator[None]:
     if kind == "advantage_sign":
         for name, fn in saved_estimators.items():
 
+            @functools.wraps(fn)  # keeps the signature its bound parameters are read from
             def negated(inputs, _fn=fn, **params):
                 adv, returns = _fn(inputs, **params)
                 return -adv, returns

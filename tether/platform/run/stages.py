@@ -14,7 +14,12 @@ from ... import seeds
 from ...actors.memory import peak_rss_gb
 from ...agent.episode import EpisodeSpec
 from ...agent.metrics import EPISODE_ENDS, group_rewards, group_trajectories, transcript
-from ...algos.advantages import AdvantageInputs, compute_advantages, format_advantages
+from ...algos.advantages import (
+    AdvantageInputs,
+    bound_params,
+    compute_advantages,
+    format_advantages,
+)
 from ...algos.filters import snr_filter
 from ...algos.settings import AlgoConfig, FilterConfig
 from ...rollout.base import SamplingParams
@@ -126,10 +131,6 @@ def dynamic_sampling(
 def advantages(batch, algo: AlgoConfig):
     """The batch with ``advantages`` and ``returns`` by ``algo.advantage`` (and the format
     term's ``format_advantages`` when ``algo.format_coef`` is on)."""
-    params = {
-        "gae": {"gamma": algo.gamma, "lam": algo.lam},
-        "reinforce_pp": {"gamma": algo.gamma},
-    }.get(algo.advantage, {})
     inputs = AdvantageInputs(
         scores=batch.scores,
         group_index=batch.group_index,
@@ -137,7 +138,9 @@ def advantages(batch, algo: AlgoConfig):
         token_rewards=batch.token_rewards,
         values=batch.values,
     )
-    batch.advantages, batch.returns = compute_advantages(algo.advantage, inputs, **params)
+    batch.advantages, batch.returns = compute_advantages(
+        algo.advantage, inputs, **bound_params(algo.advantage, algo)
+    )
     if algo.format_coef != 0.0:
         batch.format_advantages = format_advantages(batch.malformed_mask, batch.response_mask)
     return batch
