@@ -220,3 +220,26 @@ def test_a_tracking_server_deletes_its_proxied_artifacts(server, tmp_path):
     assert heatmaps == HEATMAPS_KEPT
     on_server = {p.name for p in server.root.rglob("iter_*.txt")}
     assert on_server == {f.split("/")[-1] for f in SAMPLES_KEPT}
+
+
+def test_metrics_every_logs_the_cadence_and_every_diagnostic_point(tmp_path):
+    """``trainer.metrics_every``: iterations 1, N, 2N, ..., the last, and any iteration
+    whose metrics hold a diagnostic or validation point reach MLflow; the others do not."""
+    from mlflow.tracking import MlflowClient
+
+    from tether.platform.config import TrainerConfig
+    from tether.platform.run.stages import log_iteration
+    from tether.platform.tracking.tracker import Tracker
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracker = Tracker(uri, "metrics-every", artifact_root=tmp_path / "a", run_name="r")
+    t = TrainerConfig(iterations=12, metrics_every=5, samples_per_log=0)
+    for it in range(1, 13):
+        metrics = {"rollout/success": it / 12}
+        if it == 7:
+            metrics["collapse/probe/mi_estimate"] = 0.3
+        log_iteration(tracker, t, it, metrics, [], str)
+        assert "timing/log" in metrics  # the run's own record keeps every iteration
+    tracker.finish("FINISHED")
+    history = MlflowClient(uri).get_metric_history(tracker.run_id, "rollout/success")
+    assert sorted(m.step for m in history) == [1, 5, 7, 10, 12]

@@ -66,7 +66,13 @@ def connect(cfg: TetherConfig, address: str | None, actors: TetherConfig | None 
     actors of ``actors`` (default ``cfg``; a sweep passes none: its trials ask Tune);
     True when this call started Ray (not when Ray was already initialised)."""
     required = actors.actor_resources()["CPU"] if actors is not None else 0
-    return start_ray(address, cfg.ray.num_cpus, required, cfg.ray.task_events_in_gcs)
+    return start_ray(
+        address,
+        cfg.ray.num_cpus,
+        required,
+        cfg.ray.task_events_in_gcs,
+        cfg.ray.malloc_mmap_threshold,
+    )
 
 
 def wait_until_fits(

@@ -194,13 +194,23 @@ def log_samples(
         )
 
 
+#: An iteration whose metrics hold one of these is logged whatever ``metrics_every`` says:
+#: the diagnostic, gradient-SNR and validation points the analyses read.
+POINT_PREFIXES = ("collapse/", "grad_snr/", "mechanism/", "val/")
+
+
 def log_iteration(
     tracker: Tracker, t: TrainerConfig, it: int, metrics: dict, trajectories, decode: Callable
 ) -> None:
     """Iteration ``it``'s metrics and samples; ``timing/log`` (the logging's own time,
     which cannot be in the dict it logs) follows on its own and is added to ``metrics``."""
     started = time.perf_counter()
-    tracker.log_metrics(metrics, step=it)
+    logged = due(it, t.metrics_every, first=True, last=t.iterations) or any(
+        key.startswith(POINT_PREFIXES) for key in metrics
+    )
+    if logged:
+        tracker.log_metrics(metrics, step=it)
     log_samples(tracker, t, it, trajectories, decode)
     metrics["timing/log"] = time.perf_counter() - started
-    tracker.log_metrics({"timing/log": metrics["timing/log"]}, step=it)
+    if logged:
+        tracker.log_metrics({"timing/log": metrics["timing/log"]}, step=it)
