@@ -122,7 +122,7 @@ from mlflow.tracking import MlflowClient
 from scipy import stats
 
 from tether.platform.config import load_config
-from tether.platform.trainer import Trainer
+from tether.platform.run.trainer import Trainer
 
 TEMPLATE = "At (0,0), goal (3,3). Right, then down."
 PREFIX = "collapse/first_turn"

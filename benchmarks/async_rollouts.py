@@ -90,7 +90,7 @@ class IterationClock:
 
 def run_arm(arm: str, repeat: int, args) -> dict:
     from tether.platform.config import load_config
-    from tether.platform.trainer import Trainer
+    from tether.platform.run.trainer import Trainer
 
     overrides = [
         *arm_overrides(arm, args.cores, args.rollout_cores),

@@ -69,8 +69,8 @@ def _cpu_delta(before: dict[int, float], after: dict[int, float]) -> float:
 
 def schedule(d, it: int, probe_every: int | None = None) -> tuple[bool, ...]:
     """What the diagnostics run at iteration ``it`` (the cadences of
-    ``tether/platform/diagnosis.py``); ``probe_every`` replaces the probe set's cadence."""
-    from tether.platform.cadence import due
+    ``tether/platform/run/diagnosis.py``); ``probe_every`` replaces the probe set's cadence."""
+    from tether.platform.run.cadence import due
 
     xz = due(it, d.every, first=True)
     every = d.probe.every if probe_every is None else probe_every
@@ -186,7 +186,7 @@ def main() -> None:
 
     import tether
     from tether.platform.config import load_config
-    from tether.platform.trainer import Trainer
+    from tether.platform.run.trainer import Trainer
 
     out = Path(args.out)
     # Both trainers' actors live in one local Ray; only one trainer works at a time.

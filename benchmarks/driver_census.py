@@ -185,7 +185,7 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
 
-    from tether.platform.trainer import Trainer
+    from tether.platform.run.trainer import Trainer
 
     args.out.mkdir(parents=True, exist_ok=True)
     cfg = soak_config(args.out, args.models, args.iterations, args.overrides)

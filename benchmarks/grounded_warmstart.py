@@ -50,7 +50,7 @@ def main() -> None:
     from tether.agent.pairs import SpanExtractor
     from tether.diagnostics.runner import collapse_diagnostics
     from tether.platform.config import load_config
-    from tether.platform.stages import LevelSampler
+    from tether.platform.run.stages import LevelSampler
     from tether.policy.load import load_model_and_tokenizer, resolve_policy
     from tether.rollout import make_engine_for
     from tether.rollout.base import SamplingParams

@@ -105,7 +105,7 @@ def table(client, run_ids: list[str], include_first: bool = False) -> str:
 def train(args) -> list[str]:
     """The quickstart (fewer iterations, small validation) at each world size, alternating."""
     from tether.platform.config import load_config
-    from tether.platform.trainer import Trainer
+    from tether.platform.run.trainer import Trainer
 
     run_ids = []
     for repeat in range(args.repeats):

@@ -153,7 +153,7 @@ def run_point(axis: str, label: str, out: Path, iterations: int, extra: list[str
     overrides["experiment.output_dir"] = str(output_dir)
     overrides["model.cache_dir"] = str(out / "models")
     args = [f"{k}={v}" for k, v in overrides.items()] + extra
-    command = [sys.executable, "-c", "from tether.platform.cli import app; app()", "run"]
+    command = [sys.executable, "-c", "from tether.platform.cli.main import app; app()", "run"]
     command += [str(SPEC), *args]
     # One thread per process: on a shared, loaded 2-core machine torch's intra-op threads
     # wait on descheduled siblings (~10x slower at load 12; benchmarks/RESULTS.md).

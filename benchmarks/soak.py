@@ -159,7 +159,7 @@ class Recorder:
             print(f"[{kind}] {data.get('message')}", flush=True)
         if kind != "iteration" or data["iteration"] % self.every:
             return
-        from tether.platform.cadence import due
+        from tether.platform.run.cadence import due
 
         now, it, c = time.perf_counter(), data["iteration"], self.cfg
         row = {
@@ -337,7 +337,7 @@ def main() -> None:
         with args.analyze.open() as f:
             rows = list(csv.DictReader(f))
     else:
-        from tether.platform.trainer import Trainer
+        from tether.platform.run.trainer import Trainer
 
         args.out.mkdir(parents=True, exist_ok=True)
         cfg = soak_config(args.out, args.models, args.iterations, args.overrides)

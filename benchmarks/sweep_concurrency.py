@@ -90,8 +90,8 @@ def main() -> None:
     from tether.platform.session import prepare_process, start_ray
 
     prepare_process(None)
-    from tether.platform.sweep import run_sweep
-    from tether.platform.sweep_spec import load_sweep_spec
+    from tether.platform.sweep.runner import run_sweep
+    from tether.platform.sweep.spec import load_sweep_spec
     from tether.policy.load import resolve_policy
 
     start_ray(None, 2, 0)

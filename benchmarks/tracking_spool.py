@@ -107,7 +107,7 @@ def main() -> None:
 
     from tests.mlflow_server import MlflowServer
     from tether.platform.config import TrackingConfig
-    from tether.platform.tracking import Tracker
+    from tether.platform.tracking.tracker import Tracker
 
     writes, iteration_s, model_dir = quickstart_writes(args.store, args.artifacts)
     print(

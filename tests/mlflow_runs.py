@@ -3,7 +3,7 @@ tracking code (``Tracker``: the MLflow client, the driver's tags and artifacts).
 
 from __future__ import annotations
 
-from tether.platform.tracking import Tracker
+from tether.platform.tracking.tracker import Tracker
 
 
 def write_run(

@@ -17,7 +17,7 @@ import pytest
 
 from tests.conftest import micro_config_dict
 from tests.processes import assert_actor_processes_ended, tether_actor_processes
-from tether.platform.actor_pool import ActorPool, ActorRequest
+from tether.platform.run.actor_pool import ActorPool, ActorRequest
 
 
 # -- the pool's rules ------------------------------------------------------------------
@@ -141,7 +141,7 @@ class Recorder:
 
 
 def _run(cfg, pool):
-    from tether.platform.driver import Trainer
+    from tether.platform.run.trainer import Trainer
 
     recorder = Recorder()
     trainer = Trainer(cfg, recorder, actor_pool=pool)
@@ -271,7 +271,7 @@ def test_other_environment_kwargs_get_new_workers_and_keep_the_learner(pooled_ru
 
 
 def test_a_failed_run_ends_its_actors_instead_of_handing_them_on(pooled_runs, tmp_path, models_dir):
-    from tether.platform.driver import Trainer
+    from tether.platform.run.trainer import Trainer
 
     _, _, pool = pooled_runs
     import ray

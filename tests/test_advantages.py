@@ -191,3 +191,13 @@ def test_group_baselines_sum_to_zero_within_each_group(rows):
         assert torch.isfinite(adv).all()
         for g in group_index.unique():
             assert adv[group_index == g].sum().item() == pytest.approx(0.0, abs=1e-6)
+
+
+def test_each_estimator_binds_the_config_fields_its_signature_names():
+    from tether.algos.advantages import bound_params
+    from tether.algos.settings import AlgoConfig
+
+    algo = AlgoConfig(preset=None, gamma=0.9, lam=0.8)
+    assert bound_params("gae", algo) == {"gamma": 0.9, "lam": 0.8}
+    assert bound_params("reinforce_pp", algo) == {"gamma": 0.9}
+    assert bound_params("grpo", algo) == bound_params("drgrpo", algo) == {}  # eps, ddof: own

@@ -83,7 +83,7 @@ def _digest(model_path) -> str:
 
 
 def test_k0_logs_what_the_synchronous_loop_logged(micro_policy, models_dir, ray_local, tmp_path):
-    from tether.platform.driver import Trainer
+    from tether.platform.run.trainer import Trainer
 
     recorded = json.loads(RECORDED.read_text())
     if recorded["policy_digest"] != _digest(micro_policy):
@@ -119,7 +119,7 @@ class VersionLog:
 # k = 1 nightly (-m slow; CONTRIBUTING.md, "Tests", Nightly): k = 2 holds the same bound.
 @pytest.mark.parametrize("k", [pytest.param(1, marks=pytest.mark.slow), 2])
 def test_every_trained_batch_respects_the_bound(micro_policy, models_dir, ray_local, tmp_path, k):
-    from tether.platform.driver import Trainer
+    from tether.platform.run.trainer import Trainer
 
     iterations = 4
     cfg = _config(
@@ -146,7 +146,7 @@ def test_every_trained_batch_respects_the_bound(micro_policy, models_dir, ray_lo
 def test_worker_killed_while_collecting_ahead_is_recovered(
     micro_policy, models_dir, ray_local, tmp_path
 ):
-    from tether.platform.driver import Trainer
+    from tether.platform.run.trainer import Trainer
 
     iterations, k = 3, 1
     cfg = _config(tmp_path, models_dir, iterations, rollout={"max_staleness": k})
@@ -181,7 +181,7 @@ def test_worker_killed_while_collecting_ahead_is_recovered(
 if __name__ == "__main__":  # record the synchronous loop's values (run on main's code)
     import tempfile
 
-    from tether.platform.driver import Trainer
+    from tether.platform.run.trainer import Trainer
     from tether.platform.session import start_ray
     from tether.policy.load import resolve_policy
 

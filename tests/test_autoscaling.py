@@ -255,7 +255,15 @@ def test_run_needing_more_workers_than_the_head_scales_out(
     submitted = time.time()
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "tether.platform.cli", "run", str(spec), "--address", address],
+            [
+                sys.executable,
+                "-m",
+                "tether.platform.cli",
+                "run",
+                str(spec),
+                "--address",
+                address,
+            ],
             env=env,
             capture_output=True,
             text=True,

@@ -15,7 +15,7 @@ from tests.test_episode import _setup
 from tether.agent.chat import ChatFormatter
 from tether.agent.episode import EpisodeSpec, LocalEnvBatch, run_episodes
 from tether.platform.config import build_config
-from tether.platform.driver import Trainer
+from tether.platform.run.trainer import Trainer
 from tether.policy.load import load_tokenizer
 
 # The shape of Gemma's template: no system role, assistant turns rendered as "model".

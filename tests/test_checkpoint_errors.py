@@ -20,13 +20,13 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tests.conftest import checkpointed_run_config
-from tether.platform import checkpoint as checkpoint_module
-from tether.platform.checkpoint import CheckpointError, load_checkpoint
+from tether.platform.run import checkpoint as checkpoint_module
+from tether.platform.run.checkpoint import CheckpointError, load_checkpoint
 
 FULL_DISK = textwrap.dedent("""
     import errno, subprocess, sys, torch
     from pathlib import Path
-    from tether.platform.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+    from tether.platform.run.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
     root = Path(sys.argv[1])
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(root)], check=True)
     state = {"weights": torch.zeros(100_000)}  # ~400 KB: two fit in 1 MiB, a third does not
@@ -110,7 +110,7 @@ ITERATIONS = 3
 
 
 def _trainer(tmp_path, models_dir, policy, on_event=None):
-    from tether.platform.driver import Trainer
+    from tether.platform.run.trainer import Trainer
 
     cfg = checkpointed_run_config(
         tmp_path,

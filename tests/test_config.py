@@ -135,7 +135,7 @@ def test_cli_takes_overrides_without_a_yaml(tmp_path):
     with '=' that names no file is an override, not a missing config file."""
     from typer.testing import CliRunner
 
-    from tether.platform.cli import app
+    from tether.platform.cli.main import app
 
     result = CliRunner().invoke(app, ["config", "algo.lr=0.0123", "rollout.groups=3"])
     assert result.exit_code == 0, result.output

@@ -24,9 +24,9 @@ from tether.diagnostics.settings import (
     Rollback,
     TightenFilter,
 )
-from tether.platform.checkpoint import load_checkpoint
 from tether.platform.config import build_config
-from tether.platform.driver import Trainer
+from tether.platform.run.checkpoint import load_checkpoint
+from tether.platform.run.trainer import Trainer
 
 KNOBS = Knobs("top_p", 0.9, 0.0, 0.001, 3e-4)
 GROUNDED = [GroundedCheckpoint(5, "/c/iter_5.pt"), GroundedCheckpoint(10, "/c/iter_10.pt")]
@@ -83,7 +83,7 @@ def test_controller_order_skips_cooldown_cap_and_times():
     for it in range(1, 12):
         step = controller.step(it, {"template_collapse": None}, knobs, GROUNDED)
         if step is not None:
-            action, knobs = step
+            action, knobs, _, _ = step
             taken.append((it, action.kind))
     # tighten_filter is at its floor already (passed over); raise_kl twice, 2 apart; then the cap.
     assert taken == [(1, "raise_kl"), (3, "raise_kl"), (5, "rollback")]
@@ -102,7 +102,7 @@ def test_controller_waits_for_a_breach_and_records_what_changed():
         {"reward_variance_collapse": [TightenFilter(factor=0.5)]}, ControlConfig()
     )
     assert controller.step(1, {}, KNOBS, []) is None
-    action, knobs = controller.step(2, {"reward_variance_collapse": None}, KNOBS, [])
+    action, knobs, _, _ = controller.step(2, {"reward_variance_collapse": None}, KNOBS, [])
     assert action.message == "reward_variance_collapse -> tighten_filter: filter_value 0.9 -> 0.45"
     entry = action.to_dict()
     assert (
@@ -135,8 +135,9 @@ def test_a_response_with_no_effect_is_passed_over_and_said():
     assert tighten["message"].endswith("the filter is at its bound (top_p 0.9)")
     # With a target at or before the reference the same list acts, and passes nothing.
     acting = Controller({"reading_drift": [Rollback()]}, ControlConfig())
-    action, _ = acting.step(12, {"reading_drift": 5}, KNOBS, GROUNDED)
+    action, _, response, target = acting.step(12, {"reading_drift": 5}, KNOBS, GROUNDED)
     assert action.rollback_to["iteration"] == 5 and acting.passed == []
+    assert target.iteration == 5 and isinstance(response, Rollback)
     # The passes survive a checkpoint; a checkpoint from before they were kept has none.
     fresh = Controller(controller.responses, controller.config)
     fresh.load_state_dict(json.loads(json.dumps(controller.state_dict())))
@@ -146,7 +147,7 @@ def test_a_response_with_no_effect_is_passed_over_and_said():
 
 
 def test_the_responder_says_a_pass_on_the_console_and_in_alarms_json():
-    from tether.platform.alarm_responder import AlarmResponder
+    from tether.platform.run.alarm_responder import AlarmResponder
 
     cfg = build_config({"alarms": {"reading_drift": {"mode": "act"}}})
     events, logged = [], []
@@ -205,7 +206,7 @@ def test_a_run_grounded_for_many_checkpoints_keeps_one_to_roll_back_to(tmp_path)
     stayed below 0.005 for four iterations): the first is kept beside the newest, so
     the rollback has a target; keeping only the newest three left none."""
     from tether.diagnostics.settings import Rollback
-    from tether.platform.alarm_responder import GROUNDED_KEPT, AlarmResponder
+    from tether.platform.run.alarm_responder import GROUNDED_KEPT, AlarmResponder
 
     cfg = build_config({"alarms": {"template_collapse": {"mode": "act"}}})
     responder = AlarmResponder(cfg, emit=lambda *a: None)

@@ -14,7 +14,7 @@ from mlflow.tracking import MlflowClient
 from tests.conftest import micro_config_dict
 from tests.degenerate_policies import REPLIES, build_degenerate_policy
 from tether.platform.config import build_config
-from tether.platform.driver import Trainer
+from tether.platform.run.trainer import Trainer
 
 #: immediate_eos (empty like empty_reasoning) and untrained run nightly (-m slow;
 #: CONTRIBUTING.md, "Tests", Nightly).

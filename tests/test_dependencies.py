@@ -11,7 +11,7 @@ from packaging.requirements import Requirement
 from packaging.version import Version
 from typer.testing import CliRunner
 
-from tether.platform.cli import app
+from tether.platform.cli.main import app
 from tether.platform.environment import DependencyError, check_installed
 
 

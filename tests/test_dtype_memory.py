@@ -15,7 +15,7 @@ from mlflow.tracking import MlflowClient
 from tests.conftest import micro_config_dict
 from tether.actors.memory import peak_rss_gb, release_free_memory
 from tether.platform.config import build_config
-from tether.platform.driver import Trainer
+from tether.platform.run.trainer import Trainer
 
 
 def test_peak_rss_rises_with_an_allocation_and_resets():

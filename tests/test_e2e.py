@@ -7,7 +7,7 @@ from mlflow.tracking import MlflowClient
 from tests.conftest import micro_config_dict
 from tether.diagnostics.settings import ProbeConfig
 from tether.platform.config import build_config
-from tether.platform.driver import Trainer
+from tether.platform.run.trainer import Trainer
 
 
 def _history(client, run_id, key):

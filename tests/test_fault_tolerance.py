@@ -16,7 +16,7 @@ import ray
 from mlflow.tracking import MlflowClient
 
 from tests.conftest import checkpointed_run_config
-from tether.platform.driver import Trainer
+from tether.platform.run.trainer import Trainer
 
 ITERATIONS = 5
 

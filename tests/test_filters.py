@@ -326,7 +326,7 @@ def test_linear_top_p_is_monotone_and_reaches_its_mass(rewards, rho_a, rho_b):
 def test_paper_loss_rescaling_scales_the_task_loss_by_the_kept_ratio():
     """The paper shrinks the minibatch by the keep rate and scales the per-step loss by it
     (``loss_scaling: linear``).  8 groups, top_k_abs keeps 2 -> kept ratio 0.25, scale 0.25.
-    The update multiplies the kept advantages by it (platform/trainer.py); the PPO loss is
+    The update multiplies the kept advantages by it (platform/run/trainer.py); the PPO loss is
     positively homogeneous in A (clipped or not), so the task loss and its gradient are
     exactly 0.25 x the unscaled ones while the regulariser is untouched.  By hand, token-mean
     over 4 tokens, A = [1, 1 | 0.5, 0.5] x 0.25, ratios [1.5, 1 | 1, 1] (1.5 clipped at
@@ -537,7 +537,7 @@ def test_the_iteration_stage_scores_on_the_trajectories_success_flags():
     """``platform.stages.filter_groups`` (what the trainer calls) hands each trajectory's
     success flag to the filter: the outcome setting ranks on it, the reward is untouched."""
     from tether.agent.types import Trajectory, Turn
-    from tether.platform.stages import filter_groups
+    from tether.platform.run.stages import filter_groups
 
     def episode(group, k, reward, success):
         turn = Turn(0, 0, 0, "", "", None, None, True, True, reward)

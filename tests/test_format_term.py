@@ -9,7 +9,7 @@ from tether.algos.advantages import format_advantages
 from tether.algos.batch import collate
 from tether.algos.losses import ppo_objective
 from tether.algos.settings import AlgoConfig
-from tether.platform.stages import advantages
+from tether.platform.run.stages import advantages
 
 
 def _turn(start: int, end: int, ok: bool, reward: float = 0.0) -> Turn:

@@ -180,7 +180,7 @@ def test_rayjob_runs_a_sweep_command_the_readme_documents():
     assert entrypoint.startswith("tether sweep ")
     assert entrypoint in documented, f"{entrypoint!r} is not among {sorted(documented)}"
     # The spec exists where the image's checkout has it (the head's workingDir) and loads.
-    from tether.platform.sweep_spec import load_sweep_spec
+    from tether.platform.sweep.spec import load_sweep_spec
 
     args = shlex.split(entrypoint)[2:]
     assert (ROOT / args[0]).is_file()

@@ -171,7 +171,7 @@ def test_resources_the_cluster_can_never_provide_fail_at_start(tmp_path, ray_loc
     """No GPU on this machine, 4 CPUs in the test Ray: one clear line naming the field,
     before the warm start builds anything or an MLflow run exists."""
     from tether.platform.config import build_config
-    from tether.platform.driver import Trainer
+    from tether.platform.run.trainer import Trainer
     from tether.platform.session import ClusterError, check_resources
 
     gpus = build_config(micro_config_dict(tmp_path, algo={"num_gpus": 1}))
@@ -198,7 +198,7 @@ def test_trainer_with_learner_world_size_2(micro_policy, models_dir, ray_local, 
     from mlflow.tracking import MlflowClient
 
     from tether.platform.config import build_config
-    from tether.platform.driver import Trainer
+    from tether.platform.run.trainer import Trainer
 
     runs = {}
     for world_size in (1, 2):

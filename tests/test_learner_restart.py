@@ -104,7 +104,7 @@ def _metrics(client, run_id, steps):
 def test_learner_rank_killed_is_rebuilt_in_place(
     micro_policy, models_dir, ray_local, tmp_path, monkeypatch, world_size, method
 ):
-    from tether.platform.driver import Trainer
+    from tether.platform.run.trainer import Trainer
 
     killer = Killer(method, rank=world_size - 1)
     monkeypatch.setattr(LearnerGroup, method, lambda group, *args: killer(group, *args))
@@ -160,7 +160,7 @@ def test_learner_killed_before_the_first_checkpoint_is_rebuilt_from_the_start(
     the run starts over from iteration 1 in the same MLflow run, with the same seeds: the
     iterations before the kill run twice with equal metrics (the events of both) and are
     logged once."""
-    from tether.platform.driver import Trainer
+    from tether.platform.run.trainer import Trainer
 
     killer = Killer("update", rank=0)
     monkeypatch.setattr(LearnerGroup, "update", lambda group, *args: killer(group, *args))

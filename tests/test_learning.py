@@ -113,7 +113,7 @@ def test_breakages_are_undone(tmp_path):
     each one changes what it names."""
     from tether.actors.learner_group import LearnerGroup
     from tether.algos import advantages, filters
-    from tether.platform.trainer import Trainer
+    from tether.platform.run.trainer import Trainer
 
     def state():
         return (

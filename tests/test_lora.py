@@ -119,7 +119,7 @@ def test_wrong_lora_settings_are_one_line_naming_the_field(micro_policy, tmp_pat
     # ... and by a run, after the (cached) warm start and before any actor; the MLflow
     # run, opened before the warm start (so that a server away during it spools), ends
     # FAILED.
-    from tether.platform.driver import Trainer
+    from tether.platform.run.trainer import Trainer
 
     cfg = build_config(micro_config_dict(tmp_path), ["model.lora.target_modules=[attn]"])
     cfg.model.cache_dir = micro_policy.parent
@@ -325,7 +325,7 @@ def test_run_with_lora_end_to_end(micro_policy, ray_local, tmp_path):
     adapted model, checkpoints, and the final model saved merged with its adapters."""
     from mlflow.tracking import MlflowClient
 
-    from tether.platform.driver import Trainer
+    from tether.platform.run.trainer import Trainer
 
     cfg = build_config(
         micro_config_dict(

@@ -11,7 +11,7 @@ from tether import seeds
 from tether.diagnostics.mechanism import level_record, probe_mechanism
 from tether.diagnostics.settings import DiagnosticsConfig
 from tether.envs.settings import EnvConfig
-from tether.platform.diagnosis import Diagnosis
+from tether.platform.run.diagnosis import Diagnosis
 
 
 def _outcomes(kinds):

@@ -20,8 +20,8 @@ import pytest
 
 from tests.test_monitor import CHROMIUM, needs_chromium, screenshot_path
 from tests.test_sweep import micro_sweep_sections, write_spec
-from tether.platform.sweep import run_sweep
-from tether.platform.sweep_spec import load_sweep_spec
+from tether.platform.sweep.runner import run_sweep
+from tether.platform.sweep.spec import load_sweep_spec
 
 #: How long a check waits for the page to show what it looks for (the UI renders after its
 #: API calls answer, slower on a loaded machine); a check passes as soon as it holds.

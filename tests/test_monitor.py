@@ -30,7 +30,7 @@ from tether.dashboards.monitor import (
     is_loopback,
 )
 from tether.dashboards.monitor_data import evidence_lines
-from tether.platform.cli import app
+from tether.platform.cli.main import app
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 H = "collapse/first_turn/conditional_entropy_est"
@@ -186,7 +186,7 @@ def test_monitor_page_follows_a_real_training_run(ray_local, micro_policy, tmp_p
     from tests.conftest import micro_config_dict
     from tether.dashboards.monitor import start_monitor
     from tether.platform.config import build_config
-    from tether.platform.driver import Trainer
+    from tether.platform.run.trainer import Trainer
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     cfg = build_config(

@@ -14,8 +14,8 @@ from scipy import stats as scipy_stats
 
 from tether.analysis import paper, stats
 from tether.analysis.runs import RunData
-from tether.platform.sweep import decode, param_space, trial_bundles
-from tether.platform.sweep_spec import load_sweep_spec
+from tether.platform.sweep.runner import decode, param_space, trial_bundles
+from tether.platform.sweep.spec import load_sweep_spec
 
 PAPER = Path(__file__).resolve().parents[1] / "experiments" / "paper"
 MI, H = "collapse/first_turn/mi_estimate", "collapse/first_turn/conditional_entropy_est"
@@ -372,7 +372,7 @@ def test_the_paper_command_prints_each_findings_verdict(tmp_path, capsys):
     for r, (seed, arm) in enumerate(itertools.product((0, 1, 2), ("none", "top_p", "top_k"))):
         run = client.create_run(exp, run_name=f"{arm}-{seed}", tags={"tether.env": "lake"})
         rid = run.info.run_id
-        # Prompt-level diagnostics of iteration 1 (what platform/diagnosis.py logs): four
+        # Prompt-level diagnostics of iteration 1 (what platform/run/diagnosis.py logs): four
         # groups per run with rewards [0, k/10], k = 4r..4r+3, so RV rises with k over the
         # 36 prompts; pointwise MI 0.5 for every prompt.
         groups = [

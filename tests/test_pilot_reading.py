@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tether.analysis import pilot
-from tether.platform.cli import app
+from tether.platform.cli.main import app
 
 PROBE_STEPS = (1, 5, 10, 15, 20, 25, 30, 35, 40)
 

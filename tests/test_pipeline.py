@@ -9,8 +9,8 @@ import pytest
 
 from tether import seeds
 from tether.platform.config import build_config
-from tether.platform.pipeline import RolloutPipeline
-from tether.platform.stages import LevelSampler
+from tether.platform.run.pipeline import RolloutPipeline
+from tether.platform.run.stages import LevelSampler
 
 
 class FakeCollection:

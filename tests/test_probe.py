@@ -13,7 +13,7 @@ from tether import seeds
 from tether.diagnostics.settings import DiagnosticsConfig
 from tether.diagnostics.uncertainty import Uncertainty
 from tether.envs.settings import EnvConfig
-from tether.platform.diagnosis import Diagnosis
+from tether.platform.run.diagnosis import Diagnosis
 
 
 def test_probe_levels_are_fixed_distinct_and_held_out():
@@ -128,8 +128,8 @@ def test_probe_diagnostics_score_every_level_against_every_prompt():
 def test_the_closing_summary_shows_the_probe_and_reading_accuracy():
     from rich.console import Console
 
-    from tether.platform.cli import _summary_table
-    from tether.platform.trainer import RunSummary
+    from tether.platform.cli.main import _summary_table
+    from tether.platform.run.trainer import RunSummary
 
     diagnostics = {
         "iteration": 30.0,

@@ -12,9 +12,10 @@ from types import SimpleNamespace
 import pytest
 from rich.console import Console
 
-from tether.platform import sweep, sweep_progress
-from tether.platform.progress import SweepDisplay
-from tether.platform.sweep_spec import load_sweep_spec
+from tether.platform.cli.progress import SweepDisplay
+from tether.platform.sweep import progress as sweep_progress
+from tether.platform.sweep import runner as sweep
+from tether.platform.sweep.spec import load_sweep_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -120,8 +121,8 @@ def test_terminal_shows_bars_and_the_callback_stays_picklable(callback):
 def test_run_display_shows_every_event_the_run_emits():
     """`tether run`'s display has a line (or a bar) for every named event but the
     collection attempts; kinds arrive as the named events or as their plain strings."""
-    from tether.platform.events import Event
-    from tether.platform.progress import RunDisplay
+    from tether.platform.cli.progress import RunDisplay
+    from tether.platform.run.events import Event
 
     samples = {
         Event.WARM_START: {"step": 10, "total": 10, "loss": 0.5},

@@ -18,8 +18,8 @@ from tests.mlflow_runs import write_run
 from tether.analysis import stats, views
 from tether.analysis.report import ReportSettings, analyse, build_report
 from tether.analysis.source import ReportError, load_target
-from tether.platform.cli import app
-from tether.platform.tracking import Tracker
+from tether.platform.cli.main import app
+from tether.platform.tracking.tracker import Tracker
 
 STEPS = range(1, 7)
 MI = "collapse/first_turn/mi_estimate"
@@ -405,7 +405,7 @@ def test_a_very_wide_band_runs_off_the_plot_instead_of_setting_its_scale(tmp_pat
 def test_report_tables_print_a_value_with_its_interval_in_one_column():
     from rich.console import Console
 
-    from tether.platform.cli_tracking import section_table
+    from tether.platform.cli.tracking import section_table
 
     rows = [
         {"run_id": "r", "field": "f", "mi": 0.34, "mi_ci_low": 0.3, "mi_ci_high": 0.38},
@@ -416,3 +416,24 @@ def test_report_tables_print_a_value_with_its_interval_in_one_column():
     text = console.export_text()
     assert "mi (95% CI)" in text and "0.34 [0.3, 0.38]" in text and "0.5 [nan, 0.6]" in text
     assert "mi_ci_low" not in text and "run_id" not in text
+
+
+def test_sweep_base_is_read_from_the_parent_run(tmp_path):
+    """A one-at-a-time sweep's parent holds its base values (``sweep_base.json``, written by
+    ``platform/sweep/runner.py``); analysis reads them without parsing the sweep spec."""
+    import json
+
+    from mlflow.tracking import MlflowClient
+
+    from tether.analysis.source import sweep_base
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment = client.create_experiment("s", artifact_location=(tmp_path / "a").as_uri())
+    parent = client.create_run(experiment).info.run_id
+    base = {"algo.entropy_coef": 0.001, "algo.kl_coef": 0.0}
+    client.log_text(parent, json.dumps(base), "sweep_base.json")
+    assert sweep_base(client, parent) == base
+    grid = client.create_run(experiment).info.run_id
+    client.log_text(grid, "null", "sweep_base.json")  # a design that varies every field
+    assert sweep_base(client, grid) is None
+    assert sweep_base(client, client.create_run(experiment).info.run_id) is None  # older sweep

@@ -15,7 +15,7 @@ from mlflow.tracking import MlflowClient
 
 from tests.conftest import micro_config_dict
 from tether.analysis.source import metric_history
-from tether.platform.sweep_results import results_rows
+from tether.platform.sweep.results import results_rows
 
 ITERATIONS, CHECKPOINT_EVERY = 5, 2
 
@@ -201,8 +201,8 @@ def test_a_resume_that_changes_the_trained_parameters_is_refused_in_one_line(tmp
     model path, is refused before anything starts; other overrides pass."""
     import pytest
 
-    from tether.platform.checkpoint import ResumeError, check_same_parameters
     from tether.platform.config import build_config
+    from tether.platform.run.checkpoint import ResumeError, check_same_parameters
 
     saved = build_config(micro_config_dict(tmp_path), []).model_dump(mode="json")
     check_same_parameters(saved, build_config(saved, ["algo.lr=0.01"]).model)
@@ -231,7 +231,7 @@ def test_a_resume_target_may_be_the_checkpoint_the_run_dir_checkpoints_or_the_ou
     import pytest
     import torch
 
-    from tether.platform.checkpoint import ResumeError, resolve_resume
+    from tether.platform.run.checkpoint import ResumeError, resolve_resume
 
     def write(run_id: str, iteration: int, when: float):
         path = tmp_path / "out" / "checkpoints" / run_id / f"iter_{iteration:06d}.pt"
@@ -259,7 +259,7 @@ def test_a_resumed_run_keeps_the_validation_intervals_of_before_the_resume(
     so a resumed run's summary shows the intervals of the validations before the resume
     (not ``[v, v]``, the CLI's stand-in for an interval it does not have)."""
     from tests.conftest import checkpointed_run_config
-    from tether.platform.driver import Trainer
+    from tether.platform.run.trainer import Trainer
 
     first = Trainer(checkpointed_run_config(tmp_path, models_dir, 2, {"val_every": 1})).run()
     assert sorted(first.val_intervals) == [0, 1, 2]

@@ -19,9 +19,9 @@ from mlflow.store.artifact.local_artifact_repo import LocalArtifactRepository
 from mlflow.tracking import MlflowClient
 
 from tether.platform.config import build_config
-from tether.platform.diagnosis import Diagnosis
-from tether.platform.launch import open_tracker
-from tether.platform.stages import log_samples
+from tether.platform.run.diagnosis import Diagnosis
+from tether.platform.run.launch import open_tracker
+from tether.platform.run.stages import log_samples
 
 ITERATIONS = 120
 
@@ -123,7 +123,7 @@ def test_a_local_store_keeps_the_recent_artifacts_and_one_in_fifty(tmp_path):
 
 
 def test_the_rule_by_hand():
-    from tether.platform.retention import ArtifactThinning, RetentionConfig, artifact_kept
+    from tether.platform.tracking.retention import ArtifactThinning, RetentionConfig, artifact_kept
 
     # now 200, recent 20, every 50: kept 1, 181..200, 50, 100, 150
     kept = [i for i in range(1, 201) if artifact_kept(i, 200, 20, 50)]
@@ -173,7 +173,7 @@ def test_a_store_that_cannot_delete_is_thinned_by_not_writing(tmp_path, monkeypa
 
 
 def test_checkpoints_keep_the_newest_k_and_the_protected(tmp_path):
-    from tether.platform.trainer import Trainer
+    from tether.platform.run.trainer import Trainer
 
     cfg = _config(tmp_path, "retention.checkpoints=3", "trainer.checkpoint_every=1")
     trainer = Trainer(cfg)
@@ -206,7 +206,7 @@ def server(tmp_path_factory):
 
 
 def test_a_tracking_server_deletes_its_proxied_artifacts(server, tmp_path):
-    from tether.platform.tracking import Tracker
+    from tether.platform.tracking.tracker import Tracker
 
     cfg = _config(tmp_path, f"tracking.uri={server.uri}")
     # An experiment made without an artifact root: its artifacts live on the server
@@ -220,3 +220,26 @@ def test_a_tracking_server_deletes_its_proxied_artifacts(server, tmp_path):
     assert heatmaps == HEATMAPS_KEPT
     on_server = {p.name for p in server.root.rglob("iter_*.txt")}
     assert on_server == {f.split("/")[-1] for f in SAMPLES_KEPT}
+
+
+def test_metrics_every_logs_the_cadence_and_every_diagnostic_point(tmp_path):
+    """``trainer.metrics_every``: iterations 1, N, 2N, ..., the last, and any iteration
+    whose metrics hold a diagnostic or validation point reach MLflow; the others do not."""
+    from mlflow.tracking import MlflowClient
+
+    from tether.platform.config import TrainerConfig
+    from tether.platform.run.stages import log_iteration
+    from tether.platform.tracking.tracker import Tracker
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracker = Tracker(uri, "metrics-every", artifact_root=tmp_path / "a", run_name="r")
+    t = TrainerConfig(iterations=12, metrics_every=5, samples_per_log=0)
+    for it in range(1, 13):
+        metrics = {"rollout/success": it / 12}
+        if it == 7:
+            metrics["collapse/probe/mi_estimate"] = 0.3
+        log_iteration(tracker, t, it, metrics, [], str)
+        assert "timing/log" in metrics  # the run's own record keeps every iteration
+    tracker.finish("FINISHED")
+    history = MlflowClient(uri).get_metric_history(tracker.run_id, "rollout/success")
+    assert sorted(m.step for m in history) == [1, 5, 7, 10, 12]

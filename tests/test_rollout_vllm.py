@@ -101,7 +101,7 @@ def probed_run(micro_policy, models_dir, ray_local, tmp_path_factory):
 
     from tether.algos.batch import collate
     from tether.platform.config import build_config
-    from tether.platform.driver import Trainer
+    from tether.platform.run.trainer import Trainer
 
     class Probed(Trainer):
         def __init__(self, cfg):

@@ -5,8 +5,8 @@ checkpoint file as it went in (an older file without the newer fields loads too)
 import numpy as np
 import torch
 
-from tether.platform.cadence import due
-from tether.platform.run_state import RunState
+from tether.platform.run.cadence import due
+from tether.platform.run.run_state import RunState
 
 
 def _picked(every, **ends):

@@ -68,3 +68,24 @@ def test_local_ray_gcs_keeps_capped_task_events(tmp_path):
     assert "gcs env 5" in out.stdout, out.stdout
     held = int(out.stdout.split("held ")[1].split()[0])
     assert 0 < held <= 5, out.stdout
+
+
+def test_actors_start_with_the_mmap_threshold_in_their_environment(tmp_path):
+    """``ray.malloc_mmap_threshold`` is in each worker's environment from its start (glibc
+    reads it once, at start-up: ``/proc/<pid>/environ`` is the environment the process
+    was started with, not a later ``os.environ`` change)."""
+    env = {k: v for k, v in os.environ.items() if k != "MALLOC_MMAP_THRESHOLD_"}
+    code = (
+        "import os, ray\n"
+        "from tether.platform.session import start_ray, stop_ray\n"
+        "started = start_ray(None, 1, 1, malloc_mmap_threshold=65536)\n"
+        "@ray.remote\n"
+        "class Probe:\n"
+        "    def initial(self):\n"
+        "        raw = open(f'/proc/{os.getpid()}/environ', 'rb').read().split(b'\\0')\n"
+        "        return [e.decode() for e in raw if e.startswith(b'MALLOC_MMAP')]\n"
+        "print('initial', ray.get(Probe.remote().initial.remote()))\n"
+        "stop_ray(started)\n"
+    )
+    out = _run(code, env)
+    assert "initial ['MALLOC_MMAP_THRESHOLD_=65536']" in out.stdout, out.stdout[-2000:]

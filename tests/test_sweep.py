@@ -17,7 +17,7 @@ from mlflow.tracking import MlflowClient
 from tests.conftest import MICRO_PROBE
 from tests.processes import assert_actor_processes_ended
 from tether.platform.config import ConfigError
-from tether.platform.sweep import (
+from tether.platform.sweep.runner import (
     SweepError,
     check_trials_fit,
     decode,
@@ -28,9 +28,9 @@ from tether.platform.sweep import (
     trial_bundles,
     write_results_csv,
 )
-from tether.platform.sweep_search import expected_trials as _expected_trials
-from tether.platform.sweep_search import tune_config as _tune_config
-from tether.platform.sweep_spec import apply_values, load_sweep_spec
+from tether.platform.sweep.search import expected_trials as _expected_trials
+from tether.platform.sweep.search import tune_config as _tune_config
+from tether.platform.sweep.spec import apply_values, load_sweep_spec
 
 REPO = Path(__file__).resolve().parents[1]
 EXPERIMENTS = REPO / "experiments"
@@ -167,7 +167,7 @@ def test_the_driver_warm_starts_the_policy_its_trials_use(tmp_path):
     of one seed (a sweep run in parts) replaces the base's seed, so the base's own warm
     start would be built for nothing; several seeds, or a range over a field of the
     recipe, leave each trial to build its own."""
-    from tether.platform.sweep import shared_warm_start
+    from tether.platform.sweep.runner import shared_warm_start
 
     def shared(space):
         spec = load_sweep_spec(write_spec(tmp_path, {"search": "grid", "space": space}))
@@ -341,7 +341,7 @@ def test_cli_refuses_impossible_resources_before_any_trial(tmp_path):
 
 # -- results table ----------------------------------------------------------------------------
 def test_results_rows_rank_trials_and_keep_the_finished_attempt(tmp_path):
-    from tether.platform.tracking import Tracker
+    from tether.platform.tracking.tracker import Tracker
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     parent = Tracker(uri, "rank-test", tmp_path / "artifacts", run_name="sweep")
@@ -409,7 +409,7 @@ def test_a_collapsing_trial_is_stopped_early_and_flagged(
     The trigger is synthetic but real: format_collapse reads rollout/worker_failures (0 in a
     healthy run) as its valid-reasoning rate, so min_rate 0.5 breaches at every iteration and
     min_rate 0 never does; the swept min_rate picks which trial collapses."""
-    from tether.platform.sweep_results import results_table
+    from tether.platform.sweep.results import results_table
 
     path = write_spec(
         tmp_path,
@@ -551,7 +551,7 @@ def test_the_sweep_end_waits_for_a_tracking_server_that_went_away(
     import threading
 
     from tests.mlflow_server import MlflowServer
-    from tether.platform import sweep as sweep_module
+    from tether.platform.sweep import runner as sweep_module
 
     for name, value in (("MAX_RETRIES", "1"), ("TIMEOUT", "30"), ("BACKOFF_FACTOR", "1")):
         monkeypatch.setenv(f"MLFLOW_HTTP_REQUEST_{name}", value)  # a failed read: seconds
@@ -601,7 +601,7 @@ def test_the_sweep_end_waits_for_a_tracking_server_that_went_away(
 
 def test_a_sweep_can_stop_trials_on_any_alarm_the_run_has():
     from tether.diagnostics.settings import ALARM_NAMES
-    from tether.platform.sweep_spec import CollapseStop
+    from tether.platform.sweep.spec import CollapseStop
 
     assert CollapseStop(alarms=list(ALARM_NAMES)).alarms == list(ALARM_NAMES)
     with pytest.raises(ValueError):

@@ -18,7 +18,7 @@ from mlflow.tracking import MlflowClient
 
 from tests.test_sweep import micro_sweep_sections, write_spec
 from tether.analysis.source import metric_history
-from tether.platform.sweep_trial import TRIAL_POINTER, continued_from
+from tether.platform.sweep.trial import TRIAL_POINTER, continued_from
 
 ITERATIONS = 16  # about 0.75 s each: the kill lands mid-trial (Tune saves its state every 5 s)
 #: What both families must agree on, step by step (wall times and memory differ).

@@ -41,9 +41,9 @@ from tests.degenerate_policies import (
     build_template_prone_policy,
 )
 from tether.platform.config import build_config
-from tether.platform.driver import Trainer
-from tether.platform.sweep_spec import CollapseStop
-from tether.platform.sweep_trial import stop_when_collapsed
+from tether.platform.run.trainer import Trainer
+from tether.platform.sweep.spec import CollapseStop
+from tether.platform.sweep.trial import stop_when_collapsed
 
 MI = "collapse/first_turn/mi_estimate"
 P = "collapse/first_turn/p_grounded"

@@ -24,9 +24,9 @@ from typer.testing import CliRunner
 
 from tests.conftest import checkpointed_run_config
 from tests.mlflow_server import MlflowServer
-from tether.platform.cli import app
+from tether.platform.cli.main import app
 from tether.platform.config import TrackingConfig
-from tether.platform.tracking import SPOOL_DIRNAME, Tracker
+from tether.platform.tracking.tracker import SPOOL_DIRNAME, Tracker
 
 BUDGET_S = 6.0  # 2 refused attempts + backoff (<= 1 s) + jitter (<= 1 s), with margin
 
@@ -166,7 +166,7 @@ ITERATIONS = 5
 def test_training_run_survives_a_server_outage(
     server, short_retries, micro_policy, models_dir, ray_local, tmp_path
 ):
-    from tether.platform.driver import Trainer
+    from tether.platform.run.trainer import Trainer
 
     cfg = checkpointed_run_config(
         tmp_path,
@@ -230,8 +230,8 @@ def test_an_unreachable_server_refuses_the_run_before_ray_or_the_warm_start(tmp_
 
     from tests.mlflow_server import free_port
     from tether.platform import preflight
-    from tether.platform.driver import Trainer
-    from tether.platform.tracking import TrackingError
+    from tether.platform.run.trainer import Trainer
+    from tether.store import TrackingError
 
     uri = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     cfg = checkpointed_run_config(tmp_path, tmp_path / "models", 1, tracking={"uri": uri})
@@ -248,7 +248,7 @@ def test_an_unreachable_server_refuses_the_run_before_ray_or_the_warm_start(tmp_
     # Refused in seconds: after one /health request with a timeout of at most 5 s (and,
     # by the stand-ins above, before Ray, the MLflow client with its retry budget or the
     # warm start).  The requests are recorded, not timed: a loaded machine cannot fail it.
-    from tether.platform import tracking
+    from tether.platform.tracking import tracker as tracking
 
     probes, urlopen = [], tracking.urllib.request.urlopen
 
@@ -278,7 +278,7 @@ def test_server_gone_during_the_warm_start_spools_from_the_first_write(
     MLflow run itself was written.  The run trains on: every write from the first spools,
     with one warning, and is replayed once the server is back."""
     from tether.platform import preflight
-    from tether.platform.driver import Trainer
+    from tether.platform.run.trainer import Trainer
 
     iterations = 2
     cfg = checkpointed_run_config(

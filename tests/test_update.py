@@ -189,8 +189,8 @@ def test_the_learner_steps_at_the_scheduled_rate(sampled, micro_policy):
     (``adjust``) is a new base the schedule goes on scaling.  A run's settings span its
     iterations."""
     from tether.actors.learner import Learner
-    from tether.platform.alarm_responder import LiveSettings
     from tether.platform.config import build_config
+    from tether.platform.run.alarm_responder import LiveSettings
 
     _, batch, _ = sampled
     threads = torch.get_num_threads()

@@ -238,7 +238,7 @@ def test_record_files_carry_the_runs_to_the_analyses_without_the_store(tmp_path,
 
     from tether.analysis import paper, records
     from tether.analysis.source import load_target
-    from tether.platform.cli import app
+    from tether.platform.cli.main import app
 
     runs = suite(seeds=range(4))
     uri = store_of(tmp_path, runs)

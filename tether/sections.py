@@ -3,7 +3,7 @@
 Every section of the run config (``tether.platform.config``), the sections the pure
 core owns (``algos/settings.py``, ``diagnostics/settings.py``, ``policy/settings.py``,
 ``policy/lora.py``, ``envs/sandbox/isolation.py``) and the sweep spec's
-(``platform/sweep_spec.py``) derive from ``StrictSection``: an unknown key is an error
+(``platform/sweep/spec.py``) derive from ``StrictSection``: an unknown key is an error
 (a misspelt field never passes silently as a default), and a value assigned after
 construction is validated like one given to the constructor.  This module imports
 only pydantic, so every layer may use it.

@@ -38,6 +38,7 @@ agent token of the row and return ``returns = advantages`` (veRL convention).
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -248,6 +249,16 @@ ADVANTAGE_ESTIMATORS: dict[str, Callable[..., tuple[Tensor, Tensor]]] = {
     "rloo": rloo_advantages,
     "reinforce_pp": reinforce_pp_advantages,
 }
+
+
+def bound_params(name: str, config) -> dict:
+    """The keyword parameters of the estimator registered as ``name`` that the config
+    section ``config`` (an ``AlgoConfig``) has a field of, read from it: gae binds
+    ``gamma`` and ``lam``, reinforce_pp ``gamma``, the group estimators nothing.  Read from
+    the estimator's signature, so registering an estimator is all it takes."""
+    fields = type(config).model_fields
+    signature = inspect.signature(ADVANTAGE_ESTIMATORS[name]).parameters
+    return {key: getattr(config, key) for key in signature if key != "inputs" and key in fields}
 
 
 def compute_advantages(name: str, inputs: AdvantageInputs, **params) -> tuple[Tensor, Tensor]:

@@ -431,18 +431,22 @@ def ppo_objective(
     ``task_loss.backward(retain_graph=True)`` and ``reg_loss.backward()`` give the
     task and regulariser gradients separately (the gradient-SNR analysis).
     """
-    task_loss, metrics = policy_loss(
-        logprobs,
-        old_logprobs,
-        advantages,
-        mask,
-        clip_low=clip_low,
-        clip_high=clip_high,
-        agg=agg,
-        dual_clip=dual_clip,
-        denominator=denominator,
-        token_weights=token_weights,
-    )
+
+    def surrogate(per_token_advantages: Tensor) -> tuple[Tensor, dict[str, float]]:
+        return policy_loss(
+            logprobs,
+            old_logprobs,
+            per_token_advantages,
+            mask,
+            clip_low=clip_low,
+            clip_high=clip_high,
+            agg=agg,
+            dual_clip=dual_clip,
+            denominator=denominator,
+            token_weights=token_weights,
+        )
+
+    task_loss, metrics = surrogate(advantages)
     reg_loss, reg_metrics = regularizer_loss(
         mask,
         logprobs=logprobs,
@@ -460,18 +464,7 @@ def ppo_objective(
             raise ValueError(
                 "format_coef != 0 needs format_advantages (advantages.format_advantages)"
             )
-        format_loss, _ = policy_loss(
-            logprobs,
-            old_logprobs,
-            format_advantages,
-            mask,
-            clip_low=clip_low,
-            clip_high=clip_high,
-            agg=agg,
-            dual_clip=dual_clip,
-            denominator=denominator,
-            token_weights=token_weights,
-        )
+        format_loss, _ = surrogate(format_advantages)
         reg_loss = reg_loss + format_coef * format_loss
         metrics["actor/format_loss"] = float(format_loss.detach())
         metrics["actor/reg_loss"] = float(reg_loss.detach())

@@ -201,7 +201,7 @@ def restore(runs: list[RunData], tracking_uri: str, experiment: str, parent_name
     from mlflow.entities import Metric, Param
     from mlflow.tracking import MlflowClient
 
-    from ..platform.tracking import ensure_experiment
+    from ..store import ensure_experiment
 
     client = MlflowClient(tracking_uri)
     sqlite = "sqlite:///"

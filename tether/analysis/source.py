@@ -17,7 +17,7 @@ from pathlib import Path
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from ..platform.tracking import metric_history
+from ..store import metric_history
 from .runs import DIAGNOSTICS, RunData
 
 #: Metric keys the analyses and the monitor read (everything else is left in MLflow).
@@ -115,18 +115,11 @@ def resolve(client: MlflowClient, target: str) -> Target:
 
 
 def sweep_base(client: MlflowClient, parent_run_id: str) -> dict | None:
-    """A one-at-a-time sweep's base value of every swept field (from the parent's resolved
-    sweep spec); None for other designs, whose trials vary every field at once."""
-    from ..platform.sweep_spec import SweepSpec, swept_fields
-
-    data = _download_json(client, parent_run_id, "sweep_spec_resolved.json")
-    if data is None:
-        return None
-    try:
-        spec = SweepSpec.from_json(json.dumps(data))
-    except Exception:  # a spec from another Tether version: fall back to the runs' values
-        return None
-    return swept_fields(spec) if spec.sweep.design == "one_at_a_time" else None
+    """A one-at-a-time sweep's base value of every swept field, as the sweep logged it on
+    its parent (``sweep_base.json``); None for other designs, whose trials vary every
+    field at once, and for a sweep that did not log it (the runs' values are used)."""
+    data = _download_json(client, parent_run_id, "sweep_base.json")
+    return data if isinstance(data, dict) else None
 
 
 def _download_json(client: MlflowClient, run_id: str, path: str):
@@ -206,7 +199,7 @@ def load_run(
 def load_target(
     tracking_uri: str | None, target: str, with_prompts: bool = True
 ) -> tuple[Target, list[RunData]]:
-    from ..platform.tracking import TrackingError, check_tracking_reachable
+    from ..store import TrackingError, check_tracking_reachable
     from . import records
 
     if records.is_record_file(target):

@@ -23,7 +23,17 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from .settings import ALARM_NAMES, AlarmsConfig
+from .settings import (
+    ALARM_NAMES,
+    AlarmsConfig,
+    EmptyAfterFilterConfig,
+    FormatCollapseConfig,
+    LowEntropyCollapseConfig,
+    OutputLengthCollapseConfig,
+    ReadingDriftConfig,
+    RewardVarianceCollapseConfig,
+    TemplateCollapseConfig,
+)
 
 # The alarms' settings (one schema per alarm, and ``AlarmsConfig``) are in settings.py.
 
@@ -67,7 +77,14 @@ def _value(metrics: Mapping[str, Any], key: str) -> float | None:
 class _Alarm(abc.ABC):
     """Base: subclasses define ``_observe`` returning (breached, message, evidence) or None."""
 
+    #: The alarm's settings class (``settings.ALARM_SETTINGS``): its name, summary and schema.
+    settings: type | None = None
     name: str = ""
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if cls.settings is not None:
+            cls.name = cls.settings.name
 
     def __init__(self, config):
         self.config = config
@@ -196,14 +213,14 @@ class _MiEntropyAlarm(_WindowAlarm):
 
 
 class TemplateCollapseAlarm(_MiEntropyAlarm):
-    name = "template_collapse"
+    settings = TemplateCollapseConfig
 
     def _entropy_ok(self, entropy_fell: bool) -> bool:
         return not entropy_fell
 
 
 class LowEntropyCollapseAlarm(_MiEntropyAlarm):
-    name = "low_entropy_collapse"
+    settings = LowEntropyCollapseConfig
 
     def _entropy_ok(self, entropy_fell: bool) -> bool:
         return entropy_fell
@@ -213,7 +230,7 @@ class OutputLengthCollapseAlarm(_WindowAlarm):
     """The mean reasoning length fell by more than ``drop_fraction`` from the window's peak,
     and the peak's interval lies wholly above the current one."""
 
-    name = "output_length_collapse"
+    settings = OutputLengthCollapseConfig
 
     def __init__(self, config):
         super().__init__(config)
@@ -266,7 +283,7 @@ class _StreakAlarm(_Alarm):
 
 
 class RewardVarianceCollapseAlarm(_StreakAlarm):
-    name = "reward_variance_collapse"
+    settings = RewardVarianceCollapseConfig
 
     def __init__(self, config):
         super().__init__(config)
@@ -301,7 +318,7 @@ class RewardVarianceCollapseAlarm(_StreakAlarm):
 
 
 class EmptyAfterFilterAlarm(_StreakAlarm):
-    name = "empty_after_filter"
+    settings = EmptyAfterFilterConfig
 
     def _observe(self, iteration, metrics):
         value = _value(metrics, self.config.metric)
@@ -321,7 +338,7 @@ class FormatCollapseAlarm(_StreakAlarm):
     policy that stopped writing reasoning (or actions) is a collapse of its own.
     ``recent`` rows are [iteration, reasoning rate, action rate]."""
 
-    name = "format_collapse"
+    settings = FormatCollapseConfig
 
     def _observe(self, iteration, metrics):
         c = self.config
@@ -375,7 +392,7 @@ class ReadingDriftAlarm(_Alarm):
     one with the highest interval floor (earliest on ties), and the best point of the
     rate that fell is the ``reference`` a rollback returns to at or before."""
 
-    name = "reading_drift"
+    settings = ReadingDriftConfig
 
     def __init__(self, config):
         super().__init__(config)
@@ -462,19 +479,24 @@ class ReadingDriftAlarm(_Alarm):
         self.streak = int(state.get("streak", 0))
 
 
-ALARMS: dict[str, type[_Alarm]] = {
-    cls.name: cls
-    for cls in (
-        TemplateCollapseAlarm,
-        LowEntropyCollapseAlarm,
-        RewardVarianceCollapseAlarm,
-        OutputLengthCollapseAlarm,
-        EmptyAfterFilterAlarm,
-        FormatCollapseAlarm,
-        ReadingDriftAlarm,
-    )
-}
-assert tuple(ALARMS) == ALARM_NAMES, "settings.ALARM_NAMES lists the alarms in this order"
+def _statistics() -> dict[str, type[_Alarm]]:
+    """Each declared alarm's statistic, the ``_Alarm`` subclass whose ``settings`` is its
+    settings class, in ``ALARM_NAMES`` order; a declared alarm without one is an error."""
+    found, stack = {}, list(_Alarm.__subclasses__())
+    while stack:
+        cls = stack.pop()
+        stack += cls.__subclasses__()
+        if cls.settings is not None:
+            found[cls.name] = cls
+    missing = [name for name in ALARM_NAMES if name not in found]
+    if missing:
+        raise TypeError(
+            f"declared alarms without a statistic (an _Alarm with settings=): {missing}"
+        )
+    return {name: found[name] for name in ALARM_NAMES}
+
+
+ALARMS: dict[str, type[_Alarm]] = _statistics()
 
 
 # ------------------------------------------------------------------ monitor

@@ -16,7 +16,8 @@ cursor, cooldown and count.
 
     controller = Controller({"template_collapse": [TightenFilter(), Rollback()]}, ControlConfig())
     controller = Controller.from_config(alarms_config)  # None when no alarm acts
-    action = controller.step(iteration, {"template_collapse": reference_iteration}, knobs, checkpoints)
+    taken = controller.step(iteration, {"template_collapse": reference_iteration}, knobs, checkpoints)
+    taken.response.effect(taken.target, run)   # the driver: e.g. a rollback's restore
 """
 
 from __future__ import annotations
@@ -24,9 +25,19 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from .settings import ALARM_NAMES, AlarmsConfig, ControlConfig, GroundedCheckpoint, Knobs, _Response
+
+
+class Taken(NamedTuple):
+    """A response the controller took: its record, the knobs after it, the response (whose
+    ``effect`` the driver carries out) and, for a rollback, the checkpoint to return to."""
+
+    action: Action
+    knobs: Knobs
+    response: _Response
+    target: GroundedCheckpoint | None
 
 
 @dataclass
@@ -118,7 +129,7 @@ class Controller:
         breached: Mapping[str, int | None],
         knobs: Knobs,
         checkpoints: Sequence[GroundedCheckpoint],
-    ) -> tuple[Action, Knobs] | None:
+    ) -> Taken | None:
         """At most one action for this iteration; ``breached`` maps each act-mode alarm now
         in breach to its reference iteration (or None)."""
         if len(self.actions) >= self.config.max_actions:
@@ -151,7 +162,7 @@ class Controller:
                     dataclasses.asdict(target) if target is not None else None,
                 )
                 self.actions.append(action)
-                return action, new
+                return Taken(action, new, response, target)
         return None
 
     def state_dict(self) -> dict[str, Any]:

@@ -19,9 +19,9 @@ import abc
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, ClassVar, Literal, Protocol
 
-from pydantic import Field, model_validator
+from pydantic import Field, create_model, model_validator
 
 from ..algos.filters import FILTER_STRATEGIES
 from ..sections import StrictSection
@@ -239,8 +239,21 @@ class GroundedCheckpoint:
     path: str
 
 
+class RunEffects(Protocol):
+    """What a response may do to the run besides changing its knobs (the run's responder
+    implements it: ``platform/run/alarm_responder.py``)."""
+
+    def restore(self, path: str) -> None:
+        """Load a checkpoint's weights and optimiser state and send the weights to the
+        rollout workers."""
+
+
 class _Response(StrictSection):
     times: int = Field(1, ge=1, description="how many times this response may be taken in a run")
+
+    def effect(self, target: GroundedCheckpoint | None, run: RunEffects) -> None:
+        """What taking this response does to the run besides its new knobs (``apply``'s):
+        nothing, unless the response says otherwise (a rollback restores ``target``)."""
 
     @abc.abstractmethod
     def apply(
@@ -325,6 +338,9 @@ class Rollback(_Response):
         target = max(eligible, key=lambda c: c.iteration)
         return dataclasses.replace(knobs, lr=knobs.lr * self.lr_factor), target
 
+    def effect(self, target, run):
+        run.restore(target.path)
+
     def passed_over(self, knobs, reference):
         where = "" if reference is None else f" at or before iteration {reference}"
         return f"no grounded checkpoint{where} to return to"
@@ -357,6 +373,11 @@ _MODE = (
 
 
 class _OneAlarmConfig(StrictSection):
+    #: The alarm's key under ``diagnostics.alarms`` and what it watches, in a line (the
+    #: ``AlarmsConfig`` field's description): set by each alarm's settings class.
+    name: ClassVar[str] = ""
+    summary: ClassVar[str] = ""
+
     mode: AlarmMode = Field("warn", description=_MODE)
     actions: list[Response] = Field(
         default_factory=list,
@@ -462,6 +483,9 @@ class TemplateCollapseConfig(_MiEntropyConfig):
     both estimates (the intervals separate), while H(Z|X) did not fall (its interval now is
     not wholly below the reference's)."""
 
+    name: ClassVar[str] = "template_collapse"
+    summary: ClassVar[str] = "MI falls while H(Z|X) stays flat or rises"
+
     actions: list[Response] = Field(
         default_factory=lambda: [TightenFilter(), Rollback()],
         description="mode act: train on higher-signal groups (the paper's remedy), then "
@@ -475,6 +499,9 @@ class LowEntropyCollapseConfig(_MiEntropyConfig):
     """As template_collapse, but H(Z|X) fell too (its interval now lies wholly below the
     reference's)."""
 
+    name: ClassVar[str] = "low_entropy_collapse"
+    summary: ClassVar[str] = "MI and H(Z|X) both fall"
+
     actions: list[Response] = Field(
         default_factory=lambda: [TightenFilter(), Rollback()],
         description="mode act: train on higher-signal groups, then the last grounded "
@@ -484,6 +511,9 @@ class LowEntropyCollapseConfig(_MiEntropyConfig):
 
 
 class RewardVarianceCollapseConfig(_OneAlarmConfig):
+    name: ClassVar[str] = "reward_variance_collapse"
+    summary: ClassVar[str] = "in-group reward std stays far below its baseline"
+
     actions: list[Response] = Field(
         default_factory=lambda: [TightenFilter(times=2)],
         description="mode act: train only on the groups whose reward spread carries signal",
@@ -511,6 +541,9 @@ class RewardVarianceCollapseConfig(_OneAlarmConfig):
 
 
 class OutputLengthCollapseConfig(_OneAlarmConfig):
+    name: ClassVar[str] = "output_length_collapse"
+    summary: ClassVar[str] = "mean reasoning length drops within a window"
+
     metric: str = Field(
         "rollout/reasoning_length",
         description=(
@@ -530,6 +563,9 @@ class OutputLengthCollapseConfig(_OneAlarmConfig):
 
 
 class FormatCollapseConfig(_OneAlarmConfig):
+    name: ClassVar[str] = "format_collapse"
+    summary: ClassVar[str] = "valid reasoning or valid actions all but disappear from the rollouts"
+
     reasoning_metric: str = Field(
         "rollout/valid_reasoning_rate",
         description=("share of turns with non-empty reasoning inside <think>...</think>"),
@@ -552,6 +588,9 @@ class FormatCollapseConfig(_OneAlarmConfig):
 
 
 class EmptyAfterFilterConfig(_OneAlarmConfig):
+    name: ClassVar[str] = "empty_after_filter"
+    summary: ClassVar[str] = "the filter kept nothing several iterations running"
+
     metric: str = Field(
         "filter/empty", description="1 when the SNR filter kept no group this iteration, else 0"
     )
@@ -564,6 +603,9 @@ class ReadingDriftConfig(_OneAlarmConfig):
     """Reading accuracy on the probe set fell beyond the uncertainty of both points from
     its best point in the window, while the input-dependence test still says grounded:
     the reasoning still depends on the input but states it less correctly."""
+
+    name: ClassVar[str] = "reading_drift"
+    summary: ClassVar[str] = "reading accuracy on the probe set falls while MI still says grounded"
 
     actions: list[Response] = Field(
         default_factory=lambda: [Rollback()],
@@ -620,48 +662,35 @@ class ReadingDriftConfig(_OneAlarmConfig):
     )
 
 
-class AlarmsConfig(StrictSection):
-    """Thresholds and modes of the collapse alarms (docs/methods.md, section 4)."""
+#: The alarms, each declared once by its settings class (its ``name``, its ``summary`` and
+#: its schema), in the order the monitor runs them and the controller asks them;
+#: ``alarms.py`` gives each its statistic (``_Alarm.settings``). Everything else that
+#: lists the alarms (``ALARM_NAMES``, the ``AlarmsConfig`` fields, ``alarms.ALARMS``, the
+#: sweep spec's ``stop_on_collapse.alarms``) is derived from this tuple.
+ALARM_SETTINGS: tuple[type[_OneAlarmConfig], ...] = (
+    TemplateCollapseConfig,
+    LowEntropyCollapseConfig,
+    RewardVarianceCollapseConfig,
+    OutputLengthCollapseConfig,
+    EmptyAfterFilterConfig,
+    FormatCollapseConfig,
+    ReadingDriftConfig,
+)
+ALARM_NAMES = tuple(settings.name for settings in ALARM_SETTINGS)
 
-    template_collapse: TemplateCollapseConfig = Field(
-        default_factory=TemplateCollapseConfig,
-        description="MI falls while H(Z|X) stays flat or rises",
-    )
-    low_entropy_collapse: LowEntropyCollapseConfig = Field(
-        default_factory=LowEntropyCollapseConfig, description="MI and H(Z|X) both fall"
-    )
-    reward_variance_collapse: RewardVarianceCollapseConfig = Field(
-        default_factory=RewardVarianceCollapseConfig,
-        description="in-group reward std stays far below its baseline",
-    )
-    output_length_collapse: OutputLengthCollapseConfig = Field(
-        default_factory=OutputLengthCollapseConfig,
-        description="mean reasoning length drops within a window",
-    )
-    empty_after_filter: EmptyAfterFilterConfig = Field(
-        default_factory=EmptyAfterFilterConfig,
-        description="the filter kept nothing several iterations running",
-    )
-    format_collapse: FormatCollapseConfig = Field(
-        default_factory=FormatCollapseConfig,
-        description="valid reasoning or valid actions all but disappear from the rollouts",
-    )
-    reading_drift: ReadingDriftConfig = Field(
-        default_factory=ReadingDriftConfig,
-        description="reading accuracy on the probe set falls while MI still says grounded",
-    )
-    control: ControlConfig = Field(
-        default_factory=ControlConfig, description="cooldown and cap of the act-mode responses"
-    )
-
-
-#: The alarms, in the order the monitor runs them and the controller asks them.
-ALARM_NAMES = (
-    "template_collapse",
-    "low_entropy_collapse",
-    "reward_variance_collapse",
-    "output_length_collapse",
-    "empty_after_filter",
-    "format_collapse",
-    "reading_drift",
+AlarmsConfig = create_model(
+    "AlarmsConfig",
+    __base__=StrictSection,
+    __doc__="Thresholds and modes of the collapse alarms (docs/methods.md, section 4).",
+    __module__=__name__,
+    **{
+        settings.name: (settings, Field(default_factory=settings, description=settings.summary))
+        for settings in ALARM_SETTINGS
+    },
+    control=(
+        ControlConfig,
+        Field(
+            default_factory=ControlConfig, description="cooldown and cap of the act-mode responses"
+        ),
+    ),
 )

@@ -24,7 +24,7 @@ from ..envs.settings import EnvConfig
 from ..policy.settings import ModelConfig, WarmStartConfig
 from ..rollout.settings import RolloutConfig
 from ..sections import StrictSection
-from .retention import RetentionConfig
+from .tracking.retention import RetentionConfig
 
 __all__ = [
     "ConfigError",
@@ -96,6 +96,16 @@ class TrainerConfig(StrictSection):
         "iteration 1 (the per-prompt rewards also at the last).",
     )
     samples_per_log: int = Field(4, ge=0, description="Transcripts per sample artifact.")
+    metrics_every: int = Field(
+        1,
+        ge=1,
+        description="Log an iteration's metrics to MLflow every N iterations, at iteration "
+        "1 and the last, and at every iteration that ran diagnostics, gradient SNR or a "
+        "validation (the alarms, the checkpoints and the console see every iteration). "
+        "The MLflow database grows about linearly with the iterations logged: 3.0 MB per "
+        "40 iterations of the collapse pilot's runs (about 550 metrics), so N = 10 "
+        "keeps a run of thousands of iterations to tens of MB (docs/configuration.md).",
+    )
 
 
 def default_tracking_uri(output_dir: Path) -> str:
@@ -178,6 +188,16 @@ class RayConfig(StrictSection):
         "is one; Ray's default, 100000, is about 350 MB of the GCS server's memory, "
         "reached after thousands of iterations); None: Ray's defaults or their RAY_ "
         "variables. A cluster joined keeps its own.",
+    )
+    malloc_mmap_threshold: int | None = Field(
+        65536,
+        ge=0,
+        description="MALLOC_MMAP_THRESHOLD_ (bytes) in the environment of every Ray worker "
+        "the run starts (its actors): glibc then serves larger allocations by mmap and "
+        "hands them back when freed, so a long run's learner does not keep the arenas "
+        "batches of varying length leave (500-iteration soak: learner +3.9 MB per 100 "
+        "iterations without it, +0.04 with it; benchmarks/RESULTS.md, 'Soak'). None: "
+        "the environment's own, or glibc's adaptive default.",
     )
     autoscaler_wait_s: float = Field(
         120.0,

@@ -52,7 +52,7 @@ def refuse_early(cfg: TetherConfig, address: str | None) -> None:
     sandbox.  (Once this has passed, a tracking server that goes away spools the writes.)"""
     from ..envs import runs_untrusted_code
     from ..envs.sandbox import resolve_isolation
-    from .tracking import check_tracking_reachable
+    from ..store import check_tracking_reachable
 
     if address:
         check_ray_reachable(address)
@@ -66,7 +66,13 @@ def connect(cfg: TetherConfig, address: str | None, actors: TetherConfig | None 
     actors of ``actors`` (default ``cfg``; a sweep passes none: its trials ask Tune);
     True when this call started Ray (not when Ray was already initialised)."""
     required = actors.actor_resources()["CPU"] if actors is not None else 0
-    return start_ray(address, cfg.ray.num_cpus, required, cfg.ray.task_events_in_gcs)
+    return start_ray(
+        address,
+        cfg.ray.num_cpus,
+        required,
+        cfg.ray.task_events_in_gcs,
+        cfg.ray.malloc_mmap_threshold,
+    )
 
 
 def wait_until_fits(

@@ -86,6 +86,7 @@ def start_ray(
     num_cpus: int | None,
     required_cpus: float,
     task_events_in_gcs: int | None = None,
+    malloc_mmap_threshold: int | None = None,
 ) -> bool:
     """Join ``address`` or start a fresh local Ray; return True if this call started it.
 
@@ -93,6 +94,9 @@ def start_ray(
     ``ray_current_cluster`` file from an earlier ``ray stop`` is never joined.
     ``task_events_in_gcs`` caps the task events a local Ray's GCS keeps
     (``cap_gcs_task_events``); a cluster joined keeps its own setting.
+    ``malloc_mmap_threshold`` goes into the workers' environment as glibc's
+    ``MALLOC_MMAP_THRESHOLD_`` (read when each worker process starts), here and on a
+    cluster joined alike.
     """
     import ray
 
@@ -105,6 +109,8 @@ def start_ray(
             "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
         }
     }
+    if malloc_mmap_threshold is not None:
+        runtime_env["env_vars"]["MALLOC_MMAP_THRESHOLD_"] = str(malloc_mmap_threshold)
     if address:
         check_ray_reachable(address)
     try:

@@ -61,6 +61,7 @@ the driver computes or sends, never the learner's code.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -226,7 +227,7 @@ def run_known_answer(cfg) -> KnownAnswerResult:
     before and after and the per-iteration training success."""
     from mlflow.tracking import MlflowClient
 
-    from ..platform.trainer import Trainer
+    from ..platform.run.trainer import Trainer
 
     summary = Trainer(cfg).run()
     client = MlflowClient(summary.tracking_uri)
@@ -278,7 +279,7 @@ def broken(kind: str) -> Iterator[None]:
     from ..actors.learner_group import LearnerGroup
     from ..algos import advantages, filters
     from ..algos.settings import AlgoConfig
-    from ..platform.trainer import Trainer
+    from ..platform.run.trainer import Trainer
 
     saved_estimators = dict(advantages.ADVANTAGE_ESTIMATORS)
     saved_scalings = dict(filters.LOSS_SCALINGS)
@@ -287,6 +288,7 @@ def broken(kind: str) -> Iterator[None]:
     if kind == "advantage_sign":
         for name, fn in saved_estimators.items():
 
+            @functools.wraps(fn)  # keeps the signature its bound parameters are read from
             def negated(inputs, _fn=fn, **params):
                 adv, returns = _fn(inputs, **params)
                 return -adv, returns

@@ -30,7 +30,7 @@ from collections.abc import Callable
 
 from pydantic import Field
 
-from ..sections import StrictSection
+from ...sections import StrictSection
 
 
 class RetentionConfig(StrictSection):

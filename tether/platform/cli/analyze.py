@@ -28,7 +28,7 @@ PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "help_o
 @analyze_app.command("paper", context_settings=PASSTHROUGH, add_help_option=False)
 def paper(ctx: typer.Context):
     """The reproduction families (docs/reproduction.md); --help lists the options."""
-    from ..analysis.paper import main
+    from ...analysis.paper import main
 
     raise typer.Exit(main(list(ctx.args), prog="tether analyze paper"))
 
@@ -36,7 +36,7 @@ def paper(ctx: typer.Context):
 @analyze_app.command("known-answer")
 def known_answer():
     """The MI proxies on policies whose answer is known: one table."""
-    from ..testing.harness import main
+    from ...testing.harness import main
 
     main()
 
@@ -112,7 +112,7 @@ def pilot(
     Per run: the precondition by mid-run, the probe's MI change, the entropy and format
     checks, the regime (template, low_entropy, format, none) and where the MI went.
     """
-    from ..analysis import pilot as rules
+    from ...analysis import pilot as rules
 
     try:
         loaded = [rules.load(path) for path in records]

@@ -11,12 +11,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ..actors.learner_group import LearnerDied
+from ...actors.learner_group import LearnerDied
+from ..config import TrainerConfig
+from ..tracking.tracker import Tracker
 from .alarm_responder import AlarmResponder
 from .checkpoint import CheckpointError, latest_checkpoint
-from .config import TrainerConfig
 from .events import Event
-from .tracking import Tracker
 
 #: where a learner that died before the run's first checkpoint is rebuilt from
 STARTING_WEIGHTS = "the run's starting weights (no checkpoint yet)"

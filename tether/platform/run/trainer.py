@@ -21,21 +21,22 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import seeds
-from ..actors.learner_group import LearnerDied, LearnerGroup
-from ..actors.memory import release_free_memory
-from ..agent.chat import ChatFormatter
-from ..agent.metrics import rollout_metrics
-from ..agent.pairs import SpanExtractor
-from ..algos.batch import collate
-from ..policy.load import load_tokenizer
-from ..rollout.base import SamplingParams
-from . import preflight
+from ... import seeds
+from ...actors.learner_group import LearnerDied, LearnerGroup
+from ...actors.memory import release_free_memory
+from ...agent.chat import ChatFormatter
+from ...agent.metrics import rollout_metrics
+from ...agent.pairs import SpanExtractor
+from ...algos.batch import collate
+from ...policy.load import load_tokenizer
+from ...rollout.base import SamplingParams
+from .. import preflight
+from ..config import TetherConfig
+from ..session import check_resources, stop_ray
 from .actor_pool import ActorPool
 from .alarm_responder import AlarmResponder
 from .cadence import due
 from .checkpoint import CheckpointError, checkpoint_path, load_checkpoint, save_checkpoint
-from .config import TetherConfig
 from .diagnosis import Diagnosis
 from .events import Event, log_warnings
 from .fleet import RolloutFleet
@@ -50,7 +51,6 @@ from .launch import (
 from .pipeline import RolloutPipeline
 from .recovery import LearnerRecovery, checkpoint_failed, record_resume
 from .run_state import RunState
-from .session import check_resources, stop_ray
 from .stages import (
     RESAMPLE_GROUP_IDS,
     VALIDATION_METRICS,

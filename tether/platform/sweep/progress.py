@@ -7,9 +7,9 @@ from contextlib import contextmanager
 
 from ray.tune import Callback
 
-from .sweep_results import SUCCESS, finalize_child
-from .sweep_search import decode, expected_trials
-from .sweep_spec import SweepSpec, flat_values
+from .results import SUCCESS, finalize_child
+from .search import decode, expected_trials
+from .spec import SweepSpec, flat_values
 
 
 class SweepProgress(Callback):

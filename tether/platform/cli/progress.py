@@ -16,7 +16,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from .events import Event
+from ..run.events import Event
 
 __all__ = ["KEY_METRICS", "RunDisplay", "SweepDisplay", "bars"]
 

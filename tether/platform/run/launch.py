@@ -8,14 +8,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from ..actors.learner_group import LearnerGroup
-from ..algos.update import UpdateSettings
+from ...actors.learner_group import LearnerGroup
+from ...algos.update import UpdateSettings
+from ..config import TetherConfig
+from ..environment import environment_tags
+from ..tracking.tracker import SPOOL_DIRNAME, Tracker
 from .actor_pool import ActorPool, ActorRequest
-from .config import TetherConfig
-from .environment import environment_tags
 from .events import Event
 from .fleet import RolloutFleet, worker_request
-from .tracking import SPOOL_DIRNAME, Tracker
 
 
 def open_tracker(

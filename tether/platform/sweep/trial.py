@@ -16,18 +16,18 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .checkpoint import latest_checkpoint
-from .events import Event
-from .sweep_search import decode
-from .sweep_spec import SweepSpec, flat_values, swept_fields
+from ..run.checkpoint import latest_checkpoint
+from ..run.events import Event
+from .search import decode
+from .spec import SweepSpec, flat_values, swept_fields
 
 
 def run_trial(config: dict[str, Any], spec_json: str, parent_run_id: str) -> None:
     """Tune's function trainable: one full training run, metrics reported per iteration."""
     from ray import tune
 
-    from .actor_pool import process_pool
-    from .trainer import Trainer
+    from ..run.actor_pool import process_pool
+    from ..run.trainer import Trainer
 
     spec = SweepSpec.from_json(spec_json)
     values = decode(spec, config)

@@ -27,22 +27,26 @@ import os
 import re
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import mlflow
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from ...store import (
+    TrackingError,
+    check_tracking_reachable,
+    ensure_experiment,
+    is_http,
+    server_healthy,
+)
 from .retention import ArtifactThinning, delete_artifact, deletion_refused, thinned_iteration
 from .spool import Spool
 
 if TYPE_CHECKING:
-    from .config import TrackingConfig
+    from ..config import TrackingConfig
     from .retention import RetentionConfig
 
 _INVALID_KEY_CHARS = re.compile(r"[^/\w.\- :]")
@@ -51,37 +55,9 @@ SPOOL_DIRNAME = "tracking_spool"
 log = logging.getLogger("tether.tracking")
 
 
-class TrackingError(RuntimeError):
-    """The tracking server cannot be used (the message says which and what to do)."""
-
-
 def metric_key(name: str) -> str:
     """An MLflow-safe metric name (``retrieval_acc@2`` -> ``retrieval_acc_at_2``)."""
     return _INVALID_KEY_CHARS.sub("_", name.replace("@", "_at_"))
-
-
-def is_http(uri: str) -> bool:
-    return uri.startswith(("http://", "https://"))
-
-
-def metric_history(client: MlflowClient, run_id: str, key: str) -> dict[int, float]:
-    """{step: value}, the last value logged at each step (a resumed run may log a step
-    twice; the later write wins, by timestamp)."""
-    history = sorted(client.get_metric_history(run_id, key), key=lambda m: m.timestamp)
-    return {int(m.step): float(m.value) for m in history}
-
-
-def check_tracking_reachable(uri: str, timeout: float = 5.0) -> None:
-    """Fail fast with one clear line when an HTTP tracking server does not answer."""
-    if not is_http(uri):
-        return
-    try:
-        urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout)
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        raise TrackingError(
-            f"MLflow tracking server {uri} is unreachable ({exc}); start it "
-            f"with `mlflow server` or drop tracking.uri to use local SQLite"
-        ) from None
 
 
 def wait_for(done: Callable[[], bool], timeout_s: float) -> bool:
@@ -92,17 +68,6 @@ def wait_for(done: Callable[[], bool], timeout_s: float) -> bool:
             return False
         time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
     return True
-
-
-def server_healthy(uri: str, timeout: float) -> bool:
-    """One cheap ``GET /health`` (a SQLite or file URI has no server: always True)."""
-    if not is_http(uri):
-        return True
-    try:
-        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout) as answer:
-            return answer.status == 200
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
 
 
 def bound_http_retries(settings: TrackingConfig) -> None:
@@ -126,30 +91,6 @@ def transient(exc: BaseException) -> bool:
     import requests
 
     return isinstance(exc, (requests.exceptions.RequestException, ConnectionError, TimeoutError))
-
-
-#: MLflow 3's UI opens an experiment by its kind; untagged ones may open on the GenAI
-#: "Overview" (traces, token usage).  Tether's are model training: open on the runs.
-EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
-
-
-def ensure_experiment(client: MlflowClient, name: str, artifact_root: Path | None) -> str:
-    experiment = client.get_experiment_by_name(name)
-    if experiment is None:
-        location = artifact_root.resolve().as_uri() if artifact_root is not None else None
-        try:
-            experiment_id = client.create_experiment(
-                name, artifact_location=location, tags=EXPERIMENT_KIND
-            )
-        except mlflow.exceptions.MlflowException:
-            # Created concurrently by another process (sweep trials).
-            experiment_id = client.get_experiment_by_name(name).experiment_id
-    else:
-        experiment_id = experiment.experiment_id
-        if not any(experiment.tags.get(k) for k in EXPERIMENT_KIND):  # an older Tether's
-            for key, value in EXPERIMENT_KIND.items():
-                client.set_experiment_tag(experiment_id, key, value)
-    return experiment_id
 
 
 class Tracker:
@@ -179,7 +120,7 @@ class Tracker:
         retention: RetentionConfig | None = None,
     ) -> None:
         if settings is None:
-            from .config import TrackingConfig
+            from ..config import TrackingConfig
 
             settings = TrackingConfig()
         self.settings = settings

@@ -8,12 +8,12 @@
 The driver validates the spec, takes the start-up path a run takes once for all the
 trials (``preflight``: refusals, Ray joined or started, one trial fits the cluster, the
 policy warm-started), creates the MLflow parent run and hands Tune a function
-trainable (the search itself: ``sweep_search.py``). Each trial builds its config (base + sampled values), runs
+trainable (the search itself: ``search.py``). Each trial builds its config (base + sampled values), runs
 ``Trainer`` inside its placement group (one bundle for the trial loop, one for its
 rollout workers + learner) and reports every iteration's metrics to Tune. The parent
 run id lives in the Tune experiment directory, so ``--resume`` continues the same
 parent, and each trial that had not finished goes on from its last checkpoint in its
-own MLflow run (``sweep_trial.continued_from``).
+own MLflow run (``trial.continued_from``).
 """
 
 from __future__ import annotations
@@ -27,18 +27,18 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import preflight
-from .sweep_progress import SweepProgress, showing
-from .sweep_results import (
+from .. import preflight
+from .progress import SweepProgress, showing
+from .results import (
     close_stale_children,
     end_of_sweep,
     results_rows,
     results_table,
     write_results_csv,
 )
-from .sweep_search import decode, expected_trials, param_space, reporter, tune_config
-from .sweep_spec import SweepSpec, swept_fields
-from .sweep_trial import run_trial
+from .search import decode, expected_trials, param_space, reporter, tune_config
+from .spec import SweepSpec, swept_fields
+from .trial import run_trial
 
 __all__ = [
     "SweepError",
@@ -76,7 +76,7 @@ class SweepOutcome:
 
     @property
     def ui_command(self) -> str:
-        from .tracking import ui_command
+        from ..tracking.tracker import ui_command
 
         return ui_command(self.tracking_uri, self.experiment_id)
 
@@ -229,7 +229,7 @@ def _start(spec: SweepSpec, address: str | None, echo, display) -> None:
     one trial fits the cluster, the policy warm-started (cached for the trials)."""
     import ray
 
-    from .session import cluster_capacity
+    from ..session import cluster_capacity
 
     base, resources = spec.base, spec.sweep.resources
     # Under `ray job submit` the entry point gets RAY_ADDRESS: join that cluster.
@@ -264,7 +264,7 @@ def shared_warm_start(spec: SweepSpec):
     grid over seeds) or a range over a field of the recipe leaves them unknown.  The
     base config's own warm start is not always one of them: a grid of one seed, as a
     sweep run in parts has, replaces the base's seed."""
-    from ..policy.load import recipe, recipe_key
+    from ...policy.load import recipe, recipe_key
 
     paths = [p for p in spec.sweep.space if p.split(".")[0] in RECIPE_SECTIONS]
     if any(spec.sweep.space[p].values is None for p in paths):
@@ -284,7 +284,7 @@ def _parent_options(spec: SweepSpec, place: _Place, echo) -> dict:
     """The parent Tracker's experiment, artifact root and spool.  Its writes the server
     does not take wait in the sweep's directory (the children spool into their own output
     directories, as any run does)."""
-    from .tracking import SPOOL_DIRNAME
+    from ..tracking.tracker import SPOOL_DIRNAME
 
     base = spec.base
     return {
@@ -297,7 +297,7 @@ def _parent_options(spec: SweepSpec, place: _Place, echo) -> dict:
 
 
 def _resumed_parent(spec: SweepSpec, place: _Place, state: dict, echo):
-    from .tracking import Tracker
+    from ..tracking.tracker import Tracker
 
     return Tracker(
         state["tracking_uri"], run_id=state["parent_run_id"], **_parent_options(spec, place, echo)
@@ -307,8 +307,8 @@ def _resumed_parent(spec: SweepSpec, place: _Place, state: dict, echo):
 def _new_parent(spec: SweepSpec, place: _Place, echo):
     """The sweep's MLflow parent run: its tags, params (the sweep section), the spec as
     artifacts, and the state file ``--resume`` reads."""
-    from .environment import environment_tags
-    from .tracking import Tracker
+    from ..environment import environment_tags
+    from ..tracking.tracker import Tracker
 
     sweep, uri = spec.sweep, spec.base.tracking_uri()
     tags = {
@@ -330,6 +330,8 @@ def _new_parent(spec: SweepSpec, place: _Place, echo):
     source = Path(spec.source)
     parent.log_text(source.read_text() if source.is_file() else "", "sweep_spec.yaml")
     parent.log_text(spec.to_json(), "sweep_spec_resolved.json")
+    base = swept_fields(spec) if spec.sweep.design == "one_at_a_time" else None
+    parent.log_text(json.dumps(base), "sweep_base.json")  # read by analysis/source.py
     place.experiment.mkdir(parents=True, exist_ok=True)
     state = {"parent_run_id": parent.run_id, "tracking_uri": uri, "spec": spec.to_json()}
     place.state_file.write_text(json.dumps(state, indent=1))
@@ -362,7 +364,7 @@ def _tuner(spec: SweepSpec, place: _Place, ids: tuple, resume: bool):
         callbacks=[SweepProgress(*ids, spec_json)],
         progress_reporter=reporter(spec),
         failure_config=tune.FailureConfig(max_failures=0),
-        # each report's pointer to the trial's run (sweep_trial.py): the newest two kept
+        # each report's pointer to the trial's run (trial.py): the newest two kept
         checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
     )
     return tune.Tuner(
@@ -381,7 +383,7 @@ def _finish(spec: SweepSpec, place: _Place, parent, echo, seconds: float) -> Swe
     for, and the parent's writes spool."""
     from ray import tune
 
-    from .tracking import SPOOL_DIRNAME
+    from ..tracking.tracker import SPOOL_DIRNAME
 
     sweep = spec.sweep
     trials = tune.ExperimentAnalysis(str(place.experiment)).trials

@@ -9,12 +9,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from .. import seeds
-from ..agent.episode import EpisodeSpec
-from ..envs.settings import EnvConfig
+from ... import seeds
+from ...agent.episode import EpisodeSpec
+from ...envs.settings import EnvConfig
+from ..config import DiagnosticsConfig
+from ..tracking.tracker import Tracker
 from .cadence import due
-from .config import DiagnosticsConfig
-from .tracking import Tracker
 
 #: ``collect(specs, seed, max_turns)``: the probe's episodes (one turn each with
 #: ``max_turns`` 1, to the end with None), sampled by the current policy at the rollout
@@ -33,7 +33,7 @@ def prompt_mi_record(it: int, collected, prompt_mi: dict[int, dict[str, float]])
     (``group_rewards``) and the pointwise MI of its first-turn prompt with the number of
     scored pairs (null when none of its pairs was scored): what finding d's prompt-level
     reward-variance quartiles need (docs/methods.md, section 13)."""
-    from ..agent.metrics import group_rewards
+    from ...agent.metrics import group_rewards
 
     groups = []
     for group in group_rewards(collected):
@@ -88,7 +88,7 @@ class Diagnosis:
             tracker.log_json(prompt_mi_record(it, collected, result.prompt_mi), prompt_mi_path(it))
         started = time.perf_counter()
         for sampling, (scores, column) in result.matrices.items():
-            from ..diagnostics.plots import cross_score_heatmap
+            from ...diagnostics.plots import cross_score_heatmap
 
             figure = cross_score_heatmap(scores, column, f"{sampling} cross-scores, iteration {it}")
             tracker.log_figure(figure, f"diagnostics/cross_scores_{sampling}_{it:04d}.png")
@@ -104,7 +104,7 @@ class Diagnosis:
         turn sampled by the current policy, cross-scored against all probe prompts; and
         what those turns state about their input, scored against the true states
         (``grounding/…``, reading accuracy)."""
-        from ..agent.reading import grounding_metrics
+        from ...agent.reading import grounding_metrics
 
         p = self.cfg.probe
         if self.collect is None or not p.enabled or not due(it, p.every, first=True):
@@ -141,7 +141,7 @@ class Diagnosis:
         """``mechanism/probe…``: where the probe's MI goes, by each level's reward variance
         under the current policy (docs/methods.md, "The mechanism, measured"); the first
         probe point's per-level MI is kept (and checkpointed) as the baseline."""
-        from ..diagnostics.mechanism import level_outcomes, level_record, probe_mechanism
+        from ...diagnostics.mechanism import level_outcomes, level_record, probe_mechanism
 
         outcomes = level_outcomes(episodes)
         level_mi = {int(g): float(v["mi"]) for g, v in prompt_mi.items()}

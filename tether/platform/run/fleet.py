@@ -23,12 +23,12 @@ from collections.abc import Callable
 import numpy as np
 import ray
 
-from .. import seeds
-from ..actors.rollout_worker import RolloutWorker
-from ..agent.episode import EpisodeSpec
-from ..rollout.base import SamplingParams
+from ... import seeds
+from ...actors.rollout_worker import RolloutWorker
+from ...agent.episode import EpisodeSpec
+from ...rollout.base import SamplingParams
+from ..config import RolloutConfig, TetherConfig
 from .actor_pool import ActorRequest
-from .config import RolloutConfig, TetherConfig
 from .events import Event
 
 

@@ -28,9 +28,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
-from ..diagnostics.settings import ALARM_NAMES
-from ..sections import StrictSection
-from .config import ConfigError, TetherConfig, build_config, parse_override, set_dotted
+from ...diagnostics.settings import ALARM_NAMES
+from ...sections import StrictSection
+from ..config import ConfigError, TetherConfig, build_config, parse_override, set_dotted
 
 
 class Distribution(StrictSection):

@@ -16,10 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 from mlflow.tracking import MlflowClient
 
-from .tracking import TrackingError, server_healthy, sync_spool, transient, wait_for
+from ...store import TrackingError, server_healthy
+from ..tracking.tracker import sync_spool, transient, wait_for
 
 if TYPE_CHECKING:
-    from .tracking import Tracker
+    from ..tracking.tracker import Tracker
 
 SUCCESS = "rollout/success"
 MI_ZSCORE = "collapse/first_turn/mi_zscore_ema"
@@ -178,7 +179,8 @@ def results_rows(
 
 def _trial_row(client, trial: str, run, metric: str, collapse_alarms: tuple[str, ...]) -> dict:
     """A trial's row: its swept values, how far it got, its metric and success, alarms."""
-    from .tracking import metric_history, metric_key
+    from ...store import metric_history
+    from ..tracking.tracker import metric_key
 
     def history(key: str) -> list[float]:  # one value per step (resumed runs)
         return [

@@ -1,7 +1,7 @@
 """The events a run reports while it trains, by name.
 
 The ``Trainer`` and its parts call ``emit(kind, data)``; ``tether run`` shows them
-(``progress.RunDisplay``), a sweep trial forwards some to Tune (``sweep_trial``), and
+(``cli/progress.RunDisplay``), a sweep trial forwards some to Tune (``sweep/trial.py``), and
 without a hook the ones a user must see become log warnings (``log_warnings``).
 ``Event`` is a ``StrEnum``: a member equals its plain string, so a hook may compare
 ``kind == "iteration"`` as well as ``kind == Event.ITERATION``.

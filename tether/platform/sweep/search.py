@@ -8,8 +8,8 @@ import json
 import math
 from typing import Any
 
-from .sweep_results import SUCCESS
-from .sweep_spec import SweepSpec
+from .results import SUCCESS
+from .spec import SweepSpec
 
 
 def label(value: Any) -> Any:

@@ -17,16 +17,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..algos.settings import FilterConfig
-from ..algos.update import UpdateSettings
-from ..diagnostics.alarms import AlarmMonitor
-from ..diagnostics.control import Controller
-from ..diagnostics.settings import GroundedCheckpoint, Knobs
+from ...algos.settings import FilterConfig
+from ...algos.update import UpdateSettings
+from ...diagnostics.alarms import AlarmMonitor
+from ...diagnostics.control import Controller
+from ...diagnostics.settings import GroundedCheckpoint, Knobs
+from ..config import TetherConfig
+from ..tracking.tracker import Tracker
 from .checkpoint import load_checkpoint
-from .config import TetherConfig
 from .events import Event
 from .fleet import RolloutFleet
-from .tracking import Tracker
 
 #: grounded checkpoints kept as rollback targets (the first and the newest; protected from
 #: pruning)
@@ -66,6 +66,18 @@ class LiveSettings:
             ),
             knobs.lr,
         )
+
+
+@dataclass(frozen=True)
+class _RunEffects:
+    """``RunEffects`` on this run's learner and rollout workers."""
+
+    learner: object
+    fleet: RolloutFleet
+
+    def restore(self, path: str) -> None:
+        self.learner.load_full_state(load_checkpoint(Path(path))["learner"])
+        self.fleet.sync_weights(self.learner)
 
 
 class AlarmResponder:
@@ -150,12 +162,9 @@ class AlarmResponder:
             if len(self.controller.passed) > before:
                 self.log_alarms()
             return
-        action, knobs = taken
-        if action.rollback_to is not None:
-            learner.load_full_state(load_checkpoint(Path(action.rollback_to["path"]))["learner"])
+        action, knobs, response, target = taken
+        response.effect(target, _RunEffects(learner, fleet))
         self.apply_knobs(knobs, learner)
-        if action.rollback_to is not None:
-            fleet.sync_weights(learner)
         self.emit(
             Event.ACTION,
             {

@@ -37,8 +37,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .. import seeds
-from .config import TetherConfig
+from ... import seeds
+from ..config import TetherConfig
 from .events import Event
 from .fleet import Collection, RolloutFleet
 from .stages import LevelSampler

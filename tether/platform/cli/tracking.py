@@ -16,7 +16,7 @@ def tracking_uri(uri: str | None, output_dir: Path | None) -> str:
     """The given URI, else MLFLOW_TRACKING_URI, else output_dir's SQLite store (the rule
     of ``tether run``, ``config.tracking_uri``); a SQLite file that does not exist is an
     error here, not a new empty store."""
-    from .config import tracking_uri as default_rule
+    from ..config import tracking_uri as default_rule
 
     uri = default_rule(uri or os.environ.get("MLFLOW_TRACKING_URI"), output_dir)
     if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///") :]).is_file():
@@ -37,8 +37,8 @@ def report(
     target: str, uri: str | None, out: Path | None, settings, log: bool, finished_only: bool
 ) -> None:
     """Build the report of ``target`` into ``out``, print its tables, log it to MLflow."""
-    from ..analysis.report import build_report
-    from ..analysis.source import ReportError, load_target
+    from ...analysis.report import build_report
+    from ...analysis.source import ReportError, load_target
 
     try:
         resolved, runs = load_target(uri, target)
@@ -107,9 +107,9 @@ def log_to_mlflow(uri: str, resolved, target: str, out: Path) -> None:
     """The report as artifacts report/ of the run or sweep parent (or a report run)."""
     from mlflow.tracking import MlflowClient
 
-    from ..analysis.report import log_report
-    from .config import TrackingConfig
-    from .tracking import SPOOL_DIRNAME, Tracker
+    from ...analysis.report import log_report
+    from ..config import TrackingConfig
+    from ..tracking.tracker import SPOOL_DIRNAME, Tracker
 
     # Through a Tracker with its spool beside the report's directory (not in it: the
     # directory is what is uploaded): a server that goes away mid-upload leaves the
@@ -142,10 +142,10 @@ def log_to_mlflow(uri: str, resolved, target: str, out: Path) -> None:
 def serve(uri: str, address: str | None, host: str, token: str | None, monitor: tuple) -> None:
     """The live monitor on Ray Serve until Ctrl-C; ``monitor`` = (port, experiments,
     refresh, sampling).  Ray and Serve stop with it (Ray only if this started it)."""
-    from .session import ClusterError, prepare_process, start_ray, stop_ray
+    from ..session import ClusterError, prepare_process, start_ray, stop_ray
 
     prepare_process(address)
-    from ..dashboards.monitor import MonitorError, is_loopback, start_monitor
+    from ...dashboards.monitor import MonitorError, is_loopback, start_monitor
 
     if not is_loopback(host) and not token:
         fail(

@@ -10,18 +10,23 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from .. import seeds
-from ..actors.memory import peak_rss_gb
-from ..agent.episode import EpisodeSpec
-from ..agent.metrics import EPISODE_ENDS, group_rewards, group_trajectories, transcript
-from ..algos.advantages import AdvantageInputs, compute_advantages, format_advantages
-from ..algos.filters import snr_filter
-from ..algos.settings import AlgoConfig, FilterConfig
-from ..rollout.base import SamplingParams
+from ... import seeds
+from ...actors.memory import peak_rss_gb
+from ...agent.episode import EpisodeSpec
+from ...agent.metrics import EPISODE_ENDS, group_rewards, group_trajectories, transcript
+from ...algos.advantages import (
+    AdvantageInputs,
+    bound_params,
+    compute_advantages,
+    format_advantages,
+)
+from ...algos.filters import snr_filter
+from ...algos.settings import AlgoConfig, FilterConfig
+from ...rollout.base import SamplingParams
+from ..config import TetherConfig, TrainerConfig
+from ..tracking.tracker import Tracker
 from .cadence import due
-from .config import TetherConfig, TrainerConfig
 from .fleet import RolloutFleet
-from .tracking import Tracker
 
 #: Group ids of dynamic-sampling round r start at r * RESAMPLE_GROUP_IDS (round 0, the
 #: iteration's own collection, is 0 .. groups - 1), so groups of different rounds differ.
@@ -126,10 +131,6 @@ def dynamic_sampling(
 def advantages(batch, algo: AlgoConfig):
     """The batch with ``advantages`` and ``returns`` by ``algo.advantage`` (and the format
     term's ``format_advantages`` when ``algo.format_coef`` is on)."""
-    params = {
-        "gae": {"gamma": algo.gamma, "lam": algo.lam},
-        "reinforce_pp": {"gamma": algo.gamma},
-    }.get(algo.advantage, {})
     inputs = AdvantageInputs(
         scores=batch.scores,
         group_index=batch.group_index,
@@ -137,7 +138,9 @@ def advantages(batch, algo: AlgoConfig):
         token_rewards=batch.token_rewards,
         values=batch.values,
     )
-    batch.advantages, batch.returns = compute_advantages(algo.advantage, inputs, **params)
+    batch.advantages, batch.returns = compute_advantages(
+        algo.advantage, inputs, **bound_params(algo.advantage, algo)
+    )
     if algo.format_coef != 0.0:
         batch.format_advantages = format_advantages(batch.malformed_mask, batch.response_mask)
     return batch
@@ -191,13 +194,23 @@ def log_samples(
         )
 
 
+#: An iteration whose metrics hold one of these is logged whatever ``metrics_every`` says:
+#: the diagnostic, gradient-SNR and validation points the analyses read.
+POINT_PREFIXES = ("collapse/", "grad_snr/", "mechanism/", "val/")
+
+
 def log_iteration(
     tracker: Tracker, t: TrainerConfig, it: int, metrics: dict, trajectories, decode: Callable
 ) -> None:
     """Iteration ``it``'s metrics and samples; ``timing/log`` (the logging's own time,
     which cannot be in the dict it logs) follows on its own and is added to ``metrics``."""
     started = time.perf_counter()
-    tracker.log_metrics(metrics, step=it)
+    logged = due(it, t.metrics_every, first=True, last=t.iterations) or any(
+        key.startswith(POINT_PREFIXES) for key in metrics
+    )
+    if logged:
+        tracker.log_metrics(metrics, step=it)
     log_samples(tracker, t, it, trajectories, decode)
     metrics["timing/log"] = time.perf_counter() - started
-    tracker.log_metrics({"timing/log": metrics["timing/log"]}, step=it)
+    if logged:
+        tracker.log_metrics({"timing/log": metrics["timing/log"]}, step=it)

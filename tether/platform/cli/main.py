@@ -30,7 +30,7 @@ def _with_interval(metrics: dict, key: str) -> str:
 
 def _check_cluster(address: str | None) -> None:
     """One line and exit when nothing answers at the Ray address (light imports only)."""
-    from .session import ClusterError, check_ray_reachable
+    from ..session import ClusterError, check_ray_reachable
 
     if address:
         try:
@@ -42,9 +42,9 @@ def _check_cluster(address: str | None) -> None:
 def _start_up(address: str | None) -> None:
     """The start-up checks of ``tether run`` and ``tether sweep`` once the config is read
     (``preflight.start_up``): one line and exit when one refuses."""
-    from .environment import DependencyError
-    from .preflight import start_up
-    from .session import ClusterError
+    from ..environment import DependencyError
+    from ..preflight import start_up
+    from ..session import ClusterError
 
     try:
         start_up(address)
@@ -57,10 +57,10 @@ def _failures(what: str, interrupted: str, refusals: tuple = ()):
     """A run's or a sweep's errors as one line and an exit code: a refusal (its own
     message), a config only the resolved model refutes, Ctrl-C (130), anything else (1;
     ``TETHER_DEBUG=1`` raises it with its traceback)."""
-    from ..envs.sandbox import SandboxUnavailable
-    from .config import ConfigError
-    from .session import ClusterError
-    from .tracking import TrackingError
+    from ...envs.sandbox import SandboxUnavailable
+    from ...store import TrackingError
+    from ..config import ConfigError
+    from ..session import ClusterError
 
     try:
         yield
@@ -91,7 +91,7 @@ def _config_and_overrides(
 
 
 def _load(config: Path | None, overrides: list[str], address: str | None):
-    from .config import ConfigError, load_config
+    from ..config import ConfigError, load_config
 
     extra = list(overrides or [])
     if address:
@@ -130,8 +130,8 @@ def run(
     else:
         cfg, resume_from, resume_run_id = _load(config, overrides, address), None, None
     _start_up(cfg.ray.address)  # ray.address from the YAML too: before the warm start
+    from ..run.trainer import Trainer
     from .progress import RunDisplay
-    from .trainer import Trainer
 
     with _failures("run", "interrupted; the MLflow run is marked KILLED"):
         with RunDisplay(console) as display:  # bars in a terminal, else a line per event
@@ -146,8 +146,8 @@ def run(
 def _resumed_config(config: Path | None, overrides: list[str], address: str | None, resume: str):
     """``--resume``: (the run's own config with this command's overrides on top, the
     checkpoint to continue from, the MLflow run it belongs to)."""
-    from .checkpoint import ResumeError, check_same_parameters, resolve_resume
-    from .config import ConfigError, build_config
+    from ..config import ConfigError, build_config
+    from ..run.checkpoint import ResumeError, check_same_parameters, resolve_resume
 
     base = _load(config, overrides, address)
     try:
@@ -215,7 +215,7 @@ def show_config(
     config, overrides = _config_and_overrides(config, overrides)
 
     if fields:
-        from .config import describe_fields
+        from ..config import describe_fields
 
         # Without a YAML: the defaults a run uses (the default preset applied); with
         # one (and overrides): that config's values.
@@ -235,7 +235,7 @@ def show_config(
 @app.command()
 def envs():
     """List the registered environments."""
-    from ..envs import ENV_IDS
+    from ...envs import ENV_IDS
 
     for env_id in ENV_IDS:
         console.print(env_id)
@@ -264,16 +264,16 @@ def sweep(
 ):
     """Ray Tune sweep: one training run per trial, nested under one MLflow parent run."""
     _check_cluster(address)
-    from .config import ConfigError
-    from .sweep_spec import load_sweep_spec
+    from ..config import ConfigError
+    from ..sweep.spec import load_sweep_spec
 
     try:
         sweep_spec = load_sweep_spec(spec, overrides or [])
     except ConfigError as exc:
         fail(f"sweep spec: {exc}")
     _start_up(address or os.environ.get("RAY_ADDRESS") or sweep_spec.base.ray.address)
+    from ..sweep.runner import SweepError, run_sweep
     from .progress import SweepDisplay
-    from .sweep import SweepError, run_sweep
 
     interrupted = "interrupted; continue with `tether sweep <sweep.yaml> --resume`"
     with _failures("sweep", interrupted, (SweepError,)):
@@ -296,7 +296,7 @@ def sweep(
 
 def _print_sweep_outcome(outcome, metric: str) -> None:
     """The trials ranked by the sweep's metric, the status and where the results are."""
-    from .sweep import results_table
+    from ..sweep.runner import results_table
 
     table = results_table(outcome.rows, metric, f"Sweep {outcome.name}: trials ranked by {metric}")
     (console if console.is_terminal else Console(width=200)).print(table)  # job logs: no wrap
@@ -359,13 +359,13 @@ def report(
 ):
     """The paper's analyses (docs/methods.md §13) over MLflow runs: figures (PNG +
     HTML) and report.html."""
-    from ..analysis.report import ReportSettings
-    from ..analysis.runs import DIAGNOSTICS, SAMPLINGS
-    from . import cli_tracking
+    from ...analysis.report import ReportSettings
+    from ...analysis.runs import DIAGNOSTICS, SAMPLINGS
+    from . import tracking as cli_tracking
 
     cli_tracking.check_choice("--sampling", sampling, SAMPLINGS)
     cli_tracking.check_choice("--mi", mi_name, DIAGNOSTICS)
-    from ..analysis.records import is_record_file
+    from ...analysis.records import is_record_file
 
     # a record file (tether analyze paper --export) needs no store
     uri = None if is_record_file(target) else cli_tracking.tracking_uri(tracking_uri, output_dir)
@@ -384,7 +384,8 @@ def sync_tracking(
 ):
     """Replay a run's spooled tracking writes (metrics, params, tags, artifacts, final
     status) into its MLflow server, in order; writes already there are not duplicated."""
-    from .tracking import TrackingError, sync_spool
+    from ...store import TrackingError
+    from ..tracking.tracker import sync_spool
 
     try:
         run_id, count = sync_spool(spool, notify=lambda m: console.print(m, highlight=False))
@@ -425,15 +426,15 @@ def serve(
     ),
 ):
     """Live collapse monitor: a Ray Serve page of the MLflow runs, refreshing while they train."""
-    from ..analysis.runs import SAMPLINGS
-    from . import cli_tracking
+    from ...analysis.runs import SAMPLINGS
+    from . import tracking as cli_tracking
 
     cli_tracking.check_choice("--sampling", sampling, SAMPLINGS)
     uri = cli_tracking.tracking_uri(tracking_uri, output_dir)
     cli_tracking.serve(uri, address, host, token, (port, experiment, refresh, sampling))
 
 
-from .cli_analyze import analyze_app  # noqa: E402
+from .analyze import analyze_app  # noqa: E402
 
 app.add_typer(analyze_app, name="analyze")
 

@@ -1,0 +1,1 @@
+"""The run: the loop, its stages, the workers, alarms' responses, recovery and checkpoints."""

@@ -1,0 +1,1 @@
+"""Sweeps: specs, the search, Tune trials, progress and results."""
