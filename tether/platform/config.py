@@ -190,14 +190,14 @@ class RayConfig(StrictSection):
         "variables. A cluster joined keeps its own.",
     )
     malloc_mmap_threshold: int | None = Field(
-        65536,
+        None,
         ge=0,
         description="MALLOC_MMAP_THRESHOLD_ (bytes) in the environment of every Ray worker "
         "the run starts (its actors): glibc then serves larger allocations by mmap and "
-        "hands them back when freed, so a long run's learner does not keep the arenas "
-        "batches of varying length leave (500-iteration soak: learner +3.9 MB per 100 "
-        "iterations without it, +0.04 with it; benchmarks/RESULTS.md, 'Soak'). None: "
-        "the environment's own, or glibc's adaptive default.",
+        "hands them back when freed instead of keeping them in arenas (65536 held the "
+        "learner's memory flat in the 2026-11-27 soak), at a cost: the micro config's "
+        "iterations 1.29x slower with 65536 (benchmarks/RESULTS.md, 'Soak'). None (the "
+        "default): the environment's own, or glibc's adaptive default.",
     )
     autoscaler_wait_s: float = Field(
         120.0,
