@@ -248,15 +248,15 @@ def test_an_unreachable_server_refuses_the_run_before_ray_or_the_warm_start(tmp_
     # Refused in seconds: after one /health request with a timeout of at most 5 s (and,
     # by the stand-ins above, before Ray, the MLflow client with its retry budget or the
     # warm start).  The requests are recorded, not timed: a loaded machine cannot fail it.
-    from tether.platform.tracking import tracker as tracking
+    from tether import store  # where the reachability check lives
 
-    probes, urlopen = [], tracking.urllib.request.urlopen
+    probes, urlopen = [], store.urllib.request.urlopen
 
     def recorded(url, *args, timeout=None, **kwargs):
         probes.append((url, timeout))
         return urlopen(url, *args, timeout=timeout, **kwargs)
 
-    monkeypatch.setattr(tracking.urllib.request, "urlopen", recorded)
+    monkeypatch.setattr(store.urllib.request, "urlopen", recorded)
     ray_before = ray.is_initialized()  # an earlier test of the session may have started it
     with pytest.raises(TrackingError) as refused:
         Trainer(cfg).run()
