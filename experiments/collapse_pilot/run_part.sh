@@ -3,7 +3,8 @@
 # pinned clone named in the protocol, in a store of the attempt's own, and its finished run
 # exported (every metric's history, params and tags) to
 # experiments/collapse_pilot/records/<candidate>-<seed>.json.gz as soon as it ends, so a
-# sitting that stops mid-part loses only that part.  Commit the record.
+# sitting that stops mid-part loses only that part; run again, a part with a checkpoint
+# continues from it (`tether run --resume`).  Commit the record.
 #
 #   bash experiments/collapse_pilot/run_part.sh p1_drgrpo_entropy 2000 2001 2002
 #   tether analyze pilot experiments/collapse_pilot/records/*.json.gz
@@ -33,28 +34,39 @@ mkdir -p "$RECORDS" "$LOGS"
 for seed in "$@"; do
   record="$RECORDS/$CANDIDATE-$seed.json.gz"
   [ -e "$record" ] && { echo "run_part.sh: $record exists: ran already" >&2; continue; }
-  name="$CANDIDATE-$seed-$(date -u +%Y%m%dT%H%M%S)"
-  store="$LOGS/$name"
-  log="$store.log"
-  mkdir -p "$store"
-  echo "$(date -u +%FT%TZ) $CANDIDATE seed $seed at $PIN: load $(cut -d' ' -f1-3 /proc/loadavg)" | tee "$log"
+  # A part cut short (the sitting ended, the machine went away) left its store with a
+  # checkpoint: continue that MLflow run from it instead of starting the part again.
+  store=$(ls -d "$LOGS/$CANDIDATE-$seed-"*/ 2>/dev/null | tail -1 || true)
+  store=${store%/}
+  resume=()
+  if [ -n "$store" ] && [ -n "$(find "$store" -path '*checkpoints*' -name '*.pt' -print -quit)" ]; then
+    resume=(--resume "$store")
+    log="$store.log"
+    echo "$(date -u +%FT%TZ) $CANDIDATE seed $seed at $PIN resumed from $store: load $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$log"
+  else
+    store="$LOGS/$CANDIDATE-$seed-$(date -u +%Y%m%dT%H%M%S)"
+    log="$store.log"
+    mkdir -p "$store"
+    echo "$(date -u +%FT%TZ) $CANDIDATE seed $seed at $PIN: load $(cut -d' ' -f1-3 /proc/loadavg)" | tee "$log"
+  fi
   start=$(date +%s)
   rc=0
   (cd "$PIN_DIR" && .venv/bin/tether run "experiments/collapse_pilot/$CANDIDATE.yaml" \
     "experiment.seed=$seed" "experiment.output_dir=$store" \
-    "tracking.uri=sqlite:///$store/mlflow.db") >>"$log" 2>&1 || rc=$?
+    "tracking.uri=sqlite:///$store/mlflow.db" ${resume[@]+"${resume[@]}"}) >>"$log" 2>&1 || rc=$?
   echo "$(date -u +%FT%TZ) exit $rc, wall $(($(date +%s) - start)) s, load $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$log"
   [ "$rc" = 0 ] || { echo "run_part.sh: $CANDIDATE $seed did not end cleanly ($log)" >&2; exit 1; }
   "$PIN_DIR/.venv/bin/python" - "$store/mlflow.db" "$record" <<'PY'
 import gzip, json, sys
 from mlflow.tracking import MlflowClient
+from tether.store import metric_history  # the last value per step: a resumed run logs some twice
 
 db, out = sys.argv[1:]
 client = MlflowClient(f"sqlite:///{db}")
 runs = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
 (run,) = [r for r in runs if r.info.status == "FINISHED"]
 history = {
-    key: {str(m.step): m.value for m in client.get_metric_history(run.info.run_id, key)}
+    key: {str(step): value for step, value in metric_history(client, run.info.run_id, key).items()}
     for key in run.data.metrics
     if not key.startswith(("timing/", "system/"))
 }
