@@ -294,11 +294,9 @@ class Learner:
         """Cross-score MI proxies with the current (pre-update) policy."""
         from ..diagnostics.runner import collapse_diagnostics
 
-        model = self._scoring_model()
-        if model is None:
-            return None
-        with torch.no_grad(), autocast(model, self.diagnostics_precision(diagnostics_cfg.autocast)):
-            return collapse_diagnostics(
+        return self._scored(
+            diagnostics_cfg,
+            lambda model: collapse_diagnostics(
                 model,
                 trajectories,
                 self.extractor,
@@ -313,17 +311,16 @@ class Learner:
                 max_cells=diagnostics_cfg.max_cells,
                 uncertainty=diagnostics_cfg.uncertainty(),
                 chunk_tokens=self.settings.logprob_chunk_tokens,
-            )
+            ),
+        )
 
     def probe(self, trajectories, diagnostics_cfg, ema_state: dict | None, seed: int):
         """Cross-score the probe set's first turns with the current (pre-update) policy."""
         from ..diagnostics.runner import probe_diagnostics
 
-        model = self._scoring_model()
-        if model is None:
-            return None
-        with torch.no_grad(), autocast(model, self.diagnostics_precision(diagnostics_cfg.autocast)):
-            return probe_diagnostics(
+        return self._scored(
+            diagnostics_cfg,
+            lambda model: probe_diagnostics(
                 model,
                 trajectories,
                 self.extractor,
@@ -333,7 +330,17 @@ class Learner:
                 diagnostics_cfg.method,
                 diagnostics_cfg.probe_uncertainty(),
                 self.settings.logprob_chunk_tokens,
-            )
+            ),
+        )
+
+    def _scored(self, diagnostics_cfg, score):
+        """``score(model)`` with the policy that scores (None where this rank holds none),
+        without gradients, at the diagnostics' precision."""
+        model = self._scoring_model()
+        if model is None:
+            return None
+        with torch.no_grad(), autocast(model, self.diagnostics_precision(diagnostics_cfg.autocast)):
+            return score(model)
 
     def grad_snr(self, batch: TrajectoryBatch, n_buckets: int) -> dict[str, float] | None:
         from ..diagnostics.runner import gradient_snr
