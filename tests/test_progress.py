@@ -156,7 +156,7 @@ def test_run_display_shows_every_event_the_run_emits():
         "MLflow run abc  model /m",
         "resuming at iteration 3",
         "validation before training: success 0.250",
-        "rollout worker 1 died (boom); re-collecting its share",
+        "rollout worker 1 failed (boom); re-collecting its share",
         "iteration 1/2  success 0.500  (1.0 s)",
         "ALARM mi fell",
         "ACTION iteration 1: kl up",

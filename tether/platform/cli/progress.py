@@ -16,7 +16,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from ..run.events import Event
+from ..run.events import Event, fault_message
 
 __all__ = ["KEY_METRICS", "RunDisplay", "SweepDisplay", "bars"]
 
@@ -126,16 +126,10 @@ class RunDisplay:
     _checkpoint_failed = _batch_refused = _tracking
 
     def _learner_failed(self, data: dict) -> None:
-        self._say(
-            f"[yellow]learner died ({data['error']}); restart {data['restart']}: "
-            f"rebuilding from {data['checkpoint']}[/]"
-        )
+        self._say(f"[yellow]{fault_message(Event.LEARNER_FAILED, data)}[/]")
 
     def _worker_failed(self, data: dict) -> None:
-        self._say(
-            f"[yellow]rollout worker {data['worker']} died "
-            f"({data['error']}); re-collecting its share[/]"
-        )
+        self._say(f"[yellow]{fault_message(Event.WORKER_FAILED, data)}[/]")
 
 
 class SweepDisplay:

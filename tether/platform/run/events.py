@@ -31,7 +31,7 @@ import logging
 from collections.abc import Callable
 from enum import StrEnum
 
-__all__ = ["WARNINGS", "Emit", "Event", "log_warnings"]
+__all__ = ["WARNINGS", "Emit", "Event", "fault_message", "log_warnings"]
 
 
 class Event(StrEnum):
@@ -61,3 +61,16 @@ def log_warnings(kind: str, data: dict) -> None:
     still reach the user (``WARNINGS``)."""
     if kind in WARNINGS:
         logging.getLogger(f"tether.{kind}").warning(data["message"])
+
+
+def fault_message(kind: str, data: dict) -> str | None:
+    """The one line a survived fault gets, wherever the run shows it (``tether run``'s
+    display, a sweep trial's log); None for other events."""
+    if kind == Event.WORKER_FAILED:
+        return f"rollout worker {data['worker']} failed ({data['error']}); re-collecting its share"
+    if kind == Event.LEARNER_FAILED:
+        return (
+            f"learner died ({data['error']}); restart {data['restart']}: "
+            f"rebuilding from {data['checkpoint']}"
+        )
+    return None

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..run.checkpoint import latest_checkpoint
-from ..run.events import Event
+from ..run.events import Event, fault_message
 from .search import decode
 from .spec import SweepSpec, flat_values, swept_fields
 
@@ -47,6 +47,8 @@ def run_trial(config: dict[str, Any], spec_json: str, parent_run_id: str) -> Non
     def on_event(kind: str, data: dict) -> None:
         if kind == Event.TRACKING:  # the spool's start and drain lines, into the trial's log
             print(data["message"], flush=True)
+        elif kind in (Event.WORKER_FAILED, Event.LEARNER_FAILED):  # a fault survived
+            print(f"trial {trial_id}: {fault_message(kind, data)}", flush=True)
         elif kind == Event.STARTED:
             pointer.update(
                 run_id=data["run_id"], checkpoints=str(trainer.checkpoint_dir().resolve())
