@@ -22,6 +22,7 @@ and for prepare and update the padded share of the positions the forward compute
 
     PYTHONPATH=. flock /tmp/tether-cpu.lock python benchmarks/profile_iteration.py
     PYTHONPATH=. python benchmarks/profile_iteration.py --iterations 3 --json /tmp/p.json
+    PYTHONPATH=. python benchmarks/profile_iteration.py --attention sdpa   # the learner's kernel
 
 What it leaves out: Ray's own cost (object transfer, scheduling; compare the stage walls
 with a real run's ``timing/*`` metrics) and the diagnostics' stages (probe, gradient
@@ -51,15 +52,20 @@ KINDS = ("linear matmul", "vocab head matmul", "attention", "vocab-sized other",
 
 
 def kind(name: str, shapes, vocab: int) -> str:
-    """The operator's kind: by name, and by a dimension of the vocabulary's size."""
-    touches_vocab = any(vocab in shape for shape in shapes if isinstance(shape, list))
+    """The operator's kind: by name, by a dimension of the vocabulary's size, and by the
+    4-D tensors ([rows, heads, positions, ·]) that only attention makes: its scores, their
+    mask and softmax, and the rotary embedding of the queries and keys."""
+    dims = [shape for shape in shapes if isinstance(shape, list)]
+    touches_vocab = any(vocab in shape for shape in dims)
     if name in ("aten::mm", "aten::addmm"):
         return "vocab head matmul" if touches_vocab else "linear matmul"
-    if name in ("aten::bmm", "aten::baddbmm") or "softmax" in name and not touches_vocab:
+    if touches_vocab:
+        return "vocab-sized other"
+    if name in ("aten::bmm", "aten::baddbmm") or "attention" in name:
         return "attention"
-    if "scaled_dot_product" in name or "attention" in name:
+    if any(len(shape) == 4 for shape in dims):
         return "attention"
-    return "vocab-sized other" if touches_vocab else "other ops"
+    return "other ops"
 
 
 def breakdown(prof, wall: float, vocab: int) -> dict:
@@ -89,7 +95,7 @@ class Iteration:
     """The recipe's state in this process: the policy, its reference, the engine, the
     optimiser, the environments and the level sampler."""
 
-    def __init__(self, cfg) -> None:
+    def __init__(self, cfg, attention: str | None = None) -> None:
         from tether.agent.chat import ChatFormatter
         from tether.agent.episode import LocalEnvBatch
         from tether.agent.pairs import SpanExtractor
@@ -104,6 +110,9 @@ class Iteration:
         path = resolve_policy(cfg.model, cfg.env, cfg.experiment.seed, cfg.rollout.max_reply_tokens)
         self.model, self.tokenizer = load_model_and_tokenizer(path)
         self.reference = load_model(path).requires_grad_(False) if cfg.algo.kl_coef > 0 else None
+        for module in (self.model, self.reference):  # the learner's forwards (not the engine's)
+            if attention and module is not None:
+                module.set_attn_implementation(attention)
         r = cfg.rollout
         self.engine = make_engine_for(
             r.engine,
@@ -282,11 +291,16 @@ def main() -> None:
     ap.add_argument("overrides", nargs="*", help="dotted overrides, as `tether run` takes")
     ap.add_argument("--iterations", type=int, default=4, help="1 warm-up, the rest timed")
     ap.add_argument("--json", type=Path, help="write the table here too")
+    ap.add_argument(
+        "--attention",
+        choices=("eager", "sdpa"),
+        help="the learner's attention kernel (default: the model's own)",
+    )
     args = ap.parse_args()
     from tether.platform.config import load_config
 
     cfg = load_config(args.config, args.overrides)
-    run = Iteration(cfg)
+    run = Iteration(cfg, args.attention)
     torch.manual_seed(cfg.experiment.seed)
     run.step()  # warm-up
     timed = []
@@ -301,7 +315,8 @@ def main() -> None:
         peaks[name] = matmul_peak()
     result = report(timed, profiled, peaks)
     if args.json:
-        args.json.write_text(json.dumps({"config": args.config, **result}, indent=1))
+        out = {"config": args.config, "overrides": args.overrides, "attention": args.attention}
+        args.json.write_text(json.dumps({**out, **result}, indent=1))
 
 
 if __name__ == "__main__":

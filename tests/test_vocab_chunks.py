@@ -162,3 +162,39 @@ def test_cross_scores_do_not_depend_on_the_chunk_size(model, rows, method):
             model, contexts, continuations, method=method, chunk_tokens=chunk
         )
         assert abs(chunked.S - whole.S).max() < 1e-5
+
+
+def read_mask(mask):
+    """Positions read: every third real position from 3 on (some inside the shared 6-token
+    prompts, so the prefix columns are read for some groups' rows), never position 0."""
+    t = torch.arange(mask.shape[1])
+    rows = torch.arange(mask.shape[0])[:, None]
+    return ((t[None, :] + rows) % 3 == 0) & (t[None, :] >= 3) & (mask > 0)
+
+
+@pytest.mark.parametrize("shared", [False, True])
+@pytest.mark.parametrize("chunk", CHUNKS)
+def test_the_head_on_the_read_positions_alone_gives_their_values_and_gradients(
+    model, rows, chunk, shared
+):
+    """``where``: the read positions' log-probs, entropies and gradients are the full
+    computation's; every other position is 0."""
+    ids, mask, groups = rows
+    model = copy.deepcopy(model).train()
+    where = read_mask(mask)
+    ref_lp, ref_ent = reference(model, ids, mask, 1.0)
+    ref_lp, ref_ent = ref_lp * where, ref_ent * where
+    ref_grads = grads_of(model, loss_of(ref_lp, ref_ent, where))
+    if shared:
+        lp, ent = shared_prefix_token_logprobs(
+            model, ids, mask, groups, with_entropy=True, chunk_tokens=chunk, where=where
+        )
+    else:
+        lp, ent = token_logprobs(model, ids, mask, 1.0, True, chunk, where=where)
+    torch.testing.assert_close(lp, ref_lp, rtol=0, atol=1e-5)
+    torch.testing.assert_close(ent, ref_ent, rtol=0, atol=1e-5)
+    assert bool((lp[~where] == 0).all()) and bool((ent[~where] == 0).all())
+    grads = grads_of(model, loss_of(lp, ent, where))
+    assert grads.keys() == ref_grads.keys()
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, ref_grads[name], rtol=1e-5, atol=1e-5, msg=name)

@@ -103,12 +103,20 @@ def token_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    where: torch.Tensor | None = None,
 ):
     """log p(token_t | tokens_<t) at ``temperature`` (and the entropy of that distribution),
-    the vocabulary computations ``chunk_tokens`` positions at a time (`vocab.chunked_logprobs`)."""
+    the vocabulary computations ``chunk_tokens`` positions at a time (`vocab.chunked_logprobs`);
+    with ``where`` [B, T] (bool) only at those positions, 0 elsewhere."""
     states, head = model_states(model, input_ids=input_ids, attention_mask=attention_mask)
     picked, entropy = chunked_logprobs(
-        states[:, :-1], input_ids[:, 1:], head, temperature, with_entropy, chunk_tokens
+        states[:, :-1],
+        input_ids[:, 1:],
+        head,
+        temperature,
+        with_entropy,
+        chunk_tokens,
+        where=None if where is None else where[:, 1:],
     )  # [B,T-1]
     picked = torch.nn.functional.pad(picked, (1, 0))  # [B,T]
     if not with_entropy:

@@ -90,11 +90,15 @@ def shared_prefix_token_logprobs(
     pad_id: int = 0,
     prefixes: tuple[Tensor, Tensor, Tensor] | None = None,
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    where: Tensor | None = None,
 ):
     """``token_logprobs`` of right-padded rows [B, T], each group's common prefix run once;
-    the vocabulary computations ``chunk_tokens`` positions at a time (`vocab.chunked_logprobs`).
+    the vocabulary computations ``chunk_tokens`` positions at a time (`vocab.chunked_logprobs`),
+    with ``where`` [B, T] (bool) only at the positions it marks (a prefix column where
+    any of its group's rows does).
 
-    Returns (log-probs [B, T], entropy [B, T] or None), 0 at position 0 and at padding."""
+    Returns (log-probs [B, T], entropy [B, T] or None), 0 at position 0, at padding and
+    (``where``) at the positions not read."""
     # Imported here: transformers' cache module pulls in DTensor (~0.5 s), which processes
     # that only import the update code (a sweep's trial loop) never need.
     from transformers.cache_utils import DynamicCache
@@ -143,20 +147,35 @@ def shared_prefix_token_logprobs(
     # 3. Each token's log-prob from the column whose distribution predicts it: prefix
     # columns < Pmax-1 predict the prefix's next token, its last column each row's first
     # suffix token, suffix column s (< S-1) the row's suffix token s+1.
-    def scored(states, targets):
-        return chunked_logprobs(states, targets, head, temperature, with_entropy, chunk_tokens)
+    def scored(states, targets, read=None):
+        return chunked_logprobs(
+            states, targets, head, temperature, with_entropy, chunk_tokens, where=read
+        )
 
-    picked_prefix, prefix_ent = scored(prefix_states[:, :-1], prefix_ids[:, 1:])  # [G, Pmax-1]
+    read_prefix = read_suffix = None
+    if where is not None:  # each column's predicted token, in its rows' positions
+        src = torch.arange(1, p_max, device=device)[None, :] - (p_max - row_prefix)[:, None]
+        rows_read = where.gather(1, src.clamp(0, width - 1)) & (src >= 1)  # [B, Pmax-1]
+        read_prefix = torch.zeros(len(prefix_len), p_max - 1, dtype=torch.long, device=device)
+        read_prefix = read_prefix.index_add_(0, inverse, rows_read.long()) > 0  # [G, Pmax-1]
+        read_suffix = where.gather(1, cols[:, 1:].clamp(max=width - 1)) & suffix_valid[:, 1:]
+    picked_prefix, prefix_ent = scored(
+        prefix_states[:, :-1], prefix_ids[:, 1:], read_prefix
+    )  # [G, Pmax-1]
     first_suffix, first_ent = scored(
         prefix_states[:, -1].index_select(0, inverse), suffix_ids[:, 0]
     )  # [B]
-    picked_suffix, suffix_ent = scored(suffix_states[:, :-1], suffix_ids[:, 1:])  # [B, S-1]
+    picked_suffix, suffix_ent = scored(
+        suffix_states[:, :-1], suffix_ids[:, 1:], read_suffix
+    )  # [B, S-1]
     first_suffix = first_suffix[:, None]  # [B, 1]
     per_row = torch.cat([picked_prefix.index_select(0, inverse), first_suffix, picked_suffix], 1)
     # Position t of row b <- column t - 1 + Pmax - P_b of per_row; t = 0 and padding get 0.
     t = torch.arange(width, device=device)
     source = t[None, :] - 1 + p_max - row_prefix[:, None]  # [B, T]
     real = (t[None, :] >= 1) & (t[None, :] < lengths[:, None])
+    if where is not None:  # a prefix column read for one row of its group, not for all
+        real = real & where
     source = source.clamp(0, per_row.shape[1] - 1)
     logprobs = torch.where(real, per_row.gather(1, source), 0.0)
     if not with_entropy:

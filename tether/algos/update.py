@@ -238,10 +238,13 @@ def micro_batch_logprobs(
     with_entropy: bool = False,
     shared_prefix: bool = True,
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    only_read: bool = False,
 ):
     """(log-probs, entropy or None) [b, T] of a micro-batch: the shared-prefix forward
     when its rows share enough leading tokens, else the plain one.  Both agree on
-    every non-padding position."""
+    every non-padding position.  ``only_read``: the vocabulary head runs only where the
+    update reads a log-prob or an entropy (``read_positions``), 0 elsewhere."""
+    where = read_positions(mb) if only_read else None
     plan = (
         shared_prefix_plan(mb.input_ids, mb.attention_mask, mb.group_index)
         if shared_prefix
@@ -257,10 +260,19 @@ def micro_batch_logprobs(
             with_entropy,
             prefixes=plan[0],
             chunk_tokens=chunk_tokens,
+            where=where,
         )
     return token_logprobs(
-        model, mb.input_ids, mb.attention_mask, temperature, with_entropy, chunk_tokens
+        model, mb.input_ids, mb.attention_mask, temperature, with_entropy, chunk_tokens, where
     )
+
+
+def read_positions(mb: TrajectoryBatch) -> torch.Tensor:
+    """[b, T] bool: the tokens whose log-prob or entropy the update reads, the agent's
+    own (``response_mask``; the losses, the KL and entropy terms, their metrics) and the
+    reasoning tokens (the reasoning entropy)."""
+    read = mb.response_mask > 0
+    return read if mb.reasoning_mask is None else read | (mb.reasoning_mask > 0)
 
 
 @torch.no_grad()
@@ -286,7 +298,12 @@ def batch_logprobs(
         sub = trimmed_rows(batch, rows, _device(model))
         with autocast(model, precision):
             lp, _ = micro_batch_logprobs(
-                model, sub, temperature, shared_prefix=shared_prefix, chunk_tokens=chunk_tokens
+                model,
+                sub,
+                temperature,
+                shared_prefix=shared_prefix,
+                chunk_tokens=chunk_tokens,
+                only_read=True,
             )
         if weight:
             out[rows, : lp.shape[1]] = lp.float().cpu()
@@ -437,6 +454,7 @@ def policy_update(
                         need_entropy,
                         shared_prefix,
                         s.logprob_chunk_tokens,
+                        only_read=True,
                     )
                 if s.entropy_coef == 0.0 and entropy is not None:
                     entropy = entropy.detach()

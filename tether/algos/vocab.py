@@ -121,15 +121,21 @@ def chunked_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    where: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """log softmax(head(states) / T) at ``targets`` (and the entropy), float32.
 
     ``states`` [..., H] are hidden states (``head`` given) or logits [..., V] (``head``
     None); ``targets`` [...] are token ids.  Computed ``chunk_tokens`` positions at a
-    time (0: all at once); returns tensors of ``targets``' shape."""
+    time (0: all at once); returns tensors of ``targets``' shape.  ``where`` (bool, of
+    ``targets``' shape): the positions that are read; the head and the vocabulary's
+    work run on those alone, and every other position is 0."""
     shape = targets.shape
     flat_states = states.reshape(-1, states.shape[-1])  # [N, ·]
     flat_targets = targets.reshape(-1)  # [N]
+    if where is not None:
+        index = where.reshape(-1).nonzero().squeeze(-1)  # [n] positions read
+        flat_states, flat_targets = flat_states[index], flat_targets[index]
     n = flat_targets.shape[0]
     step = n if chunk_tokens <= 0 else chunk_tokens
     grad = torch.is_grad_enabled() and (
@@ -148,5 +154,11 @@ def chunked_logprobs(
             lp, ent = _chunk_logprobs(*args, head, temperature, with_entropy)
         picked.append(lp)
         entropy.append(ent)
-    out = torch.cat(picked).reshape(shape)
-    return out, torch.cat(entropy).reshape(shape) if with_entropy else None
+    picked = torch.cat(picked)
+    entropy = torch.cat(entropy) if with_entropy else None
+    if where is not None:  # back in place; gradients flow to the read positions only
+        picked, entropy = (
+            None if t is None else t.new_zeros(shape.numel()).index_copy(0, index, t)
+            for t in (picked, entropy)
+        )
+    return picked.reshape(shape), entropy.reshape(shape) if with_entropy else None

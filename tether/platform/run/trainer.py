@@ -128,8 +128,8 @@ class Trainer:
         self.tokenizer, self.spans, self.learner = None, None, None
         self.tracker = None
         self.iteration_done = 0
-        #: the last iteration whose metrics this process logged: a learner rebuilt in place
-        #: re-runs iterations after its checkpoint, and those already logged stay logged once
+        #: the last iteration whose metrics the run holds: a learner rebuilt in place and a
+        #: resumed run re-run the iterations after their checkpoint, logged once all the same
         self.logged_through = 0
         self.start_state: RunState | None = None  # the driver's parts before iteration 1
         self.val_history: dict[int, float] = {}
@@ -356,6 +356,7 @@ class Trainer:
         iteration = self.return_to(RunState.from_checkpoint(saved["driver"]))
         if resumed:
             record_resume(self.tracker, iteration, path)
+            self.logged_through = self.tracker.opened_last_step  # (a process cut after logging)
         return iteration
 
     def return_to(self, state: RunState) -> int:

@@ -40,6 +40,7 @@ from ...store import (
     check_tracking_reachable,
     ensure_experiment,
     is_http,
+    metric_history,
     server_healthy,
 )
 from .retention import ArtifactThinning, delete_artifact, deletion_refused, thinned_iteration
@@ -52,6 +53,10 @@ if TYPE_CHECKING:
 _INVALID_KEY_CHARS = re.compile(r"[^/\w.\- :]")
 _MAX_PARAM_VALUE = 6000
 SPOOL_DIRNAME = "tracking_spool"
+#: The key every logged iteration's metrics carry (the driver's iteration time): how far a
+#: reopened run's metrics reach.
+ITERATION_KEY = "timing/iteration"
+
 log = logging.getLogger("tether.tracking")
 
 
@@ -154,10 +159,15 @@ class Tracker:
                 f"{self.spool.directory}"
             )
             self._drain()
-        #: a reopened run's tags (after the replay; read now, while the server answers)
+        #: a reopened run's tags and the last iteration it holds metrics of (after the
+        #: replay; read now, while the server answers)
         self.opened_tags: dict[str, str] = {}
+        self.opened_last_step = 0
         if run_id is not None and reopen:  # after the replay: it may end in a final status
             self.opened_tags = self.client.get_run(run_id).data.tags
+            self.opened_last_step = max(
+                metric_history(self.client, run_id, ITERATION_KEY), default=0
+            )
             self._write({"op": "reopen"})
             self._adopt_artifacts()
 
