@@ -14,6 +14,13 @@ Gradients: with gradients enabled each chunk runs under activation checkpointing
 hidden states and the backward recomputes that chunk's logits; the result and its
 gradients are those of the unchunked computation (tests/test_vocab_chunks.py, 1e-5).
 
+Positions: ``where`` restricts the head and the vocabulary's work to the positions read.
+The update and the reference pass read a log-prob only at the agent's own tokens (and
+the entropy there and at the reasoning tokens), a third or less of a multi-turn
+episode's positions: the observations, the chat markup and the padding are skipped
+(``update.read_positions``), with the values and gradients at the read positions those
+of the full computation (tests/test_vocab_chunks.py).
+
 dtype: a bfloat16 model's head gives bfloat16 logits; the log-softmax and entropy are
 taken in float32 (as the unchunked path always did).
 
