@@ -159,10 +159,8 @@ class Tracker:
                 f"{self.spool.directory}"
             )
             self._drain()
-        #: a reopened run's tags and the last iteration it holds metrics of (after the
-        #: replay; read now, while the server answers)
-        self.opened_tags: dict[str, str] = {}
-        self.opened_last_step = 0
+        #: a reopened run's tags and last iteration with metrics (after the replay; read now)
+        self.opened_tags, self.opened_last_step = {}, 0
         if run_id is not None and reopen:  # after the replay: it may end in a final status
             self.opened_tags = self.client.get_run(run_id).data.tags
             self.opened_last_step = max(
