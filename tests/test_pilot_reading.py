@@ -150,7 +150,23 @@ def _with_success(record, values, alarms=None):
 
 
 def test_lead_time_is_the_fall_minus_the_alarm():
-    falling = [0.5, 0.5, 0.48, 0.45, 0.41, 0.39, 0.35, 0.3, 0.3]  # 0.10 below at 25 (0.39)
+    falling = [0.5, 0.5, 0.48, 0.45, 0.41, 0.39, 0.35, 0.3, 0.3]  # 0.10 below from 25 (0.39)
+    dip = [
+        0.5,
+        0.5,
+        0.38,
+        0.45,
+        0.41,
+        0.42,
+        0.39,
+        0.45,
+        0.38,
+    ]  # below at 10, 30, 40: never 2 in a row
+    assert pilot.success_fall(_with_success(_record("a", 5), dip)["metrics"]) is None
+    assert (
+        pilot.success_fall(_with_success(_record("a", 6), dip)["metrics"], pilot.LeadRules(hold=1))
+        == 10
+    )
     runs = [
         _with_success(_record("a", 1), falling, {"reading_drift": 15, "template_collapse": 30}),
         _with_success(_record("a", 2), [0.5] * 9, {"template_collapse": 20}),  # never falls

@@ -176,10 +176,12 @@ SUCCESS = "mechanism/probe_success"
 
 @dataclass(frozen=True)
 class LeadRules:
-    """When held-out success counts as fallen: the first probe point whose
-    ``mechanism/probe_success`` is at least ``fall`` below the first point's."""
+    """When held-out success counts as fallen: the first of ``hold`` consecutive probe
+    points whose ``mechanism/probe_success`` is each at least ``fall`` below the first
+    point's (two in a row: a false rate of at most 0.03 over 40 points, docs/collapse.md)."""
 
     fall: float = 0.10
+    hold: int = 2
 
 
 LEAD_RULES = LeadRules()
@@ -195,13 +197,18 @@ def alarms(record: dict) -> dict[str, int]:
 
 
 def success_fall(metrics: dict, rules: LeadRules = LEAD_RULES) -> int | None:
-    """The first probe point at which held-out success has fallen by ``rules.fall`` from
-    the run's first point; None when it never does (or was not measured)."""
+    """The first probe point from which held-out success stays ``rules.fall`` below the
+    run's first point for ``rules.hold`` points in a row; None when it never does (or was
+    not measured)."""
     points = sorted(metrics.get(SUCCESS, {}).items())
     if len(points) < 2:
         return None
-    first = points[0][1]
-    return next((step for step, value in points[1:] if value <= first - rules.fall), None)
+    below = [value <= points[0][1] - rules.fall for _, value in points[1:]]
+    steps = [step for step, _ in points[1:]]
+    return next(
+        (steps[i] for i in range(len(below) - rules.hold + 1) if all(below[i : i + rules.hold])),
+        None,
+    )
 
 
 def _success_at(metrics: dict, step: int) -> float | None:
