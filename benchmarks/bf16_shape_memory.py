@@ -15,15 +15,14 @@ import random
 import sys
 import time
 
+import psutil
 import torch
 
 from tether.policy.tiny import build_tiny_model, tiny_config
 
 
 def rss_mb() -> float:
-    with open("/proc/self/status") as f:
-        line = next(line for line in f if line.startswith("VmRSS"))
-    return int(line.split()[1]) / 1024
+    return psutil.Process().memory_info().rss / (1 << 20)
 
 
 def main(mode: str, calls: int) -> None:

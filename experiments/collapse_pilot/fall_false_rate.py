@@ -17,9 +17,7 @@ EPISODES, FALL, RUNS = 256, 0.10, 200_000
 def false_rate(success: float, points: int, hold: int, rng: np.random.Generator) -> float:
     x = rng.binomial(EPISODES, success, size=(RUNS, points + 1)) / EPISODES
     below = (x[:, 1:] - x[:, [0]]) <= -FALL
-    held = np.ones((RUNS, points - hold + 1), dtype=bool)
-    for k in range(hold):
-        held &= below[:, k : points - hold + 1 + k]
+    held = np.lib.stride_tricks.sliding_window_view(below, hold, axis=1).all(axis=-1)
     return float(held.any(axis=1).mean())
 
 
